@@ -1,0 +1,239 @@
+"""The job lifecycle as a pure decider (DESIGN.md section 4).
+
+    Submitted -> Admitted | Rejected
+    Admitted -> Queued (quota reserved) -> Placed -> Running -> Succeeded | Failed | Cancelled
+
+`decide(state, command, now)` returns the events a command produces (an empty tuple when the command was
+already applied, so redelivery is harmless) and raises `InvalidTransition` when the command makes no sense
+in the current state. `evolve(state, event)` folds one event into the state. Both are pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from enum import Enum
+
+from gpusched_common import events as ev
+
+
+class JobStatus(str, Enum):
+    ADMITTED = "Admitted"
+    REJECTED = "Rejected"
+    QUEUED = "Queued"
+    PLACED = "Placed"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+TERMINAL = frozenset({JobStatus.REJECTED, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+HOLDS_GPUS = frozenset({JobStatus.PLACED, JobStatus.RUNNING})
+
+
+@dataclass(frozen=True)
+class JobState:
+    job_id: str
+    status: JobStatus | None = None  # None: the stream does not exist yet
+    version: int = 0
+    spec: ev.JobSpec | None = None
+    quota_held: bool = False
+    node_id: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    exit_code: int | None = None
+    last_reasons: tuple[str, ...] = ()
+
+
+class InvalidTransition(ValueError):
+    pass
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisterSubmission:
+    spec: ev.JobSpec | None
+    submitted_at: datetime
+    rejection_reasons: tuple[str, ...] = ()
+    tenant_hint: str | None = None  # for a submission whose spec could not be parsed
+
+
+@dataclass(frozen=True)
+class DeferQuota:
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReserveQuota:
+    tenant_reserved_gpus: int
+    tenant_cap_gpus: int
+
+
+@dataclass(frozen=True)
+class Place:
+    node_id: str
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    gpu_model: str
+    policy: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeferPlacement:
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RecordStart:
+    node_id: str
+    pid: int
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class RecordExit:
+    node_id: str
+    exit_code: int
+    runtime_s: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseQuota:
+    tenant_reserved_gpus: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    reason: str
+
+
+Command = (
+    RegisterSubmission | DeferQuota | ReserveQuota | Place | DeferPlacement | RecordStart | RecordExit
+    | ReleaseQuota | Cancel
+)
+
+
+def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload, ...]:
+    job = state.job_id
+    match command:
+        case RegisterSubmission():
+            if state.status is not None:
+                return ()  # a duplicate submission of the same job id creates nothing
+            if command.rejection_reasons or command.spec is None:
+                tenant = command.spec.tenant if command.spec else command.tenant_hint
+                return (ev.JobRejected(job_id=job, tenant=tenant, reasons=list(command.rejection_reasons)),)
+            return (
+                ev.JobSubmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at),
+                ev.JobAdmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at),
+            )
+        case DeferQuota():
+            _require(state, command, JobStatus.ADMITTED)
+            if state.last_reasons == (command.reason,):
+                return ()  # the same reason again adds nothing to the history
+            return (ev.QuotaDeferred(job_id=job, tenant=_spec(state).tenant, reason=command.reason),)
+        case ReserveQuota():
+            if state.quota_held or state.status in TERMINAL:
+                return ()
+            _require(state, command, JobStatus.ADMITTED)
+            spec = _spec(state)
+            return (ev.QuotaReserved(
+                job_id=job, tenant=spec.tenant, gpus=spec.gpus, spec=spec,
+                tenant_reserved_gpus=command.tenant_reserved_gpus, tenant_cap_gpus=command.tenant_cap_gpus,
+            ),)
+        case Place():
+            if state.status in HOLDS_GPUS and state.node_id == command.node_id:
+                return ()
+            _require(state, command, JobStatus.QUEUED)
+            return (ev.JobPlaced(
+                job_id=job, node_id=command.node_id, gpu_indices=list(command.gpu_indices),
+                gpu_uuids=list(command.gpu_uuids), gpu_model=command.gpu_model, policy=command.policy,
+                reason=command.reason,
+            ),)
+        case DeferPlacement():
+            _require(state, command, JobStatus.QUEUED)
+            if state.last_reasons == command.reasons:
+                return ()
+            return (ev.PlacementDeferred(job_id=job, reasons=list(command.reasons)),)
+        case RecordStart():
+            if state.status is not JobStatus.PLACED:
+                return ()  # a late or repeated start report changes nothing
+            return (ev.JobStarted(job_id=job, node_id=command.node_id, pid=command.pid,
+                                  started_at=command.started_at),)
+        case RecordExit():
+            if state.status not in HOLDS_GPUS or state.node_id != command.node_id:
+                return ()
+            if command.exit_code == 0 and command.error is None:
+                return (ev.JobSucceeded(job_id=job, node_id=command.node_id, runtime_s=command.runtime_s),)
+            reason = command.error or f"command exited with code {command.exit_code}"
+            return (ev.JobFailed(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
+                                 reason=reason),)
+        case ReleaseQuota():
+            if not state.quota_held or state.status not in TERMINAL:
+                return ()
+            spec = _spec(state)
+            return (ev.QuotaReleased(job_id=job, tenant=spec.tenant, gpus=spec.gpus,
+                                     tenant_reserved_gpus=command.tenant_reserved_gpus),)
+        case Cancel():
+            if state.status in TERMINAL:
+                return ()
+            if state.status is None:
+                raise InvalidTransition(f"job {job} does not exist")
+            return (ev.JobCancelled(job_id=job, reason=command.reason),)
+    raise InvalidTransition(f"unknown command {command!r}")
+
+
+def evolve(state: JobState, event: ev.Payload) -> JobState:
+    version = state.version + 1
+    match event:
+        case ev.JobSubmitted():
+            return replace(state, version=version, spec=event.spec)
+        case ev.JobAdmitted():
+            return replace(state, version=version, status=JobStatus.ADMITTED, spec=event.spec)
+        case ev.JobRejected():
+            return replace(state, version=version, status=JobStatus.REJECTED, last_reasons=tuple(event.reasons))
+        case ev.QuotaDeferred():
+            return replace(state, version=version, last_reasons=(event.reason,))
+        case ev.QuotaReserved():
+            return replace(state, version=version, status=JobStatus.QUEUED, quota_held=True, last_reasons=())
+        case ev.JobPlaced():
+            return replace(state, version=version, status=JobStatus.PLACED, node_id=event.node_id,
+                           gpu_indices=tuple(event.gpu_indices), last_reasons=())
+        case ev.PlacementDeferred():
+            return replace(state, version=version, last_reasons=tuple(event.reasons))
+        case ev.JobStarted():
+            return replace(state, version=version, status=JobStatus.RUNNING)
+        case ev.JobSucceeded():
+            return replace(state, version=version, status=JobStatus.SUCCEEDED, exit_code=event.exit_code)
+        case ev.JobFailed():
+            return replace(state, version=version, status=JobStatus.FAILED, exit_code=event.exit_code,
+                           last_reasons=(event.reason,))
+        case ev.JobCancelled():
+            return replace(state, version=version, status=JobStatus.CANCELLED, last_reasons=(event.reason,))
+        case ev.QuotaReleased():
+            return replace(state, version=version, quota_held=False)
+    return replace(state, version=version)
+
+
+def fold(job_id: str, history: list[ev.Payload] | tuple[ev.Payload, ...]) -> JobState:
+    state = JobState(job_id=job_id)
+    for event in history:
+        state = evolve(state, event)
+    return state
+
+
+def _require(state: JobState, command: Command, status: JobStatus) -> None:
+    if state.status is not status:
+        raise InvalidTransition(
+            f"{type(command).__name__} needs job {state.job_id} {status.value}, "
+            f"but it is {state.status.value if state.status else 'unknown'}"
+        )
+
+
+def _spec(state: JobState) -> ev.JobSpec:
+    if state.spec is None:
+        raise InvalidTransition(f"job {state.job_id} has no accepted specification")
+    return state.spec

@@ -1,0 +1,103 @@
+"""Job streams in the event store: load a job's state, append its new events with the outbox and the
+`jobs` read model, all inside the caller's transaction."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import asyncpg
+
+from gpusched_common import events as ev
+from gpusched_common import store
+from gpusched_common.decider import JobState, JobStatus, evolve
+from gpusched_common.ids import job_stream
+from gpusched_common.topics import JOBS_EVENTS
+from gpusched_common.tracing import current_traceparent
+
+
+async def load_job(conn: asyncpg.Connection, job_id: str) -> JobState:
+    state = JobState(job_id=job_id)
+    for stored in await store.load(conn, job_stream(job_id)):
+        state = evolve(state, ev.parse_payload(stored.envelope))
+    return state
+
+
+async def append_job_events(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.Payload, ...], *,
+                            producer: str, now: datetime) -> JobState:
+    """Append `payloads` to the job's stream at the state's version, publish them through the outbox and
+    update the read model. Returns the new state. Raises store.ConcurrencyError if the stream moved."""
+    if not payloads:
+        return state
+    traceparent = current_traceparent()
+    tenant = _tenant(state, payloads)
+    envelopes = [
+        ev.make_envelope(p, event_id=str(uuid.uuid4()), stream_id=job_stream(state.job_id), occurred_at=now,
+                         producer=producer, tenant=tenant, traceparent=traceparent)
+        for p in payloads
+    ]
+    stamped = await store.append(conn, job_stream(state.job_id), state.version, envelopes)
+    for envelope in stamped:
+        await store.enqueue(conn, producer=producer, topic=JOBS_EVENTS.name, key=state.job_id, envelope=envelope)
+    new_state = state
+    for payload in payloads:
+        new_state = evolve(new_state, payload)
+    await _project(conn, new_state, payloads, now)
+    return new_state
+
+
+def _tenant(state: JobState, payloads: tuple[ev.Payload, ...]) -> str | None:
+    if state.spec is not None:
+        return state.spec.tenant
+    for payload in payloads:
+        spec = getattr(payload, "spec", None)
+        if spec is not None:
+            return spec.tenant
+        tenant = getattr(payload, "tenant", None)
+        if tenant:
+            return tenant
+    return None
+
+
+_TIMESTAMP_COLUMN = {
+    ev.JobAdmitted: "admitted_at",
+    ev.JobRejected: "finished_at",
+    ev.QuotaReserved: "queued_at",
+    ev.JobPlaced: "placed_at",
+    ev.JobStarted: "started_at",
+    ev.JobSucceeded: "finished_at",
+    ev.JobFailed: "finished_at",
+    ev.JobCancelled: "finished_at",
+}
+
+
+async def _project(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.Payload, ...],
+                   now: datetime) -> None:
+    spec = state.spec
+    status = state.status.value if state.status else JobStatus.ADMITTED.value
+    submitted_at = next((p.submitted_at for p in payloads if isinstance(p, ev.JobSubmitted | ev.JobAdmitted)), None)
+    stamps = {_TIMESTAMP_COLUMN[type(p)]: now for p in payloads if type(p) in _TIMESTAMP_COLUMN}
+    if submitted_at is None and state.version == len(payloads):
+        submitted_at = now  # a rejection is the first event of its stream
+    await conn.execute(
+        """
+        INSERT INTO jobs (job_id, tenant, status, version, gpus, gpu_model, priority, node_id, gpu_indices,
+                          exit_code, reasons, submitted_at, admitted_at, queued_at, placed_at, started_at,
+                          finished_at, updated_at)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+        ON CONFLICT (job_id) DO UPDATE SET
+            status = EXCLUDED.status, version = EXCLUDED.version, node_id = EXCLUDED.node_id,
+            gpu_indices = EXCLUDED.gpu_indices, exit_code = EXCLUDED.exit_code, reasons = EXCLUDED.reasons,
+            admitted_at = coalesce(jobs.admitted_at, EXCLUDED.admitted_at),
+            queued_at = coalesce(jobs.queued_at, EXCLUDED.queued_at),
+            placed_at = coalesce(EXCLUDED.placed_at, jobs.placed_at),
+            started_at = coalesce(EXCLUDED.started_at, jobs.started_at),
+            finished_at = coalesce(jobs.finished_at, EXCLUDED.finished_at),
+            updated_at = EXCLUDED.updated_at
+        """,
+        state.job_id, spec.tenant if spec else _tenant(state, payloads), status, state.version,
+        spec.gpus if spec else None, spec.gpu_model if spec else None, spec.priority if spec else None,
+        state.node_id, list(state.gpu_indices) or None, state.exit_code, list(state.last_reasons),
+        submitted_at, stamps.get("admitted_at"), stamps.get("queued_at"), stamps.get("placed_at"),
+        stamps.get("started_at"), stamps.get("finished_at"), now,
+    )

@@ -1,0 +1,36 @@
+"""Create the project's topics idempotently (used by `gpusched create-topics`, the local stack and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from gpusched_common.topics import ALL_TOPICS
+
+
+async def create_topics(bootstrap: str, partitions: int, replication: int = 1, *, timeout_s: float = 30.0) -> list[str]:
+    """Create every missing topic; returns the names created."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpusched-admin")
+        try:
+            await admin.start()
+            break
+        except KafkaConnectionError:
+            await admin.close()
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.3)
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t.name for t in ALL_TOPICS if t.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics([NewTopic(name, partitions, replication) for name in missing])
+            except TopicAlreadyExistsError:
+                pass  # a concurrent creator won
+        return missing
+    finally:
+        await admin.close()

@@ -1,0 +1,142 @@
+"""Kafka wiring on faststream/aiokafka.
+
+Delivery contract for every consumer built here:
+- offsets are committed only after the handler returned, i.e. after its database transaction committed;
+- a dependency that is down (database, broker) is retried until it comes back, never dead-lettered;
+- any other failure is retried a bounded number of times, then the message goes to the dead-letter topic
+  with the error in its headers, and only then is the offset committed;
+- a `PoisonMessage` (cannot ever be handled, e.g. not JSON) goes to the dead-letter topic at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker, KafkaMessage
+from opentelemetry import trace
+
+from gpusched_common.settings import Settings
+from gpusched_common.store import ConcurrencyError
+from gpusched_common.topics import DEADLETTER
+from gpusched_common.tracing import context_from_traceparent, tracer
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (OSError, ConnectionError, asyncio.TimeoutError, asyncpg.PostgresConnectionError,
+              asyncpg.InterfaceError, asyncpg.CannotConnectNowError)
+_MAX_TRANSIENT_BACKOFF_S = 5.0
+_CONCURRENCY_ATTEMPTS = 20
+
+
+class PoisonMessage(ValueError):
+    """The message can never be handled; it goes to the dead-letter topic without retries."""
+
+
+@dataclass(frozen=True)
+class Incoming:
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: bytes
+    headers: dict[str, str]
+
+    @property
+    def traceparent(self) -> str | None:
+        return self.headers.get("traceparent")
+
+
+Handler = Callable[[Incoming], Awaitable[None]]
+
+
+def build_broker(settings: Settings, client_id: str) -> KafkaBroker:
+    return KafkaBroker(
+        settings.kafka_bootstrap,
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=settings.kafka_idempotence,
+        max_request_size=settings.kafka_max_request_bytes,
+        linger_ms=1,
+        logger=None,
+    )
+
+
+async def publish(broker: KafkaBroker, topic: str, key: str, value: bytes,
+                  headers: dict[str, str] | None = None) -> None:
+    await broker.publish(value, topic, key=key.encode(), headers=headers or {})
+
+
+def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, settings: Settings,
+              handler: Handler) -> None:
+    """Register `handler` for `topic` under the delivery contract in this module's docstring."""
+
+    @broker.subscriber(topic, group_id=group_id, ack_policy=AckPolicy.MANUAL, auto_offset_reset="earliest",
+                       max_partition_fetch_bytes=settings.kafka_max_request_bytes)
+    async def on_message(msg: KafkaMessage) -> None:
+        record = msg.raw_message
+        incoming = Incoming(
+            topic=record.topic, partition=record.partition, offset=record.offset,
+            key=record.key.decode(errors="replace") if record.key else None,
+            value=record.value or b"", headers={k: v.decode(errors="replace") for k, v in record.headers},
+        )
+        await handle_with_retries(broker, incoming, service=service, settings=settings, handler=handler)
+        await msg.ack()
+
+
+async def handle_with_retries(broker: KafkaBroker, incoming: Incoming, *, service: str, settings: Settings,
+                              handler: Handler) -> None:
+    attempt = 0
+    transient_backoff = settings.handler_retry_backoff_s
+    while True:
+        attempt += 1
+        try:
+            with tracer().start_as_current_span(
+                f"{service} {incoming.headers.get('event-type', incoming.topic)}",
+                context=context_from_traceparent(incoming.traceparent),
+                kind=trace.SpanKind.CONSUMER,
+                attributes={"messaging.destination": incoming.topic, "messaging.kafka.offset": incoming.offset,
+                            "messaging.kafka.partition": incoming.partition, "gpusched.key": incoming.key or ""},
+            ):
+                await handler(incoming)
+            return
+        except PoisonMessage as exc:
+            await dead_letter(broker, incoming, service=service, error=exc, attempts=attempt)
+            return
+        except _TRANSIENT as exc:
+            log.warning("%s: dependency unavailable handling %s@%s (%s); retrying in %.1fs",
+                        service, incoming.topic, incoming.offset, exc, transient_backoff)
+            await asyncio.sleep(transient_backoff)
+            transient_backoff = min(transient_backoff * 2, _MAX_TRANSIENT_BACKOFF_S)
+            attempt -= 1  # an outage does not use up the message's attempts
+        except ConcurrencyError as exc:
+            if attempt >= _CONCURRENCY_ATTEMPTS:
+                await dead_letter(broker, incoming, service=service, error=exc, attempts=attempt)
+                return
+        except Exception as exc:  # noqa: BLE001 - anything else is retried, then dead-lettered
+            log.exception("%s: handler failed on %s@%s (attempt %d)", service, incoming.topic, incoming.offset,
+                          attempt)
+            if attempt >= settings.handler_max_attempts:
+                await dead_letter(broker, incoming, service=service, error=exc, attempts=attempt)
+                return
+            await asyncio.sleep(settings.handler_retry_backoff_s * attempt)
+
+
+async def dead_letter(broker: KafkaBroker, incoming: Incoming, *, service: str, error: BaseException,
+                      attempts: int) -> None:
+    log.error("%s: dead-lettering %s[%d]@%d: %s", service, incoming.topic, incoming.partition, incoming.offset,
+              error)
+    headers = dict(incoming.headers)
+    headers.update({
+        "dlq-error": f"{type(error).__name__}: {error}"[:4000],
+        "dlq-source-topic": incoming.topic,
+        "dlq-source-partition": str(incoming.partition),
+        "dlq-source-offset": str(incoming.offset),
+        "dlq-consumer": service,
+        "dlq-attempts": str(attempts),
+    })
+    await publish(broker, DEADLETTER.name, incoming.key or "", incoming.value, headers)

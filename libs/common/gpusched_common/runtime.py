@@ -1,0 +1,105 @@
+"""Process shell shared by every service: build from settings, run until SIGTERM/SIGINT, shut down."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from faststream.kafka import KafkaBroker
+
+from gpusched_common.db import create_pool
+from gpusched_common.messaging import Handler, build_broker, subscribe
+from gpusched_common.relay import OutboxRelay
+from gpusched_common.settings import Settings
+from gpusched_common.tracing import configure_tracing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    service: str
+    settings: Settings
+    broker: KafkaBroker
+    pool: asyncpg.Pool | None = None
+    relay: OutboxRelay | None = None
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
+
+    def subscribe(self, topic: str, group_id: str, handler: Handler) -> None:
+        subscribe(self.broker, topic=topic, group_id=group_id, service=self.service, settings=self.settings,
+                  handler=handler)
+
+    def wake_relay(self) -> None:
+        if self.relay is not None:
+            self.relay.wake()
+
+
+def configure_logging(settings: Settings, service: str) -> None:
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+async def run_service(service: str, settings: Settings, setup: Callable[[Runtime], Awaitable[None]], *,
+                      uses_database: bool = True) -> None:
+    configure_logging(settings, service)
+    provider = configure_tracing(service, settings)
+    broker = build_broker(settings, client_id=service)
+    runtime = Runtime(service=service, settings=settings, broker=broker)
+    if uses_database:
+        runtime.pool = await _connect_with_retry(settings.database_url)
+        runtime.relay = OutboxRelay(runtime.pool, broker, service, poll_interval_s=settings.outbox_poll_interval_s)
+        runtime.background.append(runtime.relay.run)
+    await setup(runtime)
+    await _start_with_retry(broker)
+    tasks = [asyncio.create_task(job(), name=f"{service}:{getattr(job, '__name__', 'task')}")
+             for job in runtime.background]
+    log.info("%s started", service)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    done_task = asyncio.create_task(stop.wait())
+    finished, _ = await asyncio.wait([done_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for task in finished:
+        if task is not done_task and task.exception():
+            log.error("%s: background task %s died: %r", service, task.get_name(), task.exception())
+    log.info("%s stopping", service)
+    for task in tasks:
+        task.cancel()
+    with contextlib.suppress(BaseException):
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await broker.stop()
+    if runtime.pool is not None:
+        await runtime.pool.close()
+    if provider is not None:
+        provider.shutdown()
+
+
+async def _connect_with_retry(database_url: str) -> asyncpg.Pool:
+    delay = 0.2
+    while True:
+        try:
+            return await create_pool(database_url)
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("database not reachable (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def _start_with_retry(broker: KafkaBroker) -> None:
+    delay = 0.2
+    while True:
+        try:
+            await broker.start()
+            return
+        except Exception as exc:  # noqa: BLE001 - broker unreachable at start: wait for it
+            log.warning("broker not reachable (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)

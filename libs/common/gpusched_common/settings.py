@@ -1,0 +1,44 @@
+"""Settings from the environment (prefix GPUSCHED_). Built by each process's `app`, never at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUSCHED_", extra="ignore")
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/gpusched"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    # Apache Kafka supports the idempotent producer; the local Tansu broker does not.
+    kafka_idempotence: bool = False
+    kafka_partitions: int = 6
+    kafka_max_request_bytes: int = 2 * 1024 * 1024
+
+    trace_exporter: Literal["none", "console", "file", "otlp"] = "none"
+    trace_file: Path | None = None
+    otlp_endpoint: str | None = None
+    log_level: str = "INFO"
+
+    # retries for a message whose handler fails for a reason other than an unreachable dependency
+    handler_max_attempts: int = 3
+    handler_retry_backoff_s: float = 0.2
+    outbox_poll_interval_s: float = 0.05
+    reconcile_interval_s: float = 5.0
+
+    quota_file: Path | None = None
+    default_tenant_gpu_cap: int = 64
+
+    placement_policy: str = "firstfit"
+
+    node_id: str = "node-1"
+    nvml_backend: Literal["simulated", "real"] = "simulated"
+    simulated_gpus: str = "H100-80GB:8"
+    agent_work_dir: Path = Path(".gpusched/agents")
+    telemetry_interval_s: float = 5.0
+    heartbeat_interval_s: float = 10.0
+
+    metrics_log_interval_s: float = 10.0

@@ -1,0 +1,113 @@
+"""The PostgreSQL event store: streams, global order, outbox and inbox (DESIGN.md section 1).
+
+All functions take a connection that is inside the caller's transaction, so a handler's events, outbox
+rows, inbox mark and read-model updates commit or roll back together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from gpusched_common.events import Envelope
+
+
+class ConcurrencyError(RuntimeError):
+    """Another writer appended to the stream first; reload and decide again."""
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """A reader's place in the global order: (writing transaction, position within it)."""
+
+    transaction_id: int = 0
+    global_position: int = 0
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    position: Position
+    recorded_at: datetime
+    envelope: Envelope
+
+
+_COLUMNS = (
+    "global_position, transaction_id::text::bigint AS txid, stream_id, version, event_id::text AS event_id, "
+    "type, schema_version, occurred_at, recorded_at, producer, tenant, traceparent, payload"
+)
+
+
+def _stored(row: asyncpg.Record) -> StoredEvent:
+    envelope = Envelope(
+        event_id=row["event_id"], type=row["type"], schema_version=row["schema_version"],
+        stream_id=row["stream_id"], stream_version=row["version"], occurred_at=row["occurred_at"],
+        producer=row["producer"], tenant=row["tenant"], traceparent=row["traceparent"], payload=row["payload"],
+    )
+    return StoredEvent(Position(row["txid"], row["global_position"]), row["recorded_at"], envelope)
+
+
+async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int,
+                 envelopes: list[Envelope]) -> list[Envelope]:
+    """Append events at versions expected_version+1.. ; raises ConcurrencyError if the stream moved."""
+    current = await conn.fetchval(
+        "SELECT coalesce(max(version), 0) FROM events WHERE stream_id = $1", stream_id
+    )
+    if current != expected_version:
+        raise ConcurrencyError(f"stream {stream_id} is at version {current}, expected {expected_version}")
+    stamped = [e.model_copy(update={"stream_id": stream_id, "stream_version": expected_version + i + 1})
+               for i, e in enumerate(envelopes)]
+    try:
+        await conn.executemany(
+            "INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at, producer,"
+            " tenant, traceparent, payload) VALUES ($1, $2, $3::uuid, $4, $5, $6, $7, $8, $9, $10)",
+            [(e.stream_id, e.stream_version, e.event_id, e.type, e.schema_version, e.occurred_at, e.producer,
+              e.tenant, e.traceparent, e.payload) for e in stamped],
+        )
+    except asyncpg.UniqueViolationError as exc:
+        # the unique (stream_id, version) index caught a concurrent writer that read the same version
+        raise ConcurrencyError(f"stream {stream_id} was appended concurrently: {exc}") from exc
+    return stamped
+
+
+async def load(conn: asyncpg.Connection, stream_id: str) -> list[StoredEvent]:
+    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 ORDER BY version", stream_id)
+    return [_stored(r) for r in rows]
+
+
+async def read_all(conn: asyncpg.Connection, after: Position = Position(), limit: int = 1000) -> list[StoredEvent]:
+    """Events in global order after `after`, never skipping one that commits later.
+
+    Positions come from a sequence, so a transaction that started earlier can commit a smaller position
+    after a reader has passed it. Ordering by writing transaction and reading only transactions older
+    than the oldest one still running (the snapshot's xmin) closes that gap.
+    """
+    rows = await conn.fetch(
+        f"SELECT {_COLUMNS} FROM events"
+        " WHERE (transaction_id, global_position) > ($1::text::xid8, $2)"
+        "   AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())"
+        " ORDER BY transaction_id, global_position LIMIT $3",
+        str(after.transaction_id), after.global_position, limit,
+    )
+    return [_stored(r) for r in rows]
+
+
+async def enqueue(conn: asyncpg.Connection, *, producer: str, topic: str, key: str, envelope: Envelope) -> None:
+    """Put a message in the outbox; the relay publishes it after this transaction commits."""
+    headers = {"event-type": envelope.type}
+    if envelope.traceparent:
+        headers["traceparent"] = envelope.traceparent
+    await conn.execute(
+        "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5)",
+        producer, topic, key, headers, envelope.model_dump_json().encode(),
+    )
+
+
+async def claim(conn: asyncpg.Connection, consumer: str, event_id: str) -> bool:
+    """Record that `consumer` handled `event_id`; False when it already had (a redelivery)."""
+    inserted = await conn.fetchval(
+        "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1",
+        consumer, event_id,
+    )
+    return inserted is not None

@@ -1,0 +1,42 @@
+"""Every Kafka topic and its partition key, in one place (DESIGN.md section 3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    key: str  # what the partition key is, for readers of this module
+    high_volume: bool = False
+
+
+JOBS_SUBMITTED = Topic("gpusched.jobs.submitted", key="job id")
+JOBS_EVENTS = Topic("gpusched.jobs.events", key="job id")
+NODES_COMMANDS = Topic("gpusched.nodes.commands", key="node id")
+NODES_REPORTS = Topic("gpusched.nodes.reports", key="node id")
+NODES_TELEMETRY = Topic("gpusched.nodes.telemetry", key="node id", high_volume=True)
+CLUSTER_SCALING = Topic("gpusched.cluster.scaling", key="GPU model")
+DEADLETTER = Topic("gpusched.deadletter", key="original key")
+
+ALL_TOPICS: tuple[Topic, ...] = (
+    JOBS_SUBMITTED,
+    JOBS_EVENTS,
+    NODES_COMMANDS,
+    NODES_REPORTS,
+    NODES_TELEMETRY,
+    CLUSTER_SCALING,
+    DEADLETTER,
+)
+
+# Consumer groups: one per service so each sees every event once.
+GROUP_ADMISSION = "gpusched-admission"
+GROUP_QUOTA = "gpusched-quota"
+GROUP_PLACEMENT = "gpusched-placement"
+GROUP_PREEMPTION = "gpusched-preemption"
+GROUP_METRICS = "gpusched-metrics"
+
+
+def agent_group(node_id: str) -> str:
+    return f"gpusched-agent-{node_id}"

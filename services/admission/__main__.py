@@ -1,0 +1,5 @@
+import asyncio
+
+from services.admission.app import main
+
+asyncio.run(main())

@@ -1,0 +1,125 @@
+"""Admission decisions (pure): parse a raw submission and list every reason to reject it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from gpusched_common import events as ev
+from gpusched_common.ids import is_valid_id
+from gpusched_common.resources import (
+    MAX_COMMAND_BYTES,
+    MAX_GPUS_PER_JOB,
+    MAX_PRIORITY,
+    MAX_SUBMISSION_BYTES,
+    canonical_model,
+)
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    max_gpus_per_job: int = MAX_GPUS_PER_JOB
+    max_priority: int = MAX_PRIORITY
+    max_submission_bytes: int = MAX_SUBMISSION_BYTES
+    max_command_bytes: int = MAX_COMMAND_BYTES
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A submission that names a job: either a valid spec, or reasons why it is rejected."""
+
+    event_id: str
+    job_id: str
+    submitted_at: datetime | None
+    spec: ev.JobSpec | None
+    reasons: tuple[str, ...]
+    tenant_hint: str | None
+    traceparent: str | None
+
+
+class Unparseable(ValueError):
+    """Not even a job id can be read: the message is dead-lettered."""
+
+
+def parse_submission(raw: bytes, limits: AdmissionLimits) -> Submission:
+    if len(raw) > limits.max_submission_bytes:
+        return _oversized(raw, limits)
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Unparseable(f"submission is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise Unparseable("submission is not a JSON object")
+    payload = doc.get("payload") if isinstance(doc.get("payload"), dict) else {}
+    job_id = payload.get("job_id")
+    event_id = doc.get("event_id")
+    if not isinstance(job_id, str) or not is_valid_id(job_id) or not isinstance(event_id, str):
+        raise Unparseable("submission has no valid event_id and payload.job_id")
+    spec_doc = payload.get("spec") if isinstance(payload.get("spec"), dict) else {}
+    tenant_hint = spec_doc.get("tenant") if isinstance(spec_doc.get("tenant"), str) else None
+    traceparent = doc.get("traceparent") if isinstance(doc.get("traceparent"), str) else None
+    try:
+        envelope = ev.Envelope.model_validate(doc)
+        if envelope.type != ev.JobSubmitted.TYPE:
+            raise ev.UnknownEventType(f"expected a JobSubmitted, got {envelope.type!r}")
+        payload_model = ev.parse_payload(envelope)
+    except (ValidationError, ev.UnknownEventType) as exc:
+        return Submission(event_id, job_id, None, None, _error_reasons(exc), tenant_hint, traceparent)
+    assert isinstance(payload_model, ev.JobSubmitted)
+    reasons = check_spec(payload_model.spec, limits)
+    spec = payload_model.spec
+    if not reasons and spec.gpu_model is not None:
+        spec = spec.model_copy(update={"gpu_model": canonical_model(spec.gpu_model)})
+    return Submission(event_id, job_id, payload_model.submitted_at, None if reasons else spec, reasons,
+                      tenant_hint, envelope.traceparent)
+
+
+def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
+    """Every reason the spec breaks a cluster limit, all at once (empty when admissible)."""
+    reasons = []
+    if not is_valid_id(spec.tenant):
+        reasons.append(f"tenant {spec.tenant!r} is not a valid name")
+    if spec.gpus < 1:
+        reasons.append(f"gpus must be at least 1, got {spec.gpus}")
+    elif spec.gpus > limits.max_gpus_per_job:
+        reasons.append(f"gpus {spec.gpus} exceeds the limit of {limits.max_gpus_per_job} GPUs per job (one node)")
+    if spec.gpu_model is not None and canonical_model(spec.gpu_model) is None:
+        reasons.append(f"unknown GPU model {spec.gpu_model!r}")
+    if not 0 <= spec.priority <= limits.max_priority:
+        reasons.append(f"priority {spec.priority} is outside 0..{limits.max_priority}")
+    if not spec.command or not all(spec.command):
+        reasons.append("command is empty")
+    elif sum(len(part.encode()) for part in spec.command) > limits.max_command_bytes:
+        reasons.append(f"command is longer than {limits.max_command_bytes} bytes")
+    return tuple(reasons)
+
+
+def _error_reasons(exc: Exception) -> tuple[str, ...]:
+    if not isinstance(exc, ValidationError):
+        return (str(exc),)
+    reasons = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "submission"
+        if error["type"] == "extra_forbidden":
+            reasons.append(f"unknown field {where!r}")
+        else:
+            reasons.append(f"{where}: {error['msg']}")
+    return tuple(reasons)
+
+
+def _oversized(raw: bytes, limits: AdmissionLimits) -> Submission:
+    # Too big to trust: read only enough to name the job, so the rejection is recorded against it.
+    try:
+        doc = json.loads(raw)
+        job_id = doc["payload"]["job_id"]
+        event_id = doc["event_id"]
+        tenant = doc["payload"].get("spec", {}).get("tenant")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise Unparseable(f"submission of {len(raw)} bytes exceeds {limits.max_submission_bytes} bytes") from exc
+    if not isinstance(job_id, str) or not is_valid_id(job_id) or not isinstance(event_id, str):
+        raise Unparseable(f"submission of {len(raw)} bytes exceeds {limits.max_submission_bytes} bytes")
+    reason = f"submission is {len(raw)} bytes; the limit is {limits.max_submission_bytes} bytes"
+    return Submission(event_id, job_id, None, None, (reason,), tenant if isinstance(tenant, str) else None, None)

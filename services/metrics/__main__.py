@@ -1,0 +1,5 @@
+import asyncio
+
+from services.metrics.app import main
+
+asyncio.run(main())

@@ -1,0 +1,5 @@
+import asyncio
+
+from services.placement.app import main
+
+asyncio.run(main())

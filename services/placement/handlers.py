@@ -1,0 +1,178 @@
+"""Placement's Kafka edge: quota reservations, node inventory and job reports in; placements out."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+
+import asyncpg
+
+from gpusched_common import decider
+from gpusched_common import events as ev
+from gpusched_common.ids import job_stream
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.messaging import Incoming, PoisonMessage
+from gpusched_common.runtime import Runtime
+from gpusched_common.store import claim, enqueue
+from gpusched_common.topics import NODES_COMMANDS
+from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
+
+from services.placement import core
+
+SERVICE = "placement"
+_CYCLE_LOCK = 727_100  # one placer decides at a time, whichever replica holds it
+
+
+def parse_message(message: Incoming) -> tuple[ev.Envelope, ev.Payload]:
+    try:
+        envelope = ev.Envelope.model_validate_json(message.value)
+        return envelope, ev.parse_payload(envelope)
+    except ValueError as exc:
+        raise PoisonMessage(f"unreadable message: {exc}") from exc
+
+
+def make_handlers(runtime: Runtime, clock: Callable[[], datetime]):
+    async def on_job_event(message: Incoming) -> None:
+        envelope, payload = parse_message(message)
+        if not isinstance(payload, (ev.QuotaReserved, ev.JobCancelled)):
+            return
+        await _in_transaction(runtime, envelope, payload, clock())
+
+    async def on_node_report(message: Incoming) -> None:
+        envelope, payload = parse_message(message)
+        await _in_transaction(runtime, envelope, payload, clock())
+
+    return on_job_event, on_node_report
+
+
+async def _in_transaction(runtime: Runtime, envelope: ev.Envelope, payload: ev.Payload, now: datetime) -> None:
+    async with runtime.pool.acquire() as conn, conn.transaction():
+        if not await claim(conn, SERVICE, envelope.event_id):
+            return
+        if await apply(conn, payload, now):
+            await run_cycle(conn, now)
+    runtime.wake_relay()
+
+
+async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> bool:
+    """Record one message's effect; True when free capacity or pending work may have changed."""
+    match payload:
+        case ev.QuotaReserved():
+            await conn.execute(
+                "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority)"
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                payload.job_id, payload.tenant, payload.spec.gpus, payload.spec.gpu_model, payload.spec.priority)
+            return True
+        case ev.JobCancelled():
+            await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", payload.job_id)
+            await release_gpus(conn, payload.job_id, now, stop_reason=payload.reason)
+            return True
+        case ev.NodeRegistered():
+            await upsert_node(conn, payload, now)
+            return True
+        case ev.NodeHeartbeat():
+            await conn.execute("UPDATE nodes SET last_seen_at = $2 WHERE node_id = $1", payload.node_id, now)
+            return False
+        case ev.JobStartReported():
+            state = await load_job(conn, payload.job_id)
+            command = decider.RecordStart(payload.node_id, payload.pid, payload.started_at)
+            await append_job_events(conn, state, decider.decide(state, command, now), producer=SERVICE, now=now)
+            return False
+        case ev.JobExitReported():
+            state = await load_job(conn, payload.job_id)
+            command = decider.RecordExit(payload.node_id, payload.exit_code, payload.runtime_s, payload.error)
+            events = decider.decide(state, command, now)
+            await append_job_events(conn, state, events, producer=SERVICE, now=now)
+            if events:
+                await release_gpus(conn, payload.job_id, now)
+            return bool(events)
+    return False
+
+
+async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> None:
+    await conn.execute(
+        "INSERT INTO nodes (node_id, hostname, labels, cpu_milli, memory_mib, nvml_backend, registered_at,"
+        " last_seen_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (node_id) DO UPDATE SET"
+        " hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
+        " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend, last_seen_at = EXCLUDED.last_seen_at",
+        node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now)
+    await conn.executemany(
+        "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid, model = EXCLUDED.model,"
+        " memory_mib = EXCLUDED.memory_mib",
+        [(node.node_id, g.index, g.uuid, g.model, g.memory_mib) for g in node.gpus])
+
+
+async def release_gpus(conn: asyncpg.Connection, job_id: str, now: datetime, stop_reason: str | None = None) -> None:
+    rows = await conn.fetch("DELETE FROM gpu_allocations WHERE job_id = $1 RETURNING node_id", job_id)
+    if stop_reason is not None:
+        for node_id in sorted({r["node_id"] for r in rows}):
+            await _command(conn, ev.StopJob(job_id=job_id, node_id=node_id, reason=stop_reason), node_id, now)
+
+
+async def load_snapshot(conn: asyncpg.Connection) -> core.Snapshot:
+    rows = await conn.fetch(
+        "SELECT g.node_id, g.gpu_index, g.uuid, g.model, g.healthy, a.job_id FROM gpus g"
+        " LEFT JOIN gpu_allocations a USING (node_id, gpu_index) ORDER BY g.node_id, g.gpu_index")
+    nodes: dict[str, list[core.Gpu]] = {}
+    for r in rows:
+        nodes.setdefault(r["node_id"], []).append(
+            core.Gpu(r["gpu_index"], r["uuid"], r["model"], r["healthy"], r["job_id"]))
+    return core.Snapshot(tuple(core.Node(node_id, tuple(gpus)) for node_id, gpus in nodes.items()))
+
+
+async def run_cycle(conn: asyncpg.Connection, now: datetime) -> None:
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _CYCLE_LOCK)
+    rows = await conn.fetch("SELECT job_id, gpus, gpu_model, priority, seq, last_reasons FROM placement_pending")
+    if not rows:
+        return
+    pending = [core.PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"]) for r in rows]
+    last_reasons = {r["job_id"]: r["last_reasons"] for r in rows}
+    placements, deferrals = core.plan_cycle(await load_snapshot(conn), pending)
+    for placement in placements:
+        await commit_placement(conn, placement, now)
+    for deferral in deferrals:
+        if last_reasons[deferral.job_id] == list(deferral.reasons):
+            continue
+        state = await load_job(conn, deferral.job_id)
+        await append_job_events(conn, state, decider.decide(state, decider.DeferPlacement(deferral.reasons), now),
+                                producer=SERVICE, now=now)
+        await conn.execute("UPDATE placement_pending SET last_reasons = $2 WHERE job_id = $1", deferral.job_id,
+                           list(deferral.reasons))
+
+
+async def commit_placement(conn: asyncpg.Connection, placement: core.Placement, now: datetime) -> None:
+    state = await load_job(conn, placement.job_id)
+    # continue the job's own trace (started by its submitter), not the trace of whatever woke this cycle
+    span_context = context_from_traceparent(await _latest_traceparent(conn, placement.job_id))
+    with tracer().start_as_current_span(f"{SERVICE} place", context=span_context,
+                                        attributes={"gpusched.job_id": placement.job_id}):
+        command = decider.Place(placement.node_id, placement.gpu_indices, placement.gpu_uuids, placement.gpu_model,
+                                core.POLICY, placement.reason)
+        events = decider.decide(state, command, now)
+        await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", placement.job_id)
+        if not events:
+            return
+        # the primary key on (node_id, gpu_index) makes a double allocation fail the whole transaction
+        await conn.executemany(
+            "INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at) VALUES ($1, $2, $3, $4)",
+            [(placement.node_id, i, placement.job_id, now) for i in placement.gpu_indices])
+        await append_job_events(conn, state, events, producer=SERVICE, now=now)
+        spec = state.spec
+        assert spec is not None
+        start = ev.StartJob(job_id=placement.job_id, node_id=placement.node_id, tenant=spec.tenant,
+                            gpu_indices=list(placement.gpu_indices), gpu_uuids=list(placement.gpu_uuids),
+                            command=spec.command, env=spec.env)
+        await _command(conn, start, placement.node_id, now)
+
+
+async def _latest_traceparent(conn: asyncpg.Connection, job_id: str) -> str | None:
+    return await conn.fetchval(
+        "SELECT traceparent FROM events WHERE stream_id = $1 ORDER BY version DESC LIMIT 1", job_stream(job_id))
+
+
+async def _command(conn: asyncpg.Connection, payload: ev.Payload, node_id: str, now: datetime) -> None:
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{node_id}", occurred_at=now,
+                                producer=SERVICE, traceparent=current_traceparent())
+    await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=node_id, envelope=envelope)

@@ -1,0 +1,5 @@
+import asyncio
+
+from services.preemption.app import main
+
+asyncio.run(main())

@@ -1,0 +1,5 @@
+import asyncio
+
+from services.quota.app import main
+
+asyncio.run(main())
