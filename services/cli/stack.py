@@ -145,6 +145,7 @@ def service_env(state: StackState, extra: dict[str, str] | None = None) -> dict[
     env = dict(os.environ)
     env.update({"GPUSCHED_DATABASE_URL": state.database_url, "GPUSCHED_KAFKA_BOOTSTRAP": state.kafka_bootstrap,
                 "GPUSCHED_KAFKA_IDEMPOTENCE": "false", "PYTHONUNBUFFERED": "1"})
+    env.setdefault("GPUSCHED_KAFKA_SESSION_TIMEOUT_MS", "3000")
     env.update(extra or {})
     return env
 

@@ -76,7 +76,10 @@ def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, s
     """Register `handler` for `topic` under the delivery contract in this module's docstring."""
 
     @broker.subscriber(topic, group_id=group_id, ack_policy=AckPolicy.MANUAL, auto_offset_reset="earliest",
-                       max_partition_fetch_bytes=settings.kafka_max_request_bytes)
+                       max_partition_fetch_bytes=settings.kafka_max_request_bytes,
+                       session_timeout_ms=settings.kafka_session_timeout_ms,
+                       heartbeat_interval_ms=max(100, settings.kafka_session_timeout_ms // 4),
+                       rebalance_timeout_ms=settings.kafka_session_timeout_ms)
     async def on_message(msg: KafkaMessage) -> None:
         record = msg.raw_message
         incoming = Incoming(

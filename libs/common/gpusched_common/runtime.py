@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ class Runtime:
     pool: asyncpg.Pool | None = None
     relay: OutboxRelay | None = None
     background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    tasks: list[asyncio.Task] = field(default_factory=list)
 
     def subscribe(self, topic: str, group_id: str, handler: Handler) -> None:
         subscribe(self.broker, topic=topic, group_id=group_id, service=self.service, settings=self.settings,
@@ -46,40 +47,55 @@ def configure_logging(settings: Settings, service: str) -> None:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
 
-async def run_service(service: str, settings: Settings, setup: Callable[[Runtime], Awaitable[None]], *,
-                      uses_database: bool = True) -> None:
-    configure_logging(settings, service)
-    provider = configure_tracing(service, settings)
+@contextlib.asynccontextmanager
+async def running(service: str, settings: Settings, setup: Callable[[Runtime], Awaitable[None]], *,
+                  uses_database: bool = True) -> AsyncIterator[Runtime]:
+    """Build a service from settings, start its consumers and background tasks, stop them on exit."""
     broker = build_broker(settings, client_id=service)
     runtime = Runtime(service=service, settings=settings, broker=broker)
     if uses_database:
         runtime.pool = await _connect_with_retry(settings.database_url)
         runtime.relay = OutboxRelay(runtime.pool, broker, service, poll_interval_s=settings.outbox_poll_interval_s)
         runtime.background.append(runtime.relay.run)
-    await setup(runtime)
-    await _start_with_retry(broker)
-    tasks = [asyncio.create_task(job(), name=f"{service}:{getattr(job, '__name__', 'task')}")
-             for job in runtime.background]
-    log.info("%s started", service)
+    tasks: list[asyncio.Task] = []
+    try:
+        await setup(runtime)
+        await _start_with_retry(broker)
+        tasks = [asyncio.create_task(job(), name=f"{service}:{getattr(job, '__name__', 'task')}")
+                 for job in runtime.background]
+        runtime.tasks = tasks
+        yield runtime
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await broker.stop()
+        if runtime.pool is not None:
+            await runtime.pool.close()
+
+
+async def run_service(service: str, settings: Settings, setup: Callable[[Runtime], Awaitable[None]], *,
+                      uses_database: bool = True) -> None:
+    """The process entry point: run until SIGTERM/SIGINT or until a background task dies."""
+    configure_logging(settings, service)
+    provider = configure_tracing(service, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    done_task = asyncio.create_task(stop.wait())
-    finished, _ = await asyncio.wait([done_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    for task in finished:
-        if task is not done_task and task.exception():
-            log.error("%s: background task %s died: %r", service, task.get_name(), task.exception())
-    log.info("%s stopping", service)
-    for task in tasks:
-        task.cancel()
-    with contextlib.suppress(BaseException):
-        await asyncio.gather(*tasks, return_exceptions=True)
-    await broker.stop()
-    if runtime.pool is not None:
-        await runtime.pool.close()
-    if provider is not None:
-        provider.shutdown()
+    try:
+        async with running(service, settings, setup, uses_database=uses_database) as runtime:
+            log.info("%s started", service)
+            stopper = asyncio.create_task(stop.wait())
+            finished, _ = await asyncio.wait([stopper, *runtime.tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                if task is not stopper and task.exception():
+                    log.error("%s: background task %s died: %r", service, task.get_name(), task.exception())
+            stopper.cancel()
+            log.info("%s stopping", service)
+    finally:
+        if provider is not None:
+            provider.shutdown()
 
 
 async def _connect_with_retry(database_url: str) -> asyncpg.Pool:

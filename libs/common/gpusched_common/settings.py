@@ -17,6 +17,9 @@ class Settings(BaseSettings):
     kafka_idempotence: bool = False
     kafka_partitions: int = 6
     kafka_max_request_bytes: int = 2 * 1024 * 1024
+    # Brokers hold a group join open for a while waiting for more members (Tansu: about half the session
+    # timeout), so local stacks and tests use a short session; Apache Kafka needs >= 6000.
+    kafka_session_timeout_ms: int = 10_000
 
     trace_exporter: Literal["none", "console", "file", "otlp"] = "none"
     trace_file: Path | None = None

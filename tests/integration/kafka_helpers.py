@@ -1,0 +1,26 @@
+"""Reading what landed on a topic, for assertions."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
+
+
+async def read_topic(bootstrap: str, topic: str, *, expect: int, timeout_s: float = 15.0) -> list[ConsumerRecord]:
+    """Every record on `topic` from the start, waiting until at least `expect` arrived (or the timeout)."""
+    # no group: the reader takes every partition itself and skips the group join
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    records: list[ConsumerRecord] = []
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while len(records) < expect and asyncio.get_running_loop().time() < deadline:
+            batch = await consumer.getmany(timeout_ms=300)
+            for recs in batch.values():
+                records.extend(recs)
+        return records
+    finally:
+        await consumer.stop()

@@ -1,0 +1,171 @@
+"""Delivery semantics on the real broker and real PostgreSQL: redelivery, outbox crash recovery,
+consumer restarts and dead-lettering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timezone
+
+import asyncpg
+
+from gpusched_common import decider
+from gpusched_common import events as ev
+from gpusched_common.db import connect, create_pool
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.messaging import Incoming, build_broker
+from gpusched_common.relay import OutboxRelay
+from gpusched_common.runtime import Runtime, running
+from gpusched_common.store import claim
+from gpusched_common.topics import DEADLETTER, JOBS_EVENTS, JOBS_SUBMITTED
+from services.admission.app import setup as admission_setup
+from services.admission.core import AdmissionLimits
+from services.admission.handlers import make_submission_handler
+from services.cli.client import Client, submission_bytes
+from tests.builders import T0, a_job
+from tests.integration.kafka_helpers import read_topic
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+async def stream_types(database_url: str, job_id: str) -> list[str]:
+    conn = await connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT type FROM events WHERE stream_id = $1 ORDER BY version", f"job-{job_id}")
+        return [r["type"] for r in rows]
+    finally:
+        await conn.close()
+
+
+async def test_the_same_submission_delivered_twice_changes_state_once(settings):
+    pool = await create_pool(settings.database_url)
+    try:
+        runtime = Runtime("admission", settings, build_broker(settings, "t"), pool=pool)
+        handle = make_submission_handler(runtime, AdmissionLimits(), now)
+        message = Incoming(JOBS_SUBMITTED.name, 0, 7, "j1", submission_bytes(a_job("j1").spec(), "j1", now=T0), {})
+        await handle(message)
+        await handle(message)  # redelivered after a crash before the offset commit
+        # a client retry: same job id, new event id
+        await handle(Incoming(JOBS_SUBMITTED.name, 0, 8, "j1", submission_bytes(a_job("j1").spec(), "j1"), {}))
+        assert await stream_types(settings.database_url, "j1") == ["JobSubmitted", "JobAdmitted"]
+        assert await pool.fetchval("SELECT count(*) FROM outbox") == 2
+    finally:
+        await pool.close()
+
+
+async def test_the_outbox_publishes_after_a_crash_between_commit_and_publish(settings):
+    pool = await create_pool(settings.database_url)
+    broker = build_broker(settings, "relay-test")
+    try:
+        # a handler commits its events and "crashes" before any relay published them
+        async with pool.acquire() as conn, conn.transaction():
+            state = await load_job(conn, "j1")
+            events = decider.decide(state, decider.RegisterSubmission(a_job("j1").spec(), T0), T0)
+            await append_job_events(conn, state, events, producer="admission", now=T0)
+        # a new process starts its relay: the rows go out, in order, and are marked
+        await broker.connect()
+        relay = OutboxRelay(pool, broker, "admission", poll_interval_s=0.05)
+        assert await relay.publish_pending() == 2
+        assert await relay.publish_pending() == 0
+        records = await read_topic(settings.kafka_bootstrap, JOBS_EVENTS.name, expect=2)
+        assert [json.loads(r.value)["type"] for r in records] == ["JobSubmitted", "JobAdmitted"]
+        assert all(r.key == b"j1" for r in records)
+        # crash after publishing but before marking: the rows go out again (consumers dedupe by event id)
+        await pool.execute("UPDATE outbox SET published_at = NULL")
+        assert await relay.publish_pending() == 2
+        again = await read_topic(settings.kafka_bootstrap, JOBS_EVENTS.name, expect=4)
+        assert [json.loads(r.value)["event_id"] for r in again[2:]] == [json.loads(r.value)["event_id"]
+                                                                          for r in records]
+    finally:
+        await broker.stop()
+        await pool.close()
+
+
+async def test_a_consumer_restarted_mid_stream_resumes_from_its_committed_offset(settings):
+    topic, total = "gpusched.test.resume", 60
+    conn = await connect(settings.database_url)
+    await conn.execute("CREATE TABLE handled (n int PRIMARY KEY)")
+    await conn.close()
+    seen: list[int] = []
+
+    async def setup(runtime: Runtime) -> None:
+        async def handle(message: Incoming) -> None:
+            n = int(message.value)
+            async with runtime.pool.acquire() as c, c.transaction():
+                if await claim(c, "resume-test", f"m{n}"):
+                    await c.execute("INSERT INTO handled VALUES ($1)", n)
+            seen.append(n)
+
+        runtime.subscribe(topic, "resume-group", handle)
+
+    producer = build_broker(settings, "producer")
+    await producer.connect()
+    for n in range(total // 2):
+        await producer.publish(str(n).encode(), topic, key=b"k")
+    async with running("resume-1", settings, setup):
+        await _until(lambda: len(seen) >= total // 2)
+    first_run = len(seen)
+    for n in range(total // 2, total):  # produced while no consumer runs
+        await producer.publish(str(n).encode(), topic, key=b"k")
+    async with running("resume-2", settings, setup):
+        await _until(lambda: total - 1 in seen)
+    await producer.stop()
+    second_run = seen[first_run:]
+    assert second_run[0] >= total // 2 - 1, "the restarted consumer re-read from the beginning"
+    conn = await connect(settings.database_url)
+    try:
+        assert [r["n"] for r in await conn.fetch("SELECT n FROM handled ORDER BY n")] == list(range(total))
+    finally:
+        await conn.close()
+
+
+async def test_malformed_input_is_dead_lettered_and_the_consumer_carries_on(settings):
+    async with running("admission", settings, admission_setup), Client(settings) as client:
+        await client.submit_raw("junk", b"{this is not json", {"traceparent": "garbage"})
+        good = await client.submit(a_job("j-after").spec(), job_id="j-after")
+        dead = await read_topic(settings.kafka_bootstrap, DEADLETTER.name, expect=1)
+        assert dead[0].value == b"{this is not json"
+        headers = {k: v.decode() for k, v in dead[0].headers}
+        assert headers["dlq-error"].startswith("PoisonMessage: submission is not valid JSON")
+        assert headers["dlq-source-topic"] == JOBS_SUBMITTED.name
+        await _until_async(lambda: stream_types(settings.database_url, good), ["JobSubmitted", "JobAdmitted"])
+
+
+async def test_a_handler_that_keeps_failing_is_dead_lettered_after_bounded_retries(settings):
+    attempts = []
+
+    async def setup(runtime: Runtime) -> None:
+        async def handle(message: Incoming) -> None:
+            attempts.append(message.offset)
+            if message.value == b"bad":
+                raise ValueError("cannot handle this")
+
+        runtime.subscribe("gpusched.test.retry", "retry-group", handle)
+
+    async with running("retry", settings, setup, uses_database=False) as runtime:
+        await runtime.broker.publish(b"bad", "gpusched.test.retry", key=b"k")
+        await runtime.broker.publish(b"good", "gpusched.test.retry", key=b"k")
+        await _until(lambda: len(attempts) >= settings.handler_max_attempts + 1)
+    dead = await read_topic(settings.kafka_bootstrap, DEADLETTER.name, expect=1)
+    assert len(dead) == 1 and dead[0].value == b"bad"
+    assert dict(dead[0].headers)["dlq-attempts"] == str(settings.handler_max_attempts).encode()
+    assert attempts == [0] * settings.handler_max_attempts + [1]
+
+
+async def _until(condition, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def _until_async(probe, expected, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (value := await probe()) != expected:
+        assert asyncio.get_running_loop().time() < deadline, f"timed out; last value {value!r}"
+        await asyncio.sleep(0.1)
+
+
+__all__ = ["asyncpg"]

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpusched_common import events as ev
+from services.admission.core import AdmissionLimits, Unparseable, parse_submission
+from services.cli.client import submission_bytes
+from tests.builders import T0, a_job
+
+LIMITS = AdmissionLimits()
+
+
+def raw(spec: ev.JobSpec, job_id: str = "j1") -> bytes:
+    return submission_bytes(spec, job_id, now=T0)
+
+
+def test_a_valid_submission_has_no_reasons_and_a_canonical_model():
+    sub = parse_submission(raw(a_job("j1").gpus(2).model("NVIDIA-A100-SXM4-80GB").spec()), LIMITS)
+    assert sub.reasons == ()
+    assert sub.spec is not None and sub.spec.gpu_model == "A100-80GB"
+
+
+@pytest.mark.parametrize(("job", "reason"), [
+    pytest.param(a_job("j").gpus(0), "gpus must be at least 1, got 0", id="zero-gpus"),
+    pytest.param(a_job("j").gpus(-3), "gpus must be at least 1, got -3", id="negative-gpus"),
+    pytest.param(a_job("j").gpus(10_000), "gpus 10000 exceeds the limit of 8 GPUs per job (one node)",
+                 id="absurd-gpus"),
+    pytest.param(a_job("j").model("B9000"), "unknown GPU model 'B9000'", id="unknown-model"),
+    pytest.param(a_job("j").priority(-1), "priority -1 is outside 0..1000", id="negative-priority"),
+    pytest.param(a_job("j").command(), "command is empty", id="empty-command"),
+])
+def test_limits_are_reported_as_reasons(job, reason):
+    sub = parse_submission(raw(job.spec()), LIMITS)
+    assert sub.spec is None
+    assert reason in sub.reasons
+
+
+def test_every_reason_is_reported_at_once():
+    sub = parse_submission(raw(a_job("j").gpus(0).model("B9000").priority(-5).spec()), LIMITS)
+    assert len(sub.reasons) == 3
+
+
+def test_an_unknown_field_is_rejected_with_its_name():
+    doc = json.loads(raw(a_job("j1").spec()))
+    doc["payload"]["spec"]["gpuz"] = 3
+    sub = parse_submission(json.dumps(doc).encode(), LIMITS)
+    assert sub.job_id == "j1"
+    assert sub.reasons == ("unknown field 'spec.gpuz'",)
+    assert sub.tenant_hint == "team-a"
+
+
+def test_a_wrong_type_is_rejected_with_a_reason():
+    doc = json.loads(raw(a_job("j1").spec()))
+    doc["payload"]["spec"]["gpus"] = "lots"
+    sub = parse_submission(json.dumps(doc).encode(), LIMITS)
+    assert sub.reasons and "spec.gpus" in sub.reasons[0]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[1,2]", b'{"payload": {}}', b"\xff\xfe"])
+def test_a_message_without_a_job_id_is_unparseable(body):
+    with pytest.raises(Unparseable):
+        parse_submission(body, LIMITS)
+
+
+def test_an_oversized_submission_is_rejected_against_its_job():
+    spec = a_job("j1").command("echo", "x" * (1024 * 1024)).spec()
+    sub = parse_submission(raw(spec), LIMITS)
+    assert sub.job_id == "j1"
+    assert sub.spec is None
+    assert "limit is 1048576 bytes" in sub.reasons[0]
