@@ -36,6 +36,7 @@ class StackState:
     private_pg_dir: str | None = None
     processes: dict[str, int] = field(default_factory=dict)  # name -> pid
     node_ids: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # GPUSCHED_* settings every process was started with
 
 
 def home_dir() -> Path:
@@ -151,7 +152,8 @@ def service_env(state: StackState, extra: dict[str, str] | None = None) -> dict[
 
 
 def start_service(state: StackState, name: str, module: str, extra_env: dict[str, str] | None = None) -> int:
-    pid = spawn(name, [sys.executable, "-m", module], Path(state.home) / "logs", service_env(state, extra_env))
+    pid = spawn(name, [sys.executable, "-m", module], Path(state.home) / "logs",
+                service_env(state, {**state.env, **(extra_env or {})}))
     state.processes[name] = pid
     return pid
 
@@ -181,11 +183,12 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
     progress(f"topics     created with {partitions} partitions")
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), **(extra_env or {})}
     env.setdefault("GPUSCHED_QUOTA_FILE", str(Path(__file__).resolve().parents[2] / "deploy" / "quotas.yaml"))
+    state.env = env
     for name in SERVICES:
-        start_service(state, name, f"services.{name}", env)
+        start_service(state, name, f"services.{name}")
     for node_id, spec in node_specs(nodes, gpu_models, gpus_per_node):
         start_service(state, f"agent-{node_id}", "services.node_agent",
-                      {**env, "GPUSCHED_NODE_ID": node_id, "GPUSCHED_SIMULATED_GPUS": spec})
+                      {"GPUSCHED_NODE_ID": node_id, "GPUSCHED_SIMULATED_GPUS": spec})
         state.node_ids.append(node_id)
     save(state)
     progress(f"services   {', '.join(SERVICES)} and {nodes} node agent(s) started")

@@ -1,0 +1,49 @@
+# gpusched: the two commands a new user needs are `make run` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: install run up down test test-fast test-unit bench-e2e bench-placement schemas clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+## run: start the local stack, run a 240-job demo workload from 4 tenants, print a summary, stop
+run: install
+	$(BIN)/gpusched demo
+
+up: install
+	$(BIN)/gpusched up
+
+down: install
+	$(BIN)/gpusched down
+
+## test: every suite (unit, integration, end to end); starts its own broker and databases
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+bench-e2e: install
+	$(BIN)/gpusched up --nodes 8 --gpu-models H100-80GB --gpus-per-node 8
+	$(BIN)/gpusched bench-e2e --jobs $${JOBS:-2000}; status=$$?; $(BIN)/gpusched down; exit $$status
+
+bench-placement: install
+	$(BIN)/python benchmarks/bench_placement.py
+
+schemas: install
+	$(BIN)/gpusched export-schemas
+
+clean:
+	-$(BIN)/gpusched down
+	rm -rf .gpusched bench-results

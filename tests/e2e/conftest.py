@@ -1,0 +1,52 @@
+"""The whole local stack as processes, in a private home directory and database."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpusched_common.db import drop_database
+from gpusched_common.settings import Settings
+from services.cli import stack
+
+
+@pytest.fixture(scope="module")
+async def local_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[stack.StackState]:
+    home = tmp_path_factory.mktemp("stack")
+    previous = os.environ.get("GPUSCHED_HOME")
+    os.environ["GPUSCHED_HOME"] = str(home)
+    trace_file = home / "traces.jsonl"
+    state = None
+    try:
+        state = await stack.up(
+            nodes=2, gpu_models=["H100-80GB", "A100-80GB"], gpus_per_node=8,
+            database_name=f"gpusched_e2e_{uuid.uuid4().hex[:8]}", progress=lambda line: None,
+            extra_env={"GPUSCHED_TRACE_EXPORTER": "file", "GPUSCHED_TRACE_FILE": str(trace_file),
+                       "GPUSCHED_KAFKA_SESSION_TIMEOUT_MS": "2000", "GPUSCHED_TELEMETRY_INTERVAL_S": "1",
+                       "GPUSCHED_METRICS_LOG_INTERVAL_S": "1"})
+        yield state
+    finally:
+        stack.down(progress=lambda line: None)
+        if state is not None:
+            await drop_database(state.database_url)
+        if previous is None:
+            os.environ.pop("GPUSCHED_HOME", None)
+        else:
+            os.environ["GPUSCHED_HOME"] = previous
+
+
+@pytest.fixture
+def stack_settings(local_stack: stack.StackState) -> Settings:
+    return Settings(database_url=local_stack.database_url, kafka_bootstrap=local_stack.kafka_bootstrap)
+
+
+def read_spans(home: str) -> list[dict]:
+    path = Path(home) / "traces.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
