@@ -30,6 +30,11 @@ async def test_a_submitted_job_succeeds_and_its_spans_form_one_trace(local_stack
                                      .command("sh", "-c", 'test "$CUDA_VISIBLE_DEVICES" = "0,1"').spec())
     await wait_until_finished(local_stack.database_url, [job_id], timeout_s=60, interval_s=0.2)
     job = await job_view(local_stack.database_url, job_id)
+    for _ in range(100):  # the quota release follows the terminal event
+        if job["events"][-1]["type"] == "QuotaReleased":
+            break
+        await asyncio.sleep(0.1)
+        job = await job_view(local_stack.database_url, job_id)
     assert job["status"] == "Succeeded", job
     assert [e["type"] for e in job["events"]] == [
         "JobSubmitted", "JobAdmitted", "QuotaReserved", "JobPlaced", "JobStarted", "JobSucceeded", "QuotaReleased"]
@@ -104,6 +109,10 @@ async def test_killing_services_with_sigkill_loses_no_job_and_places_none_twice(
             [f"job-{i}" for i in ids])
         assert placed_twice == 0
         assert await conn.fetchval("SELECT count(*) FROM gpu_allocations") == 0
+        for _ in range(100):  # quota releases follow the terminal events
+            if await conn.fetchval("SELECT sum(reserved_gpus) FROM quota_ledger") == 0:
+                break
+            await asyncio.sleep(0.1)
         assert await conn.fetchval("SELECT sum(reserved_gpus) FROM quota_ledger") == 0
     finally:
         await conn.close()
