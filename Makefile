@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run up down test test-fast test-unit bench-e2e bench-placement schemas clean
+.PHONY: install run up down test test-fast test-unit bench-e2e bench-placement bench-telemetry schemas clean
 
 install: $(STAMP)
 
@@ -37,6 +37,9 @@ test-unit: install
 bench-e2e: install
 	$(BIN)/gpusched up --nodes 8 --gpu-models H100-80GB --gpus-per-node 8
 	$(BIN)/gpusched bench-e2e --jobs $${JOBS:-2000}; status=$$?; $(BIN)/gpusched down; exit $$status
+
+bench-telemetry: install
+	$(BIN)/python benchmarks/bench_telemetry.py
 
 bench-placement: install
 	$(BIN)/python benchmarks/bench_placement.py

@@ -227,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="fail if the files differ from the models")
     p.set_defaults(func=cmd_export_schemas)
 
+    from services.cli.agent_check import add_agent_parser
+    from services.node_agent.logs import add_logs_parser
+
+    add_agent_parser(sub)
+    add_logs_parser(sub)
+
     try:
         from services.simulator.cli import add_simulate_parser, run_simulate
     except ImportError:

@@ -1,26 +1,27 @@
-"""Metrics service: cluster GPU utilization from telemetry, logged, stored and exported as an
-OpenTelemetry metric (`gpusched_gpu_utilization_ratio`)."""
+"""Metrics service: NVML telemetry in; cluster, pool, model and tenant views, the idle-allocation report,
+backlog and fragmentation out as OpenTelemetry metrics (Prometheus `/metrics`); scale decisions with
+hysteresis published on `gpusched.cluster.scaling` through the outbox."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
-from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+import asyncpg
 
-from gpusched_common import events as ev
-from gpusched_common.messaging import Incoming, PoisonMessage
 from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.settings import Settings
-from gpusched_common.topics import GROUP_METRICS, NODES_TELEMETRY
 
-from services.metrics.core import ClusterUtilization, GpuReading, summarize
+from services.metrics.core import Thresholds, Views, plan_views
+from services.metrics.exporter import Latest, MetricsExporter
+from services.metrics.http import MetricsEndpoint
+from services.metrics.scaling import ScaleOut, ScalePolicy, observe, plan_scaling
+from services.metrics.store import SERVICE, decide_scaling, load_snapshot
+from services.metrics.telemetry_consumer import TelemetryConsumer
+from services.metrics.tracker import TelemetryTracker
 
-SERVICE = "metrics"
 log = logging.getLogger(__name__)
 
 
@@ -28,73 +29,94 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class UtilizationTracker:
-    def __init__(self, max_age: timedelta) -> None:
-        self._latest: dict[tuple[str, int], GpuReading] = {}
-        self._max_age = max_age
-
-    def on_telemetry(self, message: Incoming) -> None:
-        try:
-            envelope = ev.Envelope.model_validate_json(message.value)
-            payload = ev.parse_payload(envelope)
-        except ValueError as exc:
-            raise PoisonMessage(f"unreadable telemetry: {exc}") from exc
-        if not isinstance(payload, ev.GpuTelemetry):
-            return
-        for sample in payload.samples:
-            self._latest[(payload.node_id, sample.index)] = GpuReading(
-                payload.node_id, sample.index, sample.utilization_pct, payload.sampled_at)
-
-    def current(self, now: datetime) -> ClusterUtilization:
-        return summarize(list(self._latest.values()), now, self._max_age)
-
-    def observe(self, options: CallbackOptions) -> list[Observation]:
-        now = utcnow()
-        fresh = [r for r in self._latest.values() if now - r.sampled_at <= self._max_age]
-        return [Observation(r.utilization_pct / 100.0, {"node": r.node_id, "gpu": str(r.index)}) for r in fresh]
+def thresholds(settings: Settings) -> Thresholds:
+    return Thresholds(max_sample_age=timedelta(seconds=max(3 * settings.telemetry_interval_s, 15.0)),
+                      busy_pct=settings.metrics_idle_threshold_pct,
+                      idle_after=timedelta(seconds=settings.metrics_idle_after_s))
 
 
-def configure_metrics(settings: Settings, tracker: UtilizationTracker) -> MeterProvider:
-    readers = []
-    if settings.trace_exporter == "console":
-        readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=60_000))
-    elif settings.trace_exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+def scale_policy(settings: Settings) -> ScalePolicy:
+    return ScalePolicy(window_s=settings.scale_out_window_s, clear_s=settings.scale_out_clear_s,
+                       cooldown_s=settings.scale_out_cooldown_s, max_nodes=settings.scale_out_max_nodes,
+                       scale_in_idle_s=settings.scale_in_idle_s, scale_in_cooldown_s=settings.scale_in_cooldown_s,
+                       min_nodes=settings.scale_min_nodes_per_model,
+                       provision_timeout_s=settings.scale_provision_timeout_s)
 
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    provider = MeterProvider(metric_readers=readers)
-    metrics.set_meter_provider(provider)
-    meter = provider.get_meter("gpusched.metrics")
-    meter.create_observable_gauge("gpusched_gpu_utilization_ratio", callbacks=[tracker.observe],
-                                  description="GPU utilization (0..1) from the latest NVML sample", unit="1")
-    return provider
+
+class MetricsService:
+    """The evaluation loop's state: telemetry tracker, latest views and the exporter reading them."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], datetime] = utcnow) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.tracker = TelemetryTracker(busy_pct=settings.metrics_idle_threshold_pct)
+        self.latest = Latest()
+        self.exporter = MetricsExporter(self.tracker, self.latest, _otlp_readers(settings))
+        self.endpoint = MetricsEndpoint(self.exporter, self.latest)
+        self.port: int | None = None
+
+    async def evaluate(self, pool: asyncpg.Pool) -> Views:
+        now = self.clock()
+        async with pool.acquire() as conn:
+            snapshot = await load_snapshot(conn, self.settings.metrics_pool_label)
+        views = plan_views(snapshot, self.tracker.activity(), now, thresholds(self.settings))
+        self.latest.snapshot, self.latest.views = snapshot, views
+        policy = scale_policy(self.settings)
+        decisions = await decide_scaling(pool, lambda state: plan_scaling(state, observe(snapshot), now, policy), now)
+        for d in decisions:
+            key = ("out" if isinstance(d, ScaleOut) else "in", d.model)
+            self.latest.scale_decisions[key] = self.latest.scale_decisions.get(key, 0) + 1
+            log.warning("scale %s %s: %s", key[0], d.model, d.reason)
+        for idle in views.idle:
+            log.info("idle allocation: job %s (%s) on %s GPUs %s idle for %.0fs", idle.job_id, idle.tenant,
+                     idle.node_id, list(idle.gpu_indices), idle.idle_s)
+        c = views.cluster
+        log.info("cluster: %d GPUs, %d allocated, %d busy, utilization %.1f%%, backlog %s", c.gpus_total,
+                 c.gpus_allocated, c.gpus_busy, c.mean_utilization * 100,
+                 {b.model: b.pending_gpus for b in views.backlog} or "empty")
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "INSERT INTO cluster_utilization (sampled_at, gpus_reporting, gpus_busy, mean_utilization)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                now, c.gpus_reporting, c.gpus_busy, c.mean_utilization)
+        return views
+
+    async def setup(self, runtime: Runtime) -> None:
+        runtime.background.append(TelemetryConsumer(self.settings, self.tracker).run)
+        if self.settings.metrics_port is not None:
+            self.port = await self.endpoint.start(self.settings.metrics_host, self.settings.metrics_port)
+            log.info("Prometheus endpoint on http://%s:%d/metrics", self.settings.metrics_host, self.port)
+
+        async def evaluate_loop() -> None:
+            assert runtime.pool is not None
+            while True:
+                await asyncio.sleep(self.settings.metrics_log_interval_s)
+                try:
+                    await self.evaluate(runtime.pool)
+                    runtime.wake_relay()
+                except (OSError, asyncpg.PostgresError) as exc:
+                    log.warning("metrics evaluation failed (%s); next interval retries", exc)
+
+        runtime.background.append(evaluate_loop)
+
+    async def close(self) -> None:
+        await self.endpoint.stop()
+        self.exporter.shutdown()
+
+
+def _otlp_readers(settings: Settings) -> list:
+    if settings.trace_exporter != "otlp":
+        return []
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    return [PeriodicExportingMetricReader(OTLPMetricExporter())]
 
 
 async def main(settings: Settings | None = None) -> None:
     settings = settings or Settings()
-    tracker = UtilizationTracker(max_age=timedelta(seconds=max(3 * settings.telemetry_interval_s, 15.0)))
-
-    async def setup(runtime: Runtime) -> None:
-        configure_metrics(settings, tracker)
-
-        async def handle(message: Incoming) -> None:
-            tracker.on_telemetry(message)
-
-        runtime.subscribe(NODES_TELEMETRY.name, GROUP_METRICS, handle)
-
-        async def record_loop() -> None:
-            while True:
-                await asyncio.sleep(settings.metrics_log_interval_s)
-                now = utcnow()
-                util = tracker.current(now)
-                log.info("cluster GPU utilization %.1f%% (%d/%d GPUs busy)", util.mean_utilization * 100,
-                         util.gpus_busy, util.gpus_reporting)
-                async with runtime.pool.acquire() as conn:
-                    await conn.execute(
-                        "INSERT INTO cluster_utilization (sampled_at, gpus_reporting, gpus_busy, mean_utilization)"
-                        " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                        now, util.gpus_reporting, util.gpus_busy, util.mean_utilization)
-
-        runtime.background.append(record_loop)
-
-    await run_service(SERVICE, settings, setup)
+    service = MetricsService(settings)
+    try:
+        await run_service(SERVICE, settings, service.setup)
+    finally:
+        await service.close()

@@ -1,8 +1,10 @@
 """Runs jobs as subprocesses and remembers them on disk, so a restarted agent neither starts a job twice
 nor loses the exit code of one that finished while it was down.
 
-Each job runs under `sh`, which writes the command's exit code to `<job>.exit` when it ends; the job's
-record (`<job>.json`) is written before the job's start is reported.
+Each job runs under `sh` in its own session (so its whole process group can be stopped), which writes the
+command's exit code to `<job>.exit` when it ends; the job's record (`<job>.json`, with the process's start
+time so a reused pid is not mistaken for it) is written before the job's start is reported. Output goes
+to `<job>.log`. The lease epoch is kept in `lease_epoch`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpusched_common.ids import is_valid_id
+
+from services.node_agent.reconcile import ObservedJob
+
 _WRAPPER = 'cd "$GPUSCHED_JOB_DIR" 2>/dev/null; "$@"; code=$?; echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
 
 
@@ -24,6 +30,10 @@ class JobRecord:
     pid: int
     gpu_indices: tuple[int, ...]
     started_at_s: float  # wall clock at start
+    proc_start_ticks: int | None = None
+    lease_epoch: int = 0
+    share_milli: int | None = None
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,19 +50,38 @@ class JobRunner:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
 
+    @property
+    def work_dir(self) -> Path:
+        return self._dir
+
     def known(self, job_id: str) -> bool:
         return (self._dir / f"{job_id}.json").exists()
 
+    def record(self, job_id: str) -> JobRecord | None:
+        path = self._dir / f"{job_id}.json"
+        if not path.exists():
+            return None
+        doc = json.loads(path.read_text())
+        doc["gpu_indices"] = tuple(doc["gpu_indices"])
+        return JobRecord(**doc)
+
     def records(self) -> list[JobRecord]:
+        return [r for r in (self.record(p.stem) for p in sorted(self._dir.glob("*.json"))) if r is not None]
+
+    def is_alive(self, record: JobRecord) -> bool:
+        return _alive(record.pid, record.proc_start_ticks) and not self._exit_path(record.job_id).exists()
+
+    def observe(self) -> list[ObservedJob]:
+        """Every recorded job as the reconcile core sees it."""
         out = []
-        for path in sorted(self._dir.glob("*.json")):
-            doc = json.loads(path.read_text())
-            out.append(JobRecord(doc["job_id"], doc["pid"], tuple(doc["gpu_indices"]), doc["started_at_s"]))
+        for r in self.records():
+            alive = self.is_alive(r)
+            out.append(ObservedJob(r.job_id, r.pid, alive, None if alive else self._read_exit(r.job_id),
+                                   self.reported(r.job_id)))
         return out
 
-    def unreported(self) -> list[JobRecord]:
-        """Jobs whose exit has not been reported yet (running, or finished while the agent was down)."""
-        return [r for r in self.records() if not (self._dir / f"{r.job_id}.reported").exists()]
+    def reported(self, job_id: str) -> bool:
+        return (self._dir / f"{job_id}.reported").exists()
 
     def mark_reported(self, job_id: str) -> None:
         (self._dir / f"{job_id}.reported").touch()
@@ -61,17 +90,34 @@ class JobRunner:
         return self._dir / f"{job_id}.log"
 
     def running_job_ids(self) -> list[str]:
-        return [r.job_id for r in self.records() if not self._exit_path(r.job_id).exists()]
+        return [r.job_id for r in self.records() if self.is_alive(r)]
 
-    async def start(self, job_id: str, command: list[str], gpu_indices: tuple[int, ...],
-                    env: dict[str, str]) -> JobRecord | JobExit:
+    def job_of_session(self) -> dict[int, str]:
+        """Session (= process group) leader pid -> job id, for live jobs."""
+        return {r.pid: r.job_id for r in self.records() if self.is_alive(r)}
+
+    def next_epoch(self) -> int:
+        """A lease epoch larger than any this node used before (kept on disk across restarts)."""
+        path = self._dir / "lease_epoch"
+        try:
+            previous = int(path.read_text().strip())
+        except (OSError, ValueError):
+            previous = 0
+        epoch = previous + 1
+        path.write_text(str(epoch))
+        return epoch
+
+    async def start(self, job_id: str, command: list[str], gpu_indices: tuple[int, ...], env: dict[str, str],
+                    *, lease_epoch: int = 0, share_milli: int | None = None,
+                    memory_mib: int | None = None) -> JobRecord | JobExit:
+        """Start `command`; `env` is added to the agent's environment (and includes CUDA_VISIBLE_DEVICES)."""
+        if not is_valid_id(job_id):
+            return JobExit(job_id, 127, 0.0, error=f"invalid job id {job_id!r}")
         exit_path = self._exit_path(job_id)
-        job_env = {**os.environ, **env,
-                   "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices),
-                   "GPUSCHED_JOB_ID": job_id, "GPUSCHED_EXIT_FILE": str(exit_path),
-                   "GPUSCHED_JOB_DIR": str(self._dir)}
+        job_env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices), **env,
+                   "GPUSCHED_JOB_ID": job_id, "GPUSCHED_EXIT_FILE": str(exit_path), "GPUSCHED_JOB_DIR": str(self._dir)}
         started = time.time()
-        log = (self._dir / f"{job_id}.log").open("ab")
+        log = self.log_path(job_id).open("ab")
         try:
             proc = await asyncio.create_subprocess_exec(
                 "sh", "-c", _WRAPPER, "gpusched-job", *command, env=job_env, stdin=asyncio.subprocess.DEVNULL,
@@ -80,7 +126,8 @@ class JobRunner:
             return JobExit(job_id, 127, 0.0, error=f"could not start command: {exc}")
         finally:
             log.close()
-        record = JobRecord(job_id, proc.pid, gpu_indices, started)
+        record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, _start_ticks(proc.pid), lease_epoch,
+                           share_milli, memory_mib)
         (self._dir / f"{job_id}.json").write_text(json.dumps(asdict(record)))
         self._procs[job_id] = proc
         return record
@@ -94,18 +141,22 @@ class JobRunner:
             if code < 0:  # killed by a signal before the wrapper could record a code
                 code = 128 - code
         else:
-            while _alive(record.pid) and not self._exit_path(record.job_id).exists():
-                await asyncio.sleep(0.5)
+            while self.is_alive(record):
+                await asyncio.sleep(0.2)
             code = self._read_exit(record.job_id)
         return JobExit(record.job_id, code, max(0.0, time.time() - record.started_at_s))
 
-    def stop(self, job_id: str) -> None:
-        for record in self.records():
-            if record.job_id == job_id and _alive(record.pid):
-                try:
-                    os.killpg(record.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    async def stop(self, job_id: str, grace_s: float = 0.0) -> bool:
+        """SIGTERM the job's process group, SIGKILL it after `grace_s`; False when it was not running."""
+        record = self.record(job_id)
+        if record is None or not _alive(record.pid, record.proc_start_ticks):
+            return False
+        _signal_group(record.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        deadline = time.monotonic() + grace_s
+        while grace_s > 0 and time.monotonic() < deadline and _alive(record.pid, record.proc_start_ticks):
+            await asyncio.sleep(0.05)
+        _signal_group(record.pid, signal.SIGKILL)
+        return True
 
     def _read_exit(self, job_id: str) -> int:
         try:
@@ -117,16 +168,37 @@ class JobRunner:
         return self._dir / f"{job_id}.exit"
 
 
-def _alive(pid: int) -> bool:
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def _alive(pid: int, start_ticks: int | None = None) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a zombie child of a dead agent is reaped by init; treat a zombie as finished
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return True
+    if fields[0] == "Z":  # a zombie child of a dead agent is reaped by init; treat it as finished
+        return False
+    # a different process that reused the pid is not our job
+    return start_ticks is None or _start_ticks(pid) == start_ticks

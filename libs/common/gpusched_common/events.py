@@ -158,6 +158,10 @@ class StartJob(Payload):
     gpu_uuids: list[str]
     command: list[str]
     env: dict[str, str] = Field(default_factory=dict)
+    # a fraction of one GPU (DESIGN.md section 5): enforced through MPS where the node runs it
+    gpu_share_milli: int | None = None
+    gpu_memory_mib: int | None = None
+    mig_profile: str | None = None  # with MIG, gpu_uuids are the MIG devices' UUIDs
 
 
 class StopJob(Payload):
@@ -167,6 +171,16 @@ class StopJob(Payload):
     reason: str
 
 
+class MigDeviceInventory(Frozen):
+    """One MIG device (GPU instance + compute instance) of a GPU in MIG mode."""
+
+    uuid: str
+    profile: str  # e.g. 1g.10gb
+    gpu_instance_id: int
+    memory_mib: int
+    start_slice: int | None = None
+
+
 class GpuInventory(Frozen):
     index: int
     uuid: str
@@ -174,6 +188,10 @@ class GpuInventory(Frozen):
     memory_mib: int
     mig_enabled: bool = False
     nvlink_domain: str | None = None
+    mig_devices: list[MigDeviceInventory] = Field(default_factory=list)
+    nvlink_peers: list[int] = Field(default_factory=list)  # indices of GPUs on this node joined by NVLink
+    pci_bus_id: str | None = None
+    healthy: bool = True
 
 
 class NodeRegistered(Payload):
@@ -187,12 +205,22 @@ class NodeRegistered(Payload):
     driver_version: str | None = None
     cuda_version: str | None = None
     nvml_backend: str
+    # the agent's lease epoch: it grows each time an agent (re)starts or regains a lease it lost
+    lease_epoch: int = 0
+    running_jobs: list[str] = Field(default_factory=list)  # jobs the agent adopted at (re)registration
 
 
 class NodeHeartbeat(Payload):
     TYPE: ClassVar[str] = "NodeHeartbeat"
     node_id: str
     running_jobs: list[str]
+    # Lease contract: the agent fences itself (stops every job) when it has not had a heartbeat accepted by
+    # the broker for lease_ttl_s; the owner of allocations may declare the node lost only after
+    # lease_ttl_s + fence_grace_s without a heartbeat of this epoch. 0 means the agent holds no lease.
+    lease_epoch: int = 0
+    lease_ttl_s: float = 0.0
+    fence_grace_s: float = 0.0
+    unhealthy_gpus: list[int] = Field(default_factory=list)
 
 
 class JobStartReported(Payload):
@@ -201,6 +229,8 @@ class JobStartReported(Payload):
     node_id: str
     pid: int
     started_at: datetime
+    lease_epoch: int | None = None
+    unenforced: list[str] = Field(default_factory=list)  # parts of a GPU share the node could not enforce
 
 
 class JobExitReported(Payload):
@@ -210,6 +240,16 @@ class JobExitReported(Payload):
     exit_code: int
     runtime_s: float
     error: str | None = None  # set when the command could not even be started
+    lease_epoch: int | None = None
+    # why the agent ended or lost the job, when it was not the job's own doing:
+    # gpu_unhealthy | lease_lost | not_assigned | missing_after_restart | stopped
+    reason_code: str | None = None
+
+
+class GpuProcessSample(Frozen):
+    pid: int
+    memory_used_mib: int
+    job_id: str | None = None  # None: a process no job of this agent owns
 
 
 class GpuSample(Frozen):
@@ -221,6 +261,9 @@ class GpuSample(Frozen):
     power_w: float
     temperature_c: float
     sm_clock_mhz: int
+    processes: list[GpuProcessSample] = Field(default_factory=list)
+    throttle_reasons: list[str] = Field(default_factory=list)
+    healthy: bool = True
 
 
 class GpuTelemetry(Payload):
@@ -230,13 +273,81 @@ class GpuTelemetry(Payload):
     samples: list[GpuSample]
 
 
+class GpuHealthChanged(Payload):
+    """A GPU's health changed. Unhealthy (`healthy=False`) means: cordon it, place nothing new on it.
+
+    status: healthy | degraded (throttling; still schedulable) | unhealthy (XID, ECC) | lost (off the bus).
+    `job_ids` are the jobs that held the GPU; `job_action` says what the agent did to them by policy
+    (`stopped`: each gets a JobExitReported with reason_code gpu_unhealthy; `kept`: left running).
+    """
+
+    TYPE: ClassVar[str] = "GpuHealthChanged"
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str
+    healthy: bool
+    status: str
+    reasons: list[str]
+    observed_at: datetime
+    lease_epoch: int = 0
+    xid: int | None = None
+    job_ids: list[str] = Field(default_factory=list)
+    job_action: str | None = None
+
+
+class ReconcileJobs(Payload):
+    """Command to an agent: the jobs the store says run on this node (sent after a NodeRegistered).
+
+    The agent stops processes of jobs not listed, and reports each listed job it does not have with a
+    JobExitReported(reason_code=missing_after_restart). Ordered after every earlier StartJob of the node
+    (same partition key), so a job listed here and not known to the agent is truly missing.
+    """
+
+    TYPE: ClassVar[str] = "ReconcileJobs"
+    node_id: str
+    job_ids: list[str]
+    lease_epoch: int | None = None  # the epoch this answers; an agent ignores an answer to an older epoch
+
+
+class ScaleOutRequested(Payload):
+    """The metrics service asks an autoscaler for `nodes` more nodes of `gpu_model`, with its evidence."""
+
+    TYPE: ClassVar[str] = "ScaleOutRequested"
+    gpu_model: str
+    nodes: int
+    reason: str
+    pending_gpus: int
+    unplaceable_gpus: int
+    free_gpus: int
+    gpus_per_node: int
+    in_flight_nodes: int
+    pressure_since: datetime
+    decided_at: datetime
+    pool: str | None = None
+
+
+class ScaleInRequested(Payload):
+    """The metrics service asks an autoscaler to remove `node_id`, empty since `empty_since`."""
+
+    TYPE: ClassVar[str] = "ScaleInRequested"
+    node_id: str
+    gpu_model: str
+    reason: str
+    empty_since: datetime
+    idle_s: float
+    nodes_of_model: int
+    pending_gpus: int
+    decided_at: datetime
+    pool: str | None = None
+
+
 PAYLOAD_TYPES: dict[str, type[Payload]] = {
     model.TYPE: model
     for model in (
         JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
         PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, QuotaReleased,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
-        GpuTelemetry,
+        GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
     )
 }
 

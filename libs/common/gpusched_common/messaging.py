@@ -71,6 +71,12 @@ async def publish(broker: KafkaBroker, topic: str, key: str, value: bytes,
     await broker.publish(value, topic, key=key.encode(), headers=headers or {})
 
 
+async def _message_itself(msg: KafkaMessage) -> KafkaMessage:
+    # Handing the message over as the body avoids faststream's context injection, which resolves
+    # `msg: KafkaMessage` parameters in a worker thread for every message.
+    return msg
+
+
 def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, settings: Settings,
               handler: Handler) -> None:
     """Register `handler` for `topic` under the delivery contract in this module's docstring."""
@@ -79,8 +85,8 @@ def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, s
                        max_partition_fetch_bytes=settings.kafka_max_request_bytes,
                        session_timeout_ms=settings.kafka_session_timeout_ms,
                        heartbeat_interval_ms=max(100, settings.kafka_session_timeout_ms // 4),
-                       rebalance_timeout_ms=settings.kafka_session_timeout_ms)
-    async def on_message(msg: KafkaMessage) -> None:
+                       rebalance_timeout_ms=settings.kafka_session_timeout_ms, decoder=_message_itself)
+    async def on_message(msg):  # noqa: ANN001 - the decoder hands over the KafkaMessage itself
         record = msg.raw_message
         incoming = Incoming(
             topic=record.topic, partition=record.partition, offset=record.offset,

@@ -43,5 +43,28 @@ class Settings(BaseSettings):
     agent_work_dir: Path = Path(".gpusched/agents")
     telemetry_interval_s: float = 5.0
     heartbeat_interval_s: float = 10.0
+    # node agent: labels (`rack=r1,gpusched.io/pool=train`), lease, health and fault injection
+    node_labels: str = ""
+    lease_ttl_s: float = 30.0
+    fence_grace_s: float = 10.0  # SIGTERM -> SIGKILL grace when the agent stops jobs
+    health_interval_s: float = 2.0
+    gpu_fault_policy: Literal["stop", "keep"] = "stop"
+    health_ignored_xids: str = "13,31,43,45,68,109"  # application errors, not GPU faults
+    mps_pipe_dir: Path | None = None  # CUDA MPS control pipe; shares are enforced only when it exists
+    simulated_faults: str = ""  # e.g. `xid:3:79@30s,ecc:1@60s,thermal:2@10s`; see node_agent/faults.py
+    simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents
 
     metrics_log_interval_s: float = 10.0
+    metrics_port: int | None = None  # Prometheus scrape endpoint (/metrics); None: no endpoint
+    metrics_host: str = "127.0.0.1"
+    metrics_pool_label: str = "gpusched.io/pool"
+    metrics_idle_threshold_pct: float = 5.0
+    metrics_idle_after_s: float = 300.0  # allocated GPUs idle longer than this are reported with their jobs
+    scale_out_window_s: float = 60.0
+    scale_out_clear_s: float = 15.0
+    scale_out_cooldown_s: float = 300.0
+    scale_out_max_nodes: int = 16
+    scale_in_idle_s: float = 600.0
+    scale_in_cooldown_s: float = 300.0
+    scale_min_nodes_per_model: int = 0
+    scale_provision_timeout_s: float = 900.0

@@ -1,0 +1,135 @@
+"""What an NVML backend reports, as plain frozen values, and the pure helpers that shape them.
+
+Backends (real NVML or simulated) produce these; the agent turns them into reports. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample
+
+# Throttle reasons as NVML names them (nvmlClocksEventReason*), in our spelling.
+THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
+HW_SLOWDOWN = "hw_slowdown"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    hostname: str
+    gpus: tuple[GpuInventory, ...]
+    cpu_milli: int
+    memory_mib: int
+    driver_version: str | None
+    cuda_version: str | None
+    backend: str
+
+
+@dataclass(frozen=True)
+class HealthObservation:
+    """One GPU's health signals since the previous observation.
+
+    `reachable` is False when the GPU fell off the bus (NVML answers GPU_IS_LOST); `xids` are the XID
+    errors raised since the last observation; `ecc_uncorrected` is the volatile uncorrected ECC count
+    (None where the GPU has no ECC); `throttle_reasons` use the names in this module.
+    """
+
+    index: int
+    uuid: str
+    reachable: bool = True
+    xids: tuple[int, ...] = ()
+    ecc_uncorrected: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    temperature_c: float | None = None
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """`rack=r1, gpusched.io/pool=train` -> {"rack": "r1", "gpusched.io/pool": "train"}; raises ValueError."""
+    labels: dict[str, str] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"label {part!r} is not KEY=VALUE")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def nvlink_domains(node_id: str, peers: Mapping[int, Iterable[int]], switched: bool = False) -> dict[int, str]:
+    """NVLink domain of each GPU: the connected components of the NVLink peer graph.
+
+    With an NVSwitch every GPU reaches every other, so all GPUs share one domain. A GPU without NVLink
+    peers forms no domain and is absent from the result.
+    """
+    if switched:
+        return {index: f"{node_id}/nvswitch-0" for index in sorted(peers)}
+    parent = {index: index for index in peers}
+    for index, linked in peers.items():
+        for other in linked:
+            parent.setdefault(other, other)
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for index, linked in peers.items():
+        for other in linked:
+            a, b = root(index), root(other)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    members: dict[int, list[int]] = {}
+    for index in parent:
+        members.setdefault(root(index), []).append(index)
+    domains: dict[int, str] = {}
+    for first, group in members.items():
+        if len(group) > 1:
+            for index in group:
+                domains[index] = f"{node_id}/nvlink-{first}"
+    return domains
+
+
+_MIG_PROFILE = re.compile(r"^(\d)g\.(\d+)gb$")
+
+
+# memory per MIG memory slice (8 slices per GPU), in GB, for the MIG-capable models we know
+MIG_SLICE_GB = {"A100-40GB": 5, "A100-80GB": 10, "H100-80GB": 10, "H200-141GB": 18}
+
+
+def mig_profile_name(compute_slices: int, memory_mib: int, model: str | None = None) -> str:
+    """NVML reports slices and usable memory (a little under the nominal size: 3g.40gb has 40192 MiB);
+    profiles are named `<slices>g.<GB>gb`. For a known model the size snaps to its slice multiples."""
+    gb = memory_mib / 1024
+    slice_gb = MIG_SLICE_GB.get(model or "")
+    if slice_gb is not None:
+        nominal = min((slice_gb * k for k in (1, 2, 4, 8)), key=lambda size: abs(size - gb))
+        return f"{compute_slices}g.{nominal}gb"
+    return f"{compute_slices}g.{max(1, math.ceil(gb - 0.05))}gb"
+
+
+def parse_mig_profile(profile: str) -> tuple[int, int]:
+    """`3g.40gb` -> (3 compute slices, 40 GB); raises ValueError."""
+    match = _MIG_PROFILE.match(profile.strip().lower())
+    if not match:
+        raise ValueError(f"MIG profile {profile!r} is not like 3g.40gb")
+    return int(match.group(1)), int(match.group(2))
+
+
+def attribute_processes(samples: list[GpuSample], job_of_pid: Mapping[int, str]) -> list[GpuSample]:
+    """Name the job of every GPU process whose pid (or process group) a job of this agent owns."""
+    out = []
+    for sample in samples:
+        if not sample.processes:
+            out.append(sample)
+            continue
+        processes = [GpuProcessSample(pid=p.pid, memory_used_mib=p.memory_used_mib,
+                                      job_id=p.job_id or job_of_pid.get(p.pid)) for p in sample.processes]
+        out.append(sample.model_copy(update={"processes": processes}))
+    return out

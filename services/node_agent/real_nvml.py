@@ -1,0 +1,221 @@
+"""The NVML backend on real NVIDIA GPUs, through pynvml (nvidia-ml-py).
+
+Constructed only on a machine with the NVIDIA driver; `RealNvml()` raises `NvmlUnavailable` elsewhere.
+Optional features (MIG, NVLink, ECC, XID events) that a GPU or driver lacks are skipped, not fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
+from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, MigDeviceInventory
+from gpusched_common.resources import canonical_model
+
+from services.node_agent.faults import Fault
+from services.node_agent.inventory import HealthObservation, NodeInfo, mig_profile_name, nvlink_domains
+
+T = TypeVar("T")
+
+
+class NvmlUnavailable(RuntimeError):
+    """No NVIDIA driver or no GPU on this machine."""
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def host_memory_mib() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        return 0
+
+
+class RealNvml:
+    name = "nvml"
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nv = pynvml
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML is not available: {exc}") from exc
+        if count == 0:
+            pynvml.nvmlShutdown()
+            raise NvmlUnavailable("NVML found no GPU")
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self._uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        self._lost: set[int] = set()
+        self._events = self._register_xid_events()
+
+    def _try(self, fn: Callable[[], T], default: T) -> T:
+        try:
+            return fn()
+        except self._nv.NVMLError_GpuIsLost:
+            raise
+        except self._nv.NVMLError:
+            return default
+
+    def _register_xid_events(self):
+        nv = self._nv
+        try:
+            events = nv.nvmlEventSetCreate()
+        except nv.NVMLError:
+            return None
+        for handle in self._handles:
+            self._try(lambda h=handle: nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, events), None)
+        return events
+
+    # --- inventory ----------------------------------------------------------------------------------
+
+    def node_info(self) -> NodeInfo:
+        nv = self._nv
+        bus_ids = [_text(self._try(lambda h=h: nv.nvmlDeviceGetPciInfo(h).busId, "")) for h in self._handles]
+        peers, switched = self._nvlink_peers(bus_ids)
+        domains = nvlink_domains("local", peers, switched)
+        gpus = []
+        for index, handle in enumerate(self._handles):
+            name = _text(nv.nvmlDeviceGetName(handle))
+            mig_enabled = self._try(lambda: nv.nvmlDeviceGetMigMode(handle)[0] == nv.NVML_DEVICE_MIG_ENABLE, False)
+            gpus.append(GpuInventory(
+                index=index, uuid=self._uuids[index], model=canonical_model(name) or name.replace(" ", "-"),
+                memory_mib=nv.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024), mig_enabled=mig_enabled,
+                mig_devices=self._mig_devices(handle, canonical_model(name)) if mig_enabled else [],
+                nvlink_domain=domains.get(index), nvlink_peers=sorted(peers.get(index, ())),
+                pci_bus_id=bus_ids[index] or None, healthy=index not in self._lost))
+        cuda = self._try(nv.nvmlSystemGetCudaDriverVersion_v2, 0)
+        return NodeInfo(hostname=socket.gethostname(), gpus=tuple(gpus), cpu_milli=(os.cpu_count() or 1) * 1000,
+                        memory_mib=host_memory_mib(), driver_version=_text(nv.nvmlSystemGetDriverVersion()),
+                        cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None, backend=self.name)
+
+    def _nvlink_peers(self, bus_ids: list[str]) -> tuple[dict[int, set[int]], bool]:
+        nv = self._nv
+        by_bus = {bus.lower(): i for i, bus in enumerate(bus_ids) if bus}
+        peers: dict[int, set[int]] = {}
+        switched = False
+        for index, handle in enumerate(self._handles):
+            for link in range(nv.NVML_NVLINK_MAX_LINKS):
+                if self._try(lambda: nv.nvmlDeviceGetNvLinkState(handle, link), 0) != nv.NVML_FEATURE_ENABLED:
+                    continue
+                kind = self._try(lambda: nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link), None)
+                if kind == nv.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                    switched = True
+                remote = _text(self._try(lambda: nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId, ""))
+                peers.setdefault(index, set())
+                if remote.lower() in by_bus and by_bus[remote.lower()] != index:
+                    peers[index].add(by_bus[remote.lower()])
+        if switched:
+            peers = {i: {j for j in peers if j != i} for i in peers}
+        return peers, switched
+
+    def _mig_devices(self, handle, model: str | None) -> list[MigDeviceInventory]:
+        nv = self._nv
+        devices = []
+        for slot in range(self._try(lambda: nv.nvmlDeviceGetMaxMigDeviceCount(handle), 0)):
+            mig = self._try(lambda s=slot: nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, s), None)
+            if mig is None:
+                continue
+            attrs = self._try(lambda: nv.nvmlDeviceGetAttributes_v2(mig), None)
+            memory_mib = nv.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024)
+            slices = attrs.gpuInstanceSliceCount if attrs is not None else 0
+            devices.append(MigDeviceInventory(
+                uuid=_text(nv.nvmlDeviceGetUUID(mig)), profile=mig_profile_name(slices, memory_mib, model),
+                gpu_instance_id=self._try(lambda: nv.nvmlDeviceGetGpuInstanceId(mig), slot), memory_mib=memory_mib))
+        return devices
+
+    # --- telemetry ----------------------------------------------------------------------------------
+
+    def sample(self) -> list[GpuSample]:
+        return [self._sample(index, handle) for index, handle in enumerate(self._handles)]
+
+    def _sample(self, index: int, handle) -> GpuSample:
+        nv = self._nv
+        try:
+            memory = nv.nvmlDeviceGetMemoryInfo(handle)
+            processes = [GpuProcessSample(pid=p.pid, memory_used_mib=(p.usedGpuMemory or 0) // (1024 * 1024))
+                         for p in self._try(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle), [])]
+            reasons = self._try(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle), 0)
+            return GpuSample(
+                index=index, uuid=self._uuids[index],
+                utilization_pct=float(self._try(lambda: nv.nvmlDeviceGetUtilizationRates(handle).gpu, 0)),
+                memory_used_mib=memory.used // (1024 * 1024), memory_total_mib=memory.total // (1024 * 1024),
+                power_w=self._try(lambda: nv.nvmlDeviceGetPowerUsage(handle), 0) / 1000.0,
+                temperature_c=float(self._try(lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU), 0)),
+                sm_clock_mhz=int(self._try(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM), 0)),
+                processes=processes, throttle_reasons=self._reason_names(reasons), healthy=index not in self._lost)
+        except nv.NVMLError_GpuIsLost:
+            self._lost.add(index)
+            return GpuSample(index=index, uuid=self._uuids[index], utilization_pct=0.0, memory_used_mib=0,
+                             memory_total_mib=0, power_w=0.0, temperature_c=0.0, sm_clock_mhz=0, healthy=False)
+
+    def _reason_names(self, mask: int) -> list[str]:
+        nv = self._nv
+        names = {
+            "sw_power_cap": nv.nvmlClocksEventReasonSwPowerCap,
+            "hw_slowdown": nv.nvmlClocksEventReasonHwSlowdown,
+            "sw_thermal_slowdown": nv.nvmlClocksEventReasonSwThermalSlowdown,
+            "hw_thermal_slowdown": nv.nvmlClocksEventReasonHwThermalSlowdown,
+            "hw_power_brake_slowdown": nv.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+        }
+        return sorted(name for name, bit in names.items() if mask & bit)
+
+    # --- health -------------------------------------------------------------------------------------
+
+    def health(self) -> list[HealthObservation]:
+        nv = self._nv
+        xids = self._drain_xids()
+        out = []
+        for index, handle in enumerate(self._handles):
+            try:
+                ecc = self._try(lambda: nv.nvmlDeviceGetTotalEccErrors(
+                    handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC), None)
+                reasons = self._reason_names(self._try(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle), 0))
+                temperature = float(self._try(lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU), 0))
+                reachable = index not in self._lost
+            except nv.NVMLError_GpuIsLost:
+                self._lost.add(index)
+                ecc, reasons, temperature, reachable = None, [], None, False
+            out.append(HealthObservation(index=index, uuid=self._uuids[index], reachable=reachable,
+                                         xids=tuple(xids.get(index, ())), ecc_uncorrected=ecc,
+                                         throttle_reasons=tuple(reasons), temperature_c=temperature))
+        return out
+
+    def _drain_xids(self) -> dict[int, list[int]]:
+        """XID events raised since the last call (non-blocking)."""
+        nv = self._nv
+        found: dict[int, list[int]] = {}
+        if self._events is None:
+            return found
+        by_uuid = {uuid: i for i, uuid in enumerate(self._uuids)}
+        while True:
+            try:
+                data = nv.nvmlEventSetWait_v2(self._events, 0)
+            except nv.NVMLError:  # Timeout: nothing pending
+                return found
+            uuid = _text(self._try(lambda: nv.nvmlDeviceGetUUID(data.device), ""))
+            if uuid in by_uuid:
+                found.setdefault(by_uuid[uuid], []).append(int(data.eventData))
+
+    # --- jobs: real GPUs show what the jobs actually do ----------------------------------------------
+
+    def attach(self, job_id: str, gpu_indices: tuple[int, ...], pid: int, share_milli: int | None = None,
+               memory_mib: int | None = None) -> None:
+        return None
+
+    def detach(self, job_id: str) -> None:
+        return None
+
+    def inject(self, fault: Fault) -> None:
+        raise ValueError("faults can only be injected into the simulated backend")
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._try(lambda: self._nv.nvmlEventSetFree(self._events), None)
+        self._nv.nvmlShutdown()

@@ -1,0 +1,80 @@
+"""How an agent's reports leave the node: enveloped, keyed by node, and, for reports that must not be
+lost (starts, exits, health, registrations), queued and sent in order by one sender that retries each
+until the broker accepts it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+
+from gpusched_common import events as ev
+from gpusched_common.topics import NODES_REPORTS
+from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
+
+SERVICE = "node-agent"
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, str, bytes, dict[str, str]], Awaitable[None]]
+_Queued = tuple[ev.Payload, str | None, Callable[[], None] | None]
+
+
+class Reporter:
+    def __init__(self, node_id: str, send: Send, partitioned: Callable[[], bool]) -> None:
+        self._node_id = node_id
+        self._send = send
+        self._partitioned = partitioned
+        self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
+        self._sender: asyncio.Task | None = None
+
+    async def report(self, payload: ev.Payload, topic: str = NODES_REPORTS.name) -> None:
+        """Send one report now; raises when the broker does not take it."""
+        if self._partitioned():
+            raise ConnectionError(f"{self._node_id}: simulated network partition")
+        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{self._node_id}",
+                                    occurred_at=datetime.now(timezone.utc), producer=f"{SERVICE}/{self._node_id}",
+                                    traceparent=current_traceparent())
+        headers = {"event-type": payload.TYPE}
+        if envelope.traceparent:
+            headers["traceparent"] = envelope.traceparent
+        await self._send(topic, self._node_id, envelope.model_dump_json().encode(), headers)
+
+    async def report_until_sent(self, payload: ev.Payload) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self.report(payload)
+                return
+            except Exception as exc:  # noqa: BLE001 - keep the report until the broker takes it
+                log.warning("%s: could not report %s (%s); retrying", self._node_id, payload.TYPE, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def in_order(self, payload: ev.Payload, on_sent: Callable[[], None] | None = None) -> None:
+        """Queue a report that must not be lost; `on_sent` runs once the broker took it."""
+        self._queue.put_nowait((payload, current_traceparent(), on_sent))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send_queued())
+
+    async def _send_queued(self) -> None:
+        while True:
+            payload, traceparent, on_sent = await self._queue.get()
+            try:
+                with tracer().start_as_current_span(f"{SERVICE} report {payload.TYPE}",
+                                                    context=context_from_traceparent(traceparent)):
+                    await self.report_until_sent(payload)
+                if on_sent is not None:
+                    on_sent()
+            finally:
+                self._queue.task_done()
+
+    async def flush(self) -> None:
+        """Wait until every queued report was sent."""
+        await self._queue.join()
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)

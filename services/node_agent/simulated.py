@@ -1,0 +1,217 @@
+"""A simulated NVML node: configurable GPU models and MIG layouts, load that follows the jobs it runs,
+and injectable faults (XID, ECC, throttling, falling off the bus). Deterministic: no randomness.
+
+GPU spec: `MODEL:COUNT[:mig=PROFILE+PROFILE...]`, comma-separated, e.g.
+`A100-80GB:2:mig=3g.40gb+2g.20gb+1g.10gb,H100-80GB:6`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass, field
+
+from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, MigDeviceInventory
+from gpusched_common.resources import canonical_model, model_memory_mib
+
+from services.node_agent.faults import Fault
+from services.node_agent.inventory import MIG_SLICE_GB, HealthObservation, NodeInfo, parse_mig_profile
+
+MIG_COMPUTE_SLICES = 7
+MIG_MEMORY_SLICES = 8
+
+
+@dataclass(frozen=True)
+class GpuGroup:
+    model: str
+    count: int
+    mig_profiles: tuple[str, ...] = ()
+
+
+def parse_gpu_spec(spec: str) -> list[GpuGroup]:
+    """`H100-80GB:8` or `A100-80GB:2:mig=3g.40gb+3g.40gb,L4-24GB:2` -> groups; raises ValueError."""
+    groups = []
+    for part in spec.split(","):
+        fields = part.strip().split(":")
+        model = canonical_model(fields[0])
+        if model is None:
+            raise ValueError(f"unknown GPU model {fields[0]!r} in {spec!r}")
+        count = int(fields[1]) if len(fields) > 1 and fields[1] else 1
+        if not 0 < count <= 16:
+            raise ValueError(f"GPU count {count} in {spec!r} is outside 1..16")
+        profiles: tuple[str, ...] = ()
+        for extra in fields[2:]:
+            key, _, value = extra.partition("=")
+            if key != "mig":
+                raise ValueError(f"unknown option {extra!r} in {spec!r} (expected mig=PROFILE+PROFILE)")
+            profiles = tuple(p.strip().lower() for p in value.split("+") if p.strip())
+        if profiles:
+            mig_layout(model, profiles)  # validates
+        groups.append(GpuGroup(model, count, profiles))
+    return groups
+
+
+def mig_layout(model: str, profiles: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """(profile, start memory slice, memory slices) for each profile, placed largest first; raises ValueError."""
+    slice_gb = MIG_SLICE_GB.get(model)
+    if slice_gb is None:
+        raise ValueError(f"{model} does not support MIG")
+    sized = []
+    for profile in profiles:
+        compute, gb = parse_mig_profile(profile)
+        sized.append((profile, compute, max(1, round(gb / slice_gb))))
+    if sum(c for _, c, _ in sized) > MIG_COMPUTE_SLICES:
+        raise ValueError(f"MIG layout {'+'.join(profiles)} needs more than {MIG_COMPUTE_SLICES} compute slices")
+    used = [False] * MIG_MEMORY_SLICES
+    placed = []
+    for profile, _, mem in sorted(sized, key=lambda s: (-s[2], s[0])):
+        align = 1 if mem == 1 else min(mem, 4)
+        start = next((s for s in range(0, MIG_MEMORY_SLICES - mem + 1, align) if not any(used[s:s + mem])), None)
+        if start is None:
+            raise ValueError(f"MIG layout {'+'.join(profiles)} does not fit the 8 memory slices of {model}")
+        used[start:start + mem] = [True] * mem
+        placed.append((profile, start, mem))
+    return sorted(placed, key=lambda p: p[1])
+
+
+def _uuid(prefix: str, seed: str) -> str:
+    d = hashlib.sha1(seed.encode()).hexdigest()
+    return f"{prefix}-{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:32]}"
+
+
+@dataclass
+class _GpuFaults:
+    xids: list[int] = field(default_factory=list)
+    ecc_uncorrected: int = 0
+    throttle: set[str] = field(default_factory=set)
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class _Load:
+    gpu_indices: tuple[int, ...]
+    pid: int
+    share_milli: int
+    memory_mib: int | None
+
+
+class SimulatedNvml:
+    name = "simulated"
+
+    def __init__(self, node_id: str, spec: str) -> None:
+        self._node_id = node_id
+        gpus = []
+        for group in parse_gpu_spec(spec):
+            for _ in range(group.count):
+                index = len(gpus)
+                gpus.append(self._gpu(index, group))
+        self._gpus = tuple(gpus)
+        self._faults = {g.index: _GpuFaults() for g in self._gpus}
+        self._loads: dict[str, _Load] = {}
+        self._tick = 0
+
+    def _gpu(self, index: int, group: GpuGroup) -> GpuInventory:
+        seed = f"{self._node_id}/{index}"
+        memory = model_memory_mib(group.model)
+        mig = []
+        if group.mig_profiles:
+            for gi, (profile, start, mem) in enumerate(mig_layout(group.model, group.mig_profiles)):
+                mig.append(MigDeviceInventory(uuid=_uuid("MIG", f"{seed}/{gi}"), profile=profile,
+                                              gpu_instance_id=gi + 1, start_slice=start,
+                                              memory_mib=memory * mem // MIG_MEMORY_SLICES))
+        return GpuInventory(index=index, uuid=_uuid("GPU", seed), model=group.model, memory_mib=memory,
+                            mig_enabled=bool(mig), mig_devices=mig, nvlink_domain=f"{self._node_id}/nvswitch-0",
+                            pci_bus_id=f"00000000:{0x10 + index:02X}:00.0")
+
+    def node_info(self) -> NodeInfo:
+        gpus = tuple(g.model_copy(update={"healthy": not self._faults[g.index].lost}) for g in self._gpus)
+        peers = {g.index: [o.index for o in self._gpus if o.index != g.index] for g in self._gpus}
+        gpus = tuple(g.model_copy(update={"nvlink_peers": peers[g.index]}) for g in gpus)
+        return NodeInfo(hostname=f"sim-{self._node_id}", gpus=gpus, cpu_milli=max(1, len(gpus)) * 16_000,
+                        memory_mib=max(1, len(gpus)) * 128 * 1024, driver_version="sim-560.35.03",
+                        cuda_version="12.6", backend=self.name)
+
+    # --- load that follows jobs ---------------------------------------------------------------------
+
+    def attach(self, job_id: str, gpu_indices: tuple[int, ...], pid: int, share_milli: int | None = None,
+               memory_mib: int | None = None) -> None:
+        self._loads[job_id] = _Load(tuple(gpu_indices), pid, share_milli or 1000, memory_mib)
+
+    def detach(self, job_id: str) -> None:
+        self._loads.pop(job_id, None)
+
+    def sample(self) -> list[GpuSample]:
+        self._tick += 1
+        return [self._sample(gpu) for gpu in self._gpus]
+
+    def _sample(self, gpu: GpuInventory) -> GpuSample:
+        faults = self._faults[gpu.index]
+        if faults.lost:
+            return GpuSample(index=gpu.index, uuid=gpu.uuid, utilization_pct=0.0, memory_used_mib=0,
+                             memory_total_mib=gpu.memory_mib, power_w=0.0, temperature_c=0.0, sm_clock_mhz=0,
+                             healthy=False)
+        jitter = (zlib.crc32(f"{self._node_id}/{gpu.index}/{self._tick}".encode()) % 1000) / 1000.0
+        loads = [(job, load) for job, load in sorted(self._loads.items()) if gpu.index in load.gpu_indices]
+        util = min(100.0, sum(load.share_milli / 1000 * (80.0 + 20.0 * jitter) for _, load in loads))
+        processes = []
+        for _, load in loads:
+            share = load.share_milli / 1000
+            used = load.memory_mib if load.memory_mib is not None else int(gpu.memory_mib * share * (0.6 + 0.3 * jitter))
+            processes.append(GpuProcessSample(pid=load.pid, memory_used_mib=min(used, gpu.memory_mib)))
+        memory_used = min(gpu.memory_mib, sum(p.memory_used_mib for p in processes))
+        busy = util / 100.0
+        temperature, clock, power = 32.0 + 40.0 * busy, 345 + int(1635 * min(1.0, busy * 2)), 70.0 + 580.0 * busy
+        if faults.throttle & {"thermal"}:
+            temperature, clock = max(temperature, 92.0), min(clock, 900)
+        if faults.throttle & {"power"}:
+            power, clock = 700.0, min(clock, 1200)
+        return GpuSample(index=gpu.index, uuid=gpu.uuid, utilization_pct=round(util, 1),
+                         memory_used_mib=memory_used, memory_total_mib=gpu.memory_mib, power_w=round(power, 1),
+                         temperature_c=round(temperature, 1), sm_clock_mhz=clock, processes=processes,
+                         throttle_reasons=self._throttle_reasons(faults))
+
+    @staticmethod
+    def _throttle_reasons(faults: _GpuFaults) -> list[str]:
+        reasons = []
+        if "thermal" in faults.throttle:
+            reasons += ["hw_slowdown", "hw_thermal_slowdown"]
+        if "power" in faults.throttle:
+            reasons.append("sw_power_cap")
+        return reasons
+
+    # --- health and faults --------------------------------------------------------------------------
+
+    def health(self) -> list[HealthObservation]:
+        out = []
+        for gpu in self._gpus:
+            faults = self._faults[gpu.index]
+            xids, faults.xids = tuple(faults.xids), []
+            out.append(HealthObservation(
+                index=gpu.index, uuid=gpu.uuid, reachable=not faults.lost, xids=xids,
+                ecc_uncorrected=faults.ecc_uncorrected, throttle_reasons=tuple(self._throttle_reasons(faults)),
+                temperature_c=92.0 if "thermal" in faults.throttle else 40.0))
+        return out
+
+    def inject(self, fault: Fault) -> None:
+        if fault.kind == "partition":
+            return  # the agent's transport handles it
+        if fault.gpu not in self._faults:
+            raise ValueError(f"fault {fault.describe()}: this node has no GPU {fault.gpu}")
+        state = self._faults[fault.gpu]
+        match fault.kind:
+            case "xid":
+                state.xids.append(int(fault.value or 0))
+                if fault.value == 79:
+                    state.lost = True
+            case "ecc":
+                state.ecc_uncorrected += int(fault.value or 1)
+            case "thermal" | "power":
+                state.throttle.add(fault.kind)
+            case "offbus":
+                state.lost = True
+                state.xids.append(79)
+            case "clear":
+                state.throttle.clear()
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,157 @@
+"""The agent shell with real subprocesses and a recording transport (the broker tests are in
+tests/integration/test_agent_broker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpusched_common import events as ev
+from gpusched_common.messaging import Incoming
+
+from services.node_agent.agent import Agent, AgentConfig
+from services.node_agent.faults import Fault
+from services.node_agent.nvml import SimulatedNvml
+from services.node_agent.runner import JobRunner
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+
+    async def __call__(self, topic: str, key: str, value: bytes, headers: dict[str, str]) -> None:
+        self.sent.append((topic, json.loads(value)))
+
+    def of(self, kind: str) -> list[dict]:
+        return [m["payload"] for _, m in self.sent if m["type"] == kind]
+
+
+def an_agent(tmp: Path, sent: Recorder, **config) -> Agent:
+    return Agent(AgentConfig("n1", **config), sent, SimulatedNvml("n1", "H100-80GB:2"), JobRunner(tmp / "n1"))
+
+
+def command(payload: ev.Payload) -> Incoming:
+    envelope = ev.make_envelope(payload, event_id="e", stream_id="node-n1", occurred_at=datetime.now(timezone.utc),
+                                producer="test")
+    return Incoming("gpusched.nodes.commands", 0, 0, "n1", envelope.model_dump_json().encode(), {})
+
+
+def start(job_id: str, *cmd: str, gpus=(0,)) -> Incoming:
+    return command(ev.StartJob(job_id=job_id, node_id="n1", tenant="t", gpu_indices=list(gpus),
+                               gpu_uuids=[f"GPU-{i}" for i in gpus], command=list(cmd)))
+
+
+async def eventually(predicate, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_restarted_agent_adopts_its_running_job_and_reports_its_exit_once(tmp_path):
+    first_sent = Recorder()
+    first = an_agent(tmp_path, first_sent)
+    await first.start()
+    await first.on_command(start("j1", "sh", "-c", "sleep 0.6; exit 3"))
+    await first.close()  # the agent dies; its job keeps running
+
+    sent = Recorder()
+    second = an_agent(tmp_path, sent)
+    await second.start()
+    assert sent.of("NodeRegistered")[0]["running_jobs"] == ["j1"]
+    assert sent.of("NodeRegistered")[0]["lease_epoch"] == first.lease.epoch + 1
+    await second.on_command(start("j1", "sh", "-c", "exit 0"))  # a redelivered StartJob starts nothing
+    await eventually(lambda: sent.of("JobExitReported"))
+    await asyncio.sleep(0.3)
+    assert [(e["job_id"], e["exit_code"]) for e in sent.of("JobExitReported")] == [("j1", 3)]
+    assert sent.of("JobStartReported") == []
+    await second.close()
+
+
+async def test_an_unhealthy_gpu_is_reported_and_its_job_stopped_by_policy(tmp_path):
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent, fence_grace_s=0.2)
+    await agent.start()
+    await agent.on_command(start("j1", "sleep", "30", gpus=(1,)))
+    agent.backend.inject(Fault("xid", 1, 79))
+    await agent.health_once()
+    await agent.flush()
+    change = sent.of("GpuHealthChanged")[0]
+    assert (change["gpu_index"], change["healthy"], change["status"], change["xid"]) == (1, False, "lost", 79)
+    assert (change["job_ids"], change["job_action"]) == (["j1"], "stopped")
+    await eventually(lambda: sent.of("JobExitReported"))
+    exit_report = sent.of("JobExitReported")[0]
+    assert exit_report["reason_code"] == "gpu_unhealthy" and "fell off the bus" in exit_report["error"]
+    await agent.on_command(start("j2", "true", gpus=(1,)))  # nothing new starts on a cordoned GPU
+    await agent.flush()
+    assert sent.of("JobExitReported")[-1]["reason_code"] == "gpu_unhealthy"
+    await agent.close()
+
+
+async def test_an_agent_that_loses_its_lease_stops_its_jobs_and_returns_with_a_new_epoch(tmp_path):
+    clock = [0.0]
+    sent = Recorder()
+    agent = Agent(AgentConfig("n1", lease_ttl_s=5.0, fence_grace_s=0.2, heartbeat_interval_s=1.0), sent,
+                  SimulatedNvml("n1", "H100-80GB:2"), JobRunner(tmp_path / "n1"), monotonic=lambda: clock[0])
+    await agent.start()
+    epoch = agent.lease.epoch
+    await agent.on_command(start("j1", "sleep", "30"))
+    agent.set_partitioned(True)
+    clock[0] = 4.0
+    await agent.heartbeat_once()
+    await agent.check_lease()
+    assert agent.lease.valid
+    clock[0] = 5.5
+    await agent.check_lease()
+    assert not agent.lease.valid
+    await eventually(lambda: not agent.runner.running_job_ids())  # fenced: the job is gone
+    await agent.on_command(start("j2", "true"))  # and nothing starts while fenced
+    assert not agent.runner.known("j2")
+    agent.set_partitioned(False)
+    clock[0] = 6.0
+    await agent.heartbeat_once()
+    assert agent.lease.valid and agent.lease.epoch == epoch + 1
+    await asyncio.wait_for(agent.flush(), 10)
+    assert sent.of("NodeRegistered")[-1]["lease_epoch"] == epoch + 1
+    await eventually(lambda: sent.of("JobExitReported"))
+    lost = [e for e in sent.of("JobExitReported") if e["job_id"] == "j1"][0]
+    assert (lost["reason_code"], lost["lease_epoch"]) == ("lease_lost", epoch)
+    beats = sent.of("NodeHeartbeat")
+    assert beats and beats[-1]["lease_ttl_s"] == 5.0 and beats[-1]["fence_grace_s"] == 0.2
+    await agent.close()
+
+
+async def test_telemetry_maps_gpu_processes_to_jobs(tmp_path):
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    await agent.on_command(command(ev.StartJob(job_id="j1", node_id="n1", tenant="t", gpu_indices=[1],
+                                               gpu_uuids=["GPU-1"], command=["sleep", "5"], gpu_share_milli=500,
+                                               gpu_memory_mib=1024)))
+    await agent.flush()
+    assert sent.of("JobStartReported")[0]["unenforced"]  # no MPS daemon here
+    await agent.telemetry_once()
+    sample = sent.of("GpuTelemetry")[0]["samples"][1]
+    assert sample["utilization_pct"] > 0 and sample["processes"][0]["job_id"] == "j1"
+    await agent.on_command(command(ev.StopJob(job_id="j1", node_id="n1", reason="cancelled")))
+    await eventually(lambda: sent.of("JobExitReported"))
+    assert sent.of("JobExitReported")[0]["reason_code"] == "stopped"
+    await agent.close()
+
+
+async def test_scheduled_faults_fire_once_when_due(tmp_path):
+    clock = [0.0]
+    sent = Recorder()
+    agent = Agent(AgentConfig("n1", faults=(Fault("ecc", 0, 2, after_s=10.0),)), sent,
+                  SimulatedNvml("n1", "H100-80GB:2"), JobRunner(tmp_path / "n1"), monotonic=lambda: clock[0])
+    await agent.start()
+    await agent.health_once()
+    clock[0] = 11.0
+    await agent.health_once()
+    await agent.health_once()
+    await agent.flush()
+    assert [(h["gpu_index"], h["status"], h["reasons"]) for h in sent.of("GpuHealthChanged")] == [
+        (0, "unhealthy", ["2 uncorrected ECC error(s)"])]
+    await agent.close()

@@ -1,0 +1,66 @@
+"""The reconcile core: what a (re)started agent does with the processes it finds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.node_agent.reconcile import (
+    LEASE_LOST, MISSING, NOT_ASSIGNED, Adopt, Forget, ObservedJob, ReportExit, ReportMissing, Stop, plan_reconcile,
+)
+
+
+def running(job_id: str) -> ObservedJob:
+    return ObservedJob(job_id, pid=100, alive=True)
+
+
+def ended(job_id: str, code: int | None = 0, reported: bool = False) -> ObservedJob:
+    return ObservedJob(job_id, pid=100, alive=False, exit_code=code, reported=reported)
+
+
+@pytest.mark.parametrize("observed, wanted, lease_valid, expected", [
+    pytest.param([running("j1")], None, True, (Adopt("j1"),), id="a running job is adopted when the store is unknown"),
+    pytest.param([running("j1")], {"j1"}, True, (Adopt("j1"),), id="a running job the store wants is adopted"),
+    pytest.param([running("j1")], set(), True, (Stop("j1", NOT_ASSIGNED),), id="a running job nobody wants is stopped"),
+    pytest.param([ended("j1", 3)], None, True, (ReportExit("j1", 3),),
+                 id="a job that ended while the agent was down has its exit reported"),
+    pytest.param([ended("j1", None)], {"j1"}, True, (ReportExit("j1", 137),),
+                 id="a job that vanished without an exit code is reported killed"),
+    pytest.param([ended("j1", 0, reported=True)], None, True, (), id="a reported job is left alone"),
+    pytest.param([ended("j1", 0)], set(), True, (Forget("j1"),), id="an unwanted ended job is forgotten"),
+    pytest.param([], {"j9"}, True, (ReportMissing("j9"),), id="a wanted job the agent never ran is reported missing"),
+    pytest.param([running("j1"), running("j2")], {"j1", "j2"}, False, (Stop("j1", LEASE_LOST), Stop("j2", LEASE_LOST)),
+                 id="a lost lease stops every live job"),
+    pytest.param([ended("j1", 0)], {"j1", "j2"}, False, (), id="a lost lease reports nothing"),
+])
+def test_reconcile_table(observed, wanted, lease_valid, expected):
+    wanted = frozenset(wanted) if wanted is not None else None
+    assert plan_reconcile(observed, wanted, lease_valid=lease_valid) == expected
+
+
+def test_missing_uses_the_reason_code_placement_requeues_on():
+    assert MISSING == "missing_after_restart"
+
+
+jobs = st.lists(st.builds(ObservedJob, job_id=st.sampled_from(["a", "b", "c", "d"]), pid=st.integers(1, 9),
+                          alive=st.booleans(), exit_code=st.one_of(st.none(), st.integers(0, 255)),
+                          reported=st.booleans()), unique_by=lambda j: j.job_id)
+wanted_sets = st.one_of(st.none(), st.frozensets(st.sampled_from(["a", "b", "c", "d", "e"])))
+
+
+@given(jobs, wanted_sets, st.booleans())
+def test_no_job_is_both_kept_and_stopped_and_the_plan_is_deterministic(observed, wanted, lease_valid):
+    plan = plan_reconcile(observed, wanted, lease_valid=lease_valid)
+    assert plan == plan_reconcile(list(reversed(observed)), wanted, lease_valid=lease_valid)
+    ids = [a.job_id for a in plan]
+    assert len(ids) == len(set(ids)), plan
+    alive = {j.job_id for j in observed if j.alive}
+    for action in plan:
+        if isinstance(action, Adopt):
+            assert lease_valid and action.job_id in alive and (wanted is None or action.job_id in wanted)
+        if isinstance(action, Stop):
+            assert action.job_id in alive
+    if not lease_valid:
+        assert {a.job_id for a in plan if isinstance(a, Stop)} == alive
+        assert all(isinstance(a, Stop | Forget) for a in plan)
