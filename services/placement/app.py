@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import datetime, timezone
 
 from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
 
-from services.placement.handlers import SERVICE, make_handlers
+from services.placement.handlers import SERVICE, check_leases, make_handlers
+
+log = logging.getLogger(__name__)
+LEASE_CHECK_INTERVAL_S = 1.0
 
 
 def utcnow() -> datetime:
@@ -20,6 +25,24 @@ async def setup(runtime: Runtime) -> None:
     # one group per topic: each subscription is its own consumer
     runtime.subscribe(JOBS_EVENTS.name, f"{GROUP_PLACEMENT}-jobs", on_job_event)
     runtime.subscribe(NODES_REPORTS.name, f"{GROUP_PLACEMENT}-nodes", on_node_report)
+
+    async def lease_loop() -> None:
+        # Heartbeats that arrived while placement was down are still in Kafka, not yet in the table: give
+        # every node a fresh lease at start rather than declare the whole cluster lost.
+        await runtime.pool.execute("UPDATE nodes SET last_seen_at = greatest(last_seen_at, $1)", utcnow())
+        while True:
+            await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
+            try:
+                async with runtime.pool.acquire() as conn, conn.transaction():
+                    lost = await check_leases(conn, utcnow())
+            except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
+                log.exception("lease check failed; retrying")
+                continue
+            if lost:
+                log.warning("node(s) %s lost their lease; their jobs were requeued", ", ".join(lost))
+                runtime.wake_relay()
+
+    runtime.background.append(lease_loop)
 
 
 async def main(settings: Settings | None = None) -> None:

@@ -19,6 +19,7 @@ from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
 
 from services.placement import core
+from services.placement.leases import REQUEUE_REASON_CODES, NodeLease, is_stale, select_expired
 
 SERVICE = "placement"
 _CYCLE_LOCK = 727_100  # one placer decides at a time, whichever replica holds it
@@ -50,9 +51,14 @@ async def _in_transaction(runtime: Runtime, envelope: ev.Envelope, payload: ev.P
     async with runtime.pool.acquire() as conn, conn.transaction():
         if not await claim(conn, SERVICE, envelope.event_id):
             return
-        if await apply(conn, payload, now):
-            await run_cycle(conn, now)
+        await process(conn, payload, now)
     runtime.wake_relay()
+
+
+async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> None:
+    """Apply one message and, when capacity or pending work changed, run a placement cycle."""
+    if await apply(conn, payload, now):
+        await run_cycle(conn, now)
 
 
 async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> bool:
@@ -72,36 +78,107 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
             await upsert_node(conn, payload, now)
             return True
         case ev.NodeHeartbeat():
-            await conn.execute("UPDATE nodes SET last_seen_at = $2 WHERE node_id = $1", payload.node_id, now)
+            await conn.execute(
+                "UPDATE nodes SET last_seen_at = $2, lease_epoch = $3, lease_ttl_s = $4, fence_grace_s = $5"
+                " WHERE node_id = $1 AND (lost_epoch IS NULL OR lost_epoch < $3)",
+                payload.node_id, now, payload.lease_epoch, payload.lease_ttl_s, payload.fence_grace_s)
             return False
+        case ev.GpuHealthChanged():
+            if await _stale(conn, payload.node_id, payload.lease_epoch):
+                return False
+            await conn.execute("UPDATE gpus SET healthy = $3 WHERE node_id = $1 AND gpu_index = $2",
+                               payload.node_id, payload.gpu_index, payload.healthy)
+            return payload.healthy  # a GPU back in service may let waiting work run
         case ev.JobStartReported():
+            if await _stale(conn, payload.node_id, payload.lease_epoch):
+                return False
             state = await load_job(conn, payload.job_id)
             command = decider.RecordStart(payload.node_id, payload.pid, payload.started_at)
             await append_job_events(conn, state, decider.decide(state, command, now), producer=SERVICE, now=now)
             return False
         case ev.JobExitReported():
-            state = await load_job(conn, payload.job_id)
-            command = decider.RecordExit(payload.node_id, payload.exit_code, payload.runtime_s, payload.error)
-            events = decider.decide(state, command, now)
-            await append_job_events(conn, state, events, producer=SERVICE, now=now)
-            if events:
-                await release_gpus(conn, payload.job_id, now)
-            return bool(events)
+            return await record_exit(conn, payload, now)
     return False
 
 
+async def record_exit(conn: asyncpg.Connection, report: ev.JobExitReported, now: datetime) -> bool:
+    if await _stale(conn, report.node_id, report.lease_epoch):
+        return False  # the node was declared lost at this epoch and its jobs were requeued already
+    if report.reason_code in REQUEUE_REASON_CODES:
+        reason = f"requeued from {report.node_id}: {REQUEUE_REASON_CODES[report.reason_code]}"
+        return await requeue(conn, report.job_id, report.node_id, reason, now)
+    state = await load_job(conn, report.job_id)
+    command = decider.RecordExit(report.node_id, report.exit_code, report.runtime_s, report.error)
+    events = decider.decide(state, command, now)
+    await append_job_events(conn, state, events, producer=SERVICE, now=now)
+    if events:
+        await release_gpus(conn, report.job_id, now)
+    return bool(events)
+
+
+async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:
+    lost_epoch = await conn.fetchval("SELECT lost_epoch FROM nodes WHERE node_id = $1", node_id)
+    return is_stale(epoch, lost_epoch)
+
+
+async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: str, now: datetime) -> bool:
+    """Take a job off a node through no fault of its own and queue it for placement again."""
+    state = await load_job(conn, job_id)
+    events = decider.decide(state, decider.Requeue(node_id, reason), now)
+    if not events:
+        return False
+    await append_job_events(conn, state, events, producer=SERVICE, now=now)
+    await conn.execute("DELETE FROM gpu_allocations WHERE job_id = $1", job_id)
+    spec = state.spec
+    assert spec is not None
+    await conn.execute(
+        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT DO NOTHING", job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority)
+    return True
+
+
+async def check_leases(conn: asyncpg.Connection, now: datetime) -> list[str]:
+    """Declare silent nodes lost, requeue their jobs once, and place again; returns the nodes lost."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _CYCLE_LOCK)
+    rows = await conn.fetch(
+        "SELECT node_id, lease_epoch, last_seen_at, lease_ttl_s, fence_grace_s, status FROM nodes")
+    leases = [NodeLease(r["node_id"], r["lease_epoch"], r["last_seen_at"], r["lease_ttl_s"], r["fence_grace_s"],
+                        r["status"] == "Lost") for r in rows]
+    expired = select_expired(leases, now)
+    for lease in expired:
+        await conn.execute("UPDATE nodes SET status = 'Lost', lost_epoch = lease_epoch WHERE node_id = $1",
+                           lease.node_id)
+        silent_s = (now - lease.last_seen_at).total_seconds()
+        jobs = await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations WHERE node_id = $1 ORDER BY job_id",
+                                lease.node_id)
+        for row in jobs:
+            await requeue(conn, row["job_id"], lease.node_id,
+                          f"requeued: node {lease.node_id} lost its lease (silent for {silent_s:.0f}s)", now)
+    if expired:
+        await run_cycle(conn, now)
+    return [lease.node_id for lease in expired]
+
+
 async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> None:
+    """Record the node's inventory and new lease, then tell the agent which jobs should run there."""
     await conn.execute(
         "INSERT INTO nodes (node_id, hostname, labels, cpu_milli, memory_mib, nvml_backend, registered_at,"
-        " last_seen_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (node_id) DO UPDATE SET"
-        " hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
-        " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend, last_seen_at = EXCLUDED.last_seen_at",
-        node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now)
+        " last_seen_at, lease_epoch) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (node_id) DO UPDATE"
+        " SET hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
+        " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
+        " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready'",
+        node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
+        node.lease_epoch)
     await conn.executemany(
-        "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib) VALUES ($1, $2, $3, $4, $5)"
+        "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy) VALUES ($1, $2, $3, $4, $5, $6)"
         " ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid, model = EXCLUDED.model,"
-        " memory_mib = EXCLUDED.memory_mib",
-        [(node.node_id, g.index, g.uuid, g.model, g.memory_mib) for g in node.gpus])
+        " memory_mib = EXCLUDED.memory_mib, healthy = EXCLUDED.healthy",
+        [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy) for g in node.gpus])
+    assigned = await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations WHERE node_id = $1 ORDER BY job_id",
+                                node.node_id)
+    reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=[r["job_id"] for r in assigned],
+                                 lease_epoch=node.lease_epoch)
+    await _command(conn, reconcile, node.node_id, now)
 
 
 async def release_gpus(conn: asyncpg.Connection, job_id: str, now: datetime, stop_reason: str | None = None) -> None:
@@ -114,7 +191,9 @@ async def release_gpus(conn: asyncpg.Connection, job_id: str, now: datetime, sto
 async def load_snapshot(conn: asyncpg.Connection) -> core.Snapshot:
     rows = await conn.fetch(
         "SELECT g.node_id, g.gpu_index, g.uuid, g.model, g.healthy, a.job_id FROM gpus g"
-        " LEFT JOIN gpu_allocations a USING (node_id, gpu_index) ORDER BY g.node_id, g.gpu_index")
+        " JOIN nodes n ON n.node_id = g.node_id AND n.status = 'Ready'"  # a lost node takes no new work
+        " LEFT JOIN gpu_allocations a ON a.node_id = g.node_id AND a.gpu_index = g.gpu_index"
+        " ORDER BY g.node_id, g.gpu_index")
     nodes: dict[str, list[core.Gpu]] = {}
     for r in rows:
         nodes.setdefault(r["node_id"], []).append(

@@ -126,3 +126,15 @@ def test_replaying_the_events_rebuilds_the_same_state(commands):
     assert state.version == len(history)
     if state.status in d.TERMINAL:
         assert d.decide(state, d.Cancel("late"), T0) == ()
+
+
+def test_a_job_on_a_lost_node_is_requeued_once_and_keeps_its_quota():
+    state = _apply(running(), d.Requeue("n1", "node lost"))
+    assert state.status is d.JobStatus.QUEUED
+    assert state.quota_held and state.node_id is None
+    assert d.decide(state, d.Requeue("n1", "node lost"), T0) == ()
+    assert d.decide(state, d.RecordExit("n1", 137, 1.0), T0) == ()  # a late exit from the lost node
+
+
+def test_a_requeue_from_another_node_is_ignored():
+    assert d.decide(running(), d.Requeue("n2", "node lost"), T0) == ()

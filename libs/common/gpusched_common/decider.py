@@ -2,6 +2,7 @@
 
     Submitted -> Admitted | Rejected
     Admitted -> Queued (quota reserved) -> Placed -> Running -> Succeeded | Failed | Cancelled
+    Placed | Running -> Queued (requeued: its node was lost or its GPU failed)
 
 `decide(state, command, now)` returns the events a command produces (an empty tuple when the command was
 already applied, so redelivery is harmless) and raises `InvalidTransition` when the command makes no sense
@@ -102,6 +103,12 @@ class RecordExit:
 
 
 @dataclass(frozen=True)
+class Requeue:
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class ReleaseQuota:
     tenant_reserved_gpus: int
 
@@ -113,7 +120,7 @@ class Cancel:
 
 Command = (
     RegisterSubmission | DeferQuota | ReserveQuota | Place | DeferPlacement | RecordStart | RecordExit
-    | ReleaseQuota | Cancel
+    | Requeue | ReleaseQuota | Cancel
 )
 
 
@@ -171,6 +178,10 @@ def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload
             reason = command.error or f"command exited with code {command.exit_code}"
             return (ev.JobFailed(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
                                  reason=reason),)
+        case Requeue():
+            if state.status not in HOLDS_GPUS or state.node_id != command.node_id:
+                return ()  # already requeued, finished, or placed elsewhere since
+            return (ev.JobRequeued(job_id=job, node_id=command.node_id, reason=command.reason),)
         case ReleaseQuota():
             if not state.quota_held or state.status not in TERMINAL:
                 return ()
@@ -213,6 +224,9 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
                            last_reasons=(event.reason,))
         case ev.JobCancelled():
             return replace(state, version=version, status=JobStatus.CANCELLED, last_reasons=(event.reason,))
+        case ev.JobRequeued():
+            return replace(state, version=version, status=JobStatus.QUEUED, node_id=None, gpu_indices=(),
+                           last_reasons=(event.reason,))
         case ev.QuotaReleased():
             return replace(state, version=version, quota_held=False)
     return replace(state, version=version)

@@ -138,6 +138,16 @@ class JobCancelled(Payload):
     reason: str
 
 
+class JobRequeued(Payload):
+    """The job lost its GPUs through no fault of its own (node lost, GPU failed) and waits to be placed
+    again; it keeps its quota reservation."""
+
+    TYPE: ClassVar[str] = "JobRequeued"
+    job_id: str
+    node_id: str
+    reason: str
+
+
 class QuotaReleased(Payload):
     TYPE: ClassVar[str] = "QuotaReleased"
     job_id: str
@@ -345,7 +355,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
     model.TYPE: model
     for model in (
         JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
-        PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, QuotaReleased,
+        PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobRequeued, QuotaReleased,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
     )

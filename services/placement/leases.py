@@ -1,0 +1,41 @@
+"""Node leases (pure): which nodes have gone silent for longer than their lease plus the fencing grace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+
+@dataclass(frozen=True)
+class NodeLease:
+    node_id: str
+    epoch: int
+    last_seen_at: datetime
+    ttl_s: float  # 0: the agent holds no lease (never expires)
+    fence_grace_s: float
+    lost: bool
+
+
+def select_expired(leases: list[NodeLease], now: datetime) -> list[NodeLease]:
+    """Nodes to declare lost: a lease is held, not already lost, and silent for longer than ttl + grace.
+
+    The grace covers the agent's own fencing: it stops its jobs once `ttl_s` passes without an accepted
+    heartbeat, so by ttl + grace nothing of the lost epoch still runs and requeuing cannot run a job twice.
+    """
+    expired = [
+        lease for lease in leases
+        if lease.ttl_s > 0 and not lease.lost
+        and now - lease.last_seen_at > timedelta(seconds=lease.ttl_s + lease.fence_grace_s)
+    ]
+    return sorted(expired, key=lambda lease: lease.node_id)
+
+
+def is_stale(report_epoch: int | None, lost_epoch: int | None) -> bool:
+    """A report from an epoch already declared lost must not change anything."""
+    return report_epoch is not None and lost_epoch is not None and report_epoch <= lost_epoch
+
+
+REQUEUE_REASON_CODES = {
+    "gpu_unhealthy": "its GPU became unhealthy",
+    "missing_after_restart": "its node agent restarted and no longer had it",
+}

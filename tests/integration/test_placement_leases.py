@@ -1,0 +1,97 @@
+"""Placement's side of node leases and GPU health, on real PostgreSQL: a silent node is declared lost
+once, its jobs are requeued exactly once and placed elsewhere, and late reports from it change nothing."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gpusched_common import decider
+from gpusched_common import events as ev
+from gpusched_common.db import connect
+from gpusched_common.jobs import append_job_events, load_job
+from services.placement.handlers import check_leases
+from services.placement.handlers import process as apply
+from tests.builders import T0, a_job
+
+
+def registered(node: str, epoch: int = 1, gpus: int = 2) -> ev.NodeRegistered:
+    return ev.NodeRegistered(
+        node_id=node, hostname=node, cpu_milli=1000, memory_mib=1024, nvml_backend="simulated", lease_epoch=epoch,
+        gpus=[ev.GpuInventory(index=i, uuid=f"{node}-{i}", model="H100-80GB", memory_mib=81559) for i in range(gpus)])
+
+
+def heartbeat(node: str, epoch: int = 1) -> ev.NodeHeartbeat:
+    return ev.NodeHeartbeat(node_id=node, running_jobs=[], lease_epoch=epoch, lease_ttl_s=30, fence_grace_s=10)
+
+
+async def queue_job(conn, job_id: str, gpus: int) -> ev.QuotaReserved:
+    spec = a_job(job_id).gpus(gpus).spec()
+    state = await load_job(conn, job_id)
+    state = await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+                                    producer="test", now=T0)
+    events = decider.decide(state, decider.ReserveQuota(gpus, 8), T0)
+    await append_job_events(conn, state, events, producer="test", now=T0)
+    return events[0]
+
+
+async def history(conn, job_id: str) -> list[tuple[str, str | None]]:
+    rows = await conn.fetch("SELECT type, payload->>'node_id' AS node FROM events WHERE stream_id = $1"
+                            " ORDER BY version", f"job-{job_id}")
+    return [(r["type"], r["node"]) for r in rows]
+
+
+async def test_a_lost_node_has_its_jobs_requeued_once_and_placed_elsewhere(database_url):
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1"), T0)
+            await apply(conn, registered("n2"), T0)
+            await apply(conn, heartbeat("n1"), T0)
+            await apply(conn, heartbeat("n2"), T0)
+            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n1")
+
+        later = T0 + timedelta(seconds=45)
+        async with conn.transaction():
+            await apply(conn, heartbeat("n2"), T0 + timedelta(seconds=35))  # n2 keeps its lease
+            assert await check_leases(conn, later) == ["n1"]
+        async with conn.transaction():
+            assert await check_leases(conn, later + timedelta(seconds=5)) == []
+        assert [t for t, _ in await history(conn, "j1")][-3:] == ["JobPlaced", "JobRequeued", "JobPlaced"]
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n2")
+
+        # the fenced agent of n1 reports the exit of the job it stopped: stale epoch, ignored
+        async with conn.transaction():
+            await apply(conn, ev.JobExitReported(job_id="j1", node_id="n1", exit_code=137, runtime_s=1.0,
+                                                 lease_epoch=1, reason_code="lease_lost"), later)
+            await apply(conn, ev.JobExitReported(job_id="j1", node_id="n2", exit_code=0, runtime_s=1.0,
+                                                 lease_epoch=1), later)
+        types = [t for t, _ in await history(conn, "j1")]
+        assert types.count("JobRequeued") == 1 and types[-1] == "JobSucceeded"
+        assert await conn.fetchval("SELECT count(*) FROM gpu_allocations") == 0
+        # n1 comes back with a new epoch and is schedulable again
+        async with conn.transaction():
+            await apply(conn, registered("n1", epoch=2), later)
+        assert await conn.fetchval("SELECT status FROM nodes WHERE node_id = 'n1'") == "Ready"
+    finally:
+        await conn.close()
+
+
+async def test_an_unhealthy_gpu_is_cordoned_and_its_job_requeued(database_url):
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1", gpus=2), T0)
+            await apply(conn, await queue_job(conn, "j1", 1), T0)
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n1")
+        async with conn.transaction():
+            await apply(conn, ev.GpuHealthChanged(node_id="n1", gpu_index=0, gpu_uuid="n1-0", healthy=False,
+                                                  status="unhealthy", reasons=["XID 48"], observed_at=T0,
+                                                  lease_epoch=1, xid=48, job_ids=["j1"], job_action="stopped"), T0)
+            await apply(conn, ev.JobExitReported(job_id="j1", node_id="n1", exit_code=137, runtime_s=1.0,
+                                                 lease_epoch=1, reason_code="gpu_unhealthy"), T0)
+        rows = await conn.fetch("SELECT gpu_index FROM gpu_allocations WHERE job_id = 'j1'")
+        assert [r["gpu_index"] for r in rows] == [1]  # placed again, never on the cordoned GPU
+        assert [t for t, _ in await history(conn, "j1")][-2:] == ["JobRequeued", "JobPlaced"]
+    finally:
+        await conn.close()
