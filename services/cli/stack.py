@@ -181,7 +181,9 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
     partitions = int(os.environ.get("GPUSCHED_KAFKA_PARTITIONS", "6"))
     await create_topics(bootstrap, partitions)
     progress(f"topics     created with {partitions} partitions")
-    env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), **(extra_env or {})}
+    metrics_port = free_port()
+    env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
+           **(extra_env or {})}
     env.setdefault("GPUSCHED_QUOTA_FILE", str(Path(__file__).resolve().parents[2] / "deploy" / "quotas.yaml"))
     state.env = env
     for name in SERVICES:
@@ -192,6 +194,7 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
         state.node_ids.append(node_id)
     save(state)
     progress(f"services   {', '.join(SERVICES)} and {nodes} node agent(s) started")
+    progress(f"metrics    http://127.0.0.1:{env['GPUSCHED_METRICS_PORT']}/metrics (Prometheus)")
     await wait_for_nodes(url, nodes)
     progress(f"ready      {nodes} node(s) registered")
     return state
