@@ -113,5 +113,5 @@ async def decide_scaling(pool: asyncpg.Pool, plan, now: datetime) -> tuple[Decis
                 json.loads(json.dumps(asdict(decision), default=str)))
             envelope = ev.make_envelope(payload, event_id=event_id, stream_id=f"scaling-{decision.model}",
                                         occurred_at=now, producer=SERVICE)
-            await enqueue(conn, producer=SERVICE, topic=CLUSTER_SCALING.name, key=decision.model, envelope=envelope)
+            await enqueue(conn, producer=SERVICE, topic=CLUSTER_SCALING.name, key=decision.model, envelopes=[envelope])
     return decisions

@@ -254,4 +254,4 @@ async def _latest_traceparent(conn: asyncpg.Connection, job_id: str) -> str | No
 async def _command(conn: asyncpg.Connection, payload: ev.Payload, node_id: str, now: datetime) -> None:
     envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{node_id}", occurred_at=now,
                                 producer=SERVICE, traceparent=current_traceparent())
-    await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=node_id, envelope=envelope)
+    await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=node_id, envelopes=[envelope])

@@ -37,8 +37,7 @@ async def append_job_events(conn: asyncpg.Connection, state: JobState, payloads:
         for p in payloads
     ]
     stamped = await store.append(conn, job_stream(state.job_id), state.version, envelopes)
-    for envelope in stamped:
-        await store.enqueue(conn, producer=producer, topic=JOBS_EVENTS.name, key=state.job_id, envelope=envelope)
+    await store.enqueue(conn, producer=producer, topic=JOBS_EVENTS.name, key=state.job_id, envelopes=stamped)
     new_state = state
     for payload in payloads:
         new_state = evolve(new_state, payload)

@@ -50,12 +50,10 @@ def _stored(row: asyncpg.Record) -> StoredEvent:
 
 async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int,
                  envelopes: list[Envelope]) -> list[Envelope]:
-    """Append events at versions expected_version+1.. ; raises ConcurrencyError if the stream moved."""
-    current = await conn.fetchval(
-        "SELECT coalesce(max(version), 0) FROM events WHERE stream_id = $1", stream_id
-    )
-    if current != expected_version:
-        raise ConcurrencyError(f"stream {stream_id} is at version {current}, expected {expected_version}")
+    """Append events at versions expected_version+1.. ; raises ConcurrencyError if the stream moved.
+
+    No read first: the unique (stream_id, version) index rejects a stale expected version, whether the
+    other writer committed before us or is still in flight (then this insert waits for it)."""
     stamped = [e.model_copy(update={"stream_id": stream_id, "stream_version": expected_version + i + 1})
                for i, e in enumerate(envelopes)]
     try:
@@ -93,15 +91,20 @@ async def read_all(conn: asyncpg.Connection, after: Position = Position(), limit
     return [_stored(r) for r in rows]
 
 
-async def enqueue(conn: asyncpg.Connection, *, producer: str, topic: str, key: str, envelope: Envelope) -> None:
-    """Put a message in the outbox; the relay publishes it after this transaction commits."""
+async def enqueue(conn: asyncpg.Connection, *, producer: str, topic: str, key: str,
+                  envelopes: list[Envelope]) -> None:
+    """Put messages in the outbox, in order; the relay publishes them after this transaction commits."""
+    await conn.executemany(
+        "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5)",
+        [(producer, topic, key, _headers(e), e.model_dump_json().encode()) for e in envelopes],
+    )
+
+
+def _headers(envelope: Envelope) -> dict[str, str]:
     headers = {"event-type": envelope.type}
     if envelope.traceparent:
         headers["traceparent"] = envelope.traceparent
-    await conn.execute(
-        "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5)",
-        producer, topic, key, headers, envelope.model_dump_json().encode(),
-    )
+    return headers
 
 
 async def claim(conn: asyncpg.Connection, consumer: str, event_id: str) -> bool:
