@@ -17,8 +17,8 @@ def utcnow() -> datetime:
 
 
 async def setup(runtime: Runtime) -> None:
-    handler = make_submission_handler(runtime, AdmissionLimits(), utcnow)
-    runtime.subscribe(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler)
+    handler = make_submission_handler(AdmissionLimits(), utcnow)
+    runtime.subscribe_transactional(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler)
 
 
 async def main(settings: Settings | None = None) -> None:

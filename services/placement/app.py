@@ -10,7 +10,7 @@ from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
 
-from services.placement.handlers import SERVICE, check_leases, make_handlers
+from services.placement.handlers import SERVICE, check_leases, make_handler
 
 log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0
@@ -21,10 +21,10 @@ def utcnow() -> datetime:
 
 
 async def setup(runtime: Runtime) -> None:
-    on_job_event, on_node_report = make_handlers(runtime, utcnow)
+    handler = make_handler(utcnow)
     # one group per topic: each subscription is its own consumer
-    runtime.subscribe(JOBS_EVENTS.name, f"{GROUP_PLACEMENT}-jobs", on_job_event)
-    runtime.subscribe(NODES_REPORTS.name, f"{GROUP_PLACEMENT}-nodes", on_node_report)
+    runtime.subscribe_transactional(JOBS_EVENTS.name, f"{GROUP_PLACEMENT}-jobs", handler)
+    runtime.subscribe_transactional(NODES_REPORTS.name, f"{GROUP_PLACEMENT}-nodes", handler)
 
     async def lease_loop() -> None:
         # Heartbeats that arrived while placement was down are still in Kafka, not yet in the table: give

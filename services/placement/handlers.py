@@ -10,13 +10,12 @@ import asyncpg
 
 from gpusched_common import decider
 from gpusched_common import events as ev
-from gpusched_common.ids import job_stream
+from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, PoisonMessage
-from gpusched_common.runtime import Runtime
 from gpusched_common.store import claim, enqueue
-from gpusched_common.topics import NODES_COMMANDS
-from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
+from gpusched_common.topics import JOBS_EVENTS, NODES_COMMANDS
+from gpusched_common.tracing import current_traceparent
 
 from services.placement import core
 from services.placement.leases import REQUEUE_REASON_CODES, NodeLease, is_stale, select_expired
@@ -33,26 +32,22 @@ def parse_message(message: Incoming) -> tuple[ev.Envelope, ev.Payload]:
         raise PoisonMessage(f"unreadable message: {exc}") from exc
 
 
-def make_handlers(runtime: Runtime, clock: Callable[[], datetime]):
-    async def on_job_event(message: Incoming) -> None:
+_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled)
+
+
+def make_handler(clock: Callable[[], datetime]) -> TxHandler:
+    """One handler for job events and node reports: record the effect; cycle once per batch if needed."""
+
+    async def on_message(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_message(message)
-        if not isinstance(payload, (ev.QuotaReserved, ev.JobCancelled)):
+        if message.topic == JOBS_EVENTS.name and not isinstance(payload, _JOB_EVENTS):
             return
-        await _in_transaction(runtime, envelope, payload, clock())
-
-    async def on_node_report(message: Incoming) -> None:
-        envelope, payload = parse_message(message)
-        await _in_transaction(runtime, envelope, payload, clock())
-
-    return on_job_event, on_node_report
-
-
-async def _in_transaction(runtime: Runtime, envelope: ev.Envelope, payload: ev.Payload, now: datetime) -> None:
-    async with runtime.pool.acquire() as conn, conn.transaction():
         if not await claim(conn, SERVICE, envelope.event_id):
             return
-        await process(conn, payload, now)
-    runtime.wake_relay()
+        if await apply(conn, payload, clock()):
+            batch.after("placement-cycle", lambda c: run_cycle(c, clock()))
+
+    return on_message
 
 
 async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> None:
@@ -223,35 +218,28 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime) -> None:
 
 async def commit_placement(conn: asyncpg.Connection, placement: core.Placement, now: datetime) -> None:
     state = await load_job(conn, placement.job_id)
-    # continue the job's own trace (started by its submitter), not the trace of whatever woke this cycle
-    span_context = context_from_traceparent(await _latest_traceparent(conn, placement.job_id))
-    with tracer().start_as_current_span(f"{SERVICE} place", context=span_context,
-                                        attributes={"gpusched.job_id": placement.job_id}):
-        command = decider.Place(placement.node_id, placement.gpu_indices, placement.gpu_uuids, placement.gpu_model,
-                                core.POLICY, placement.reason)
-        events = decider.decide(state, command, now)
-        await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", placement.job_id)
-        if not events:
-            return
-        # the primary key on (node_id, gpu_index) makes a double allocation fail the whole transaction
-        await conn.executemany(
-            "INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at) VALUES ($1, $2, $3, $4)",
-            [(placement.node_id, i, placement.job_id, now) for i in placement.gpu_indices])
-        await append_job_events(conn, state, events, producer=SERVICE, now=now)
-        spec = state.spec
-        assert spec is not None
-        start = ev.StartJob(job_id=placement.job_id, node_id=placement.node_id, tenant=spec.tenant,
-                            gpu_indices=list(placement.gpu_indices), gpu_uuids=list(placement.gpu_uuids),
-                            command=spec.command, env=spec.env)
-        await _command(conn, start, placement.node_id, now)
+    command = decider.Place(placement.node_id, placement.gpu_indices, placement.gpu_uuids, placement.gpu_model,
+                            core.POLICY, placement.reason)
+    events = decider.decide(state, command, now)
+    await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", placement.job_id)
+    if not events:
+        return
+    # the primary key on (node_id, gpu_index) makes a double allocation fail the whole transaction
+    await conn.executemany(
+        "INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at) VALUES ($1, $2, $3, $4)",
+        [(placement.node_id, i, placement.job_id, now) for i in placement.gpu_indices])
+    placed = await append_job_events(conn, state, events, producer=SERVICE, now=now)
+    spec = state.spec
+    assert spec is not None
+    start = ev.StartJob(job_id=placement.job_id, node_id=placement.node_id, tenant=spec.tenant,
+                        gpu_indices=list(placement.gpu_indices), gpu_uuids=list(placement.gpu_uuids),
+                        command=spec.command, env=spec.env)
+    # the agent continues the job's trace from the JobPlaced event
+    await _command(conn, start, placement.node_id, now, traceparent=placed.trace_parent)
 
 
-async def _latest_traceparent(conn: asyncpg.Connection, job_id: str) -> str | None:
-    return await conn.fetchval(
-        "SELECT traceparent FROM events WHERE stream_id = $1 ORDER BY version DESC LIMIT 1", job_stream(job_id))
-
-
-async def _command(conn: asyncpg.Connection, payload: ev.Payload, node_id: str, now: datetime) -> None:
+async def _command(conn: asyncpg.Connection, payload: ev.Payload, node_id: str, now: datetime,
+                   traceparent: str | None = None) -> None:
     envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{node_id}", occurred_at=now,
-                                producer=SERVICE, traceparent=current_traceparent())
+                                producer=SERVICE, traceparent=traceparent or current_traceparent())
     await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=node_id, envelopes=[envelope])

@@ -39,7 +39,7 @@ async def main(settings: Settings | None = None) -> None:
 
     async def setup(runtime: Runtime) -> None:
         await apply_caps(runtime, config)
-        runtime.subscribe(JOBS_EVENTS.name, GROUP_QUOTA, make_job_event_handler(runtime, config, utcnow))
+        runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_QUOTA, make_job_event_handler(config, utcnow))
         log.info("quota caps: default %d GPUs, %s", config.default_gpu_cap,
                  {t: q.gpu_cap for t, q in config.tenants.items()})
 

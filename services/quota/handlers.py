@@ -9,9 +9,9 @@ import asyncpg
 
 from gpusched_common import decider
 from gpusched_common import events as ev
+from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, PoisonMessage
-from gpusched_common.runtime import Runtime
 from gpusched_common.store import claim
 
 from services.quota.config import QuotaConfig
@@ -30,26 +30,27 @@ def parse_event(message: Incoming) -> tuple[ev.Envelope, ev.Payload]:
         raise PoisonMessage(f"unreadable event: {exc}") from exc
 
 
-def make_job_event_handler(runtime: Runtime, config: QuotaConfig, clock: Callable[[], datetime]):
-    async def on_job_event(message: Incoming) -> None:
+def make_job_event_handler(config: QuotaConfig, clock: Callable[[], datetime]) -> TxHandler:
+    async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, (ev.JobAdmitted, *_TERMINAL)):
             return
-        now = clock()
-        async with runtime.pool.acquire() as conn, conn.transaction():
-            if not await claim(conn, SERVICE, envelope.event_id):
+        if not await claim(conn, SERVICE, envelope.event_id):
+            return
+        if isinstance(payload, ev.JobAdmitted):
+            tenant = payload.spec.tenant
+            await conn.execute(
+                "INSERT INTO quota_pending (job_id, tenant, gpus, priority) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT DO NOTHING", payload.job_id, tenant, payload.spec.gpus, payload.spec.priority)
+        else:
+            tenant = await release(conn, payload.job_id, clock())
+            if tenant is None:
                 return
-            if isinstance(payload, ev.JobAdmitted):
-                tenant = payload.spec.tenant
-                await conn.execute(
-                    "INSERT INTO quota_pending (job_id, tenant, gpus, priority) VALUES ($1, $2, $3, $4)"
-                    " ON CONFLICT DO NOTHING", payload.job_id, tenant, payload.spec.gpus, payload.spec.priority)
-            else:
-                tenant = await release(conn, payload.job_id, now)
-                if tenant is None:
-                    return
-            await reserve_for_tenant(conn, tenant, config.cap_for(tenant), now)
-        runtime.wake_relay()
+
+        async def reserve(c: asyncpg.Connection) -> None:
+            await reserve_for_tenant(c, tenant, config.cap_for(tenant), clock())
+
+        batch.after(f"reserve:{tenant}", reserve)  # one reservation pass per tenant per batch
 
     return on_job_event
 

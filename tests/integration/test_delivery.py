@@ -11,6 +11,7 @@ import asyncpg
 
 from gpusched_common import decider
 from gpusched_common import events as ev
+from gpusched_common.batching import apply_batch
 from gpusched_common.db import connect, create_pool
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, build_broker
@@ -42,8 +43,11 @@ async def stream_types(database_url: str, job_id: str) -> list[str]:
 async def test_the_same_submission_delivered_twice_changes_state_once(settings):
     pool = await create_pool(settings.database_url)
     try:
-        runtime = Runtime("admission", settings, build_broker(settings, "t"), pool=pool)
-        handle = make_submission_handler(runtime, AdmissionLimits(), now)
+        handler = make_submission_handler(AdmissionLimits(), now)
+
+        async def handle(message: Incoming) -> None:
+            await apply_batch(pool, "admission", [message], handler)
+
         message = Incoming(JOBS_SUBMITTED.name, 0, 7, "j1", submission_bytes(a_job("j1").spec(), "j1", now=T0), {})
         await handle(message)
         await handle(message)  # redelivered after a crash before the offset commit

@@ -44,6 +44,9 @@ class JobState:
     gpu_indices: tuple[int, ...] = ()
     exit_code: int | None = None
     last_reasons: tuple[str, ...] = ()
+    # the W3C traceparent of the job's latest event (set when loaded from the store, not by evolve), so
+    # that work done for the job outside any message span still joins the job's trace
+    trace_parent: str | None = None
 
 
 class InvalidTransition(ValueError):

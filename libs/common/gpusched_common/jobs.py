@@ -4,23 +4,27 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import datetime
 
 import asyncpg
+from opentelemetry import trace
 
 from gpusched_common import events as ev
 from gpusched_common import store
 from gpusched_common.decider import JobState, JobStatus, evolve
 from gpusched_common.ids import job_stream
 from gpusched_common.topics import JOBS_EVENTS
-from gpusched_common.tracing import current_traceparent
+from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
 
 
 async def load_job(conn: asyncpg.Connection, job_id: str) -> JobState:
     state = JobState(job_id=job_id)
+    trace_parent = None
     for stored in await store.load(conn, job_stream(job_id)):
         state = evolve(state, ev.parse_payload(stored.envelope))
-    return state
+        trace_parent = stored.envelope.traceparent or trace_parent
+    return replace(state, trace_parent=trace_parent)
 
 
 async def append_job_events(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.Payload, ...], *,
@@ -29,6 +33,18 @@ async def append_job_events(conn: asyncpg.Connection, state: JobState, payloads:
     update the read model. Returns the new state. Raises store.ConcurrencyError if the stream moved."""
     if not payloads:
         return state
+    if state.trace_parent and not trace.get_current_span().get_span_context().is_valid:
+        # deferred work (a reservation pass, a placement cycle) runs outside any message span: give it a
+        # span in the job's own trace
+        with tracer().start_as_current_span(f"{producer} {payloads[0].TYPE}",
+                                            context=context_from_traceparent(state.trace_parent),
+                                            attributes={"gpusched.job_id": state.job_id}):
+            return await _append(conn, state, payloads, producer=producer, now=now)
+    return await _append(conn, state, payloads, producer=producer, now=now)
+
+
+async def _append(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.Payload, ...], *,
+                  producer: str, now: datetime) -> JobState:
     traceparent = current_traceparent()
     tenant = _tenant(state, payloads)
     envelopes = [
@@ -38,7 +54,7 @@ async def append_job_events(conn: asyncpg.Connection, state: JobState, payloads:
     ]
     stamped = await store.append(conn, job_stream(state.job_id), state.version, envelopes)
     await store.enqueue(conn, producer=producer, topic=JOBS_EVENTS.name, key=state.job_id, envelopes=stamped)
-    new_state = state
+    new_state = replace(state, trace_parent=traceparent or state.trace_parent)
     for payload in payloads:
         new_state = evolve(new_state, payload)
     await _project(conn, new_state, payloads, now)

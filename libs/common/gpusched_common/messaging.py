@@ -77,24 +77,43 @@ async def _message_itself(msg: KafkaMessage) -> KafkaMessage:
     return msg
 
 
+def to_incoming(record) -> Incoming:  # noqa: ANN001 - an aiokafka ConsumerRecord
+    return Incoming(
+        topic=record.topic, partition=record.partition, offset=record.offset,
+        key=record.key.decode(errors="replace") if record.key else None,
+        value=record.value or b"", headers={k: v.decode(errors="replace") for k, v in record.headers},
+    )
+
+
+def consumer_options(settings: Settings, group_id: str) -> dict:
+    return dict(
+        group_id=group_id, ack_policy=AckPolicy.MANUAL, auto_offset_reset="earliest",
+        max_partition_fetch_bytes=settings.kafka_max_request_bytes,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=max(100, settings.kafka_session_timeout_ms // 4),
+        rebalance_timeout_ms=settings.kafka_session_timeout_ms, decoder=_message_itself,
+    )
+
+
 def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, settings: Settings,
               handler: Handler) -> None:
     """Register `handler` for `topic` under the delivery contract in this module's docstring."""
 
-    @broker.subscriber(topic, group_id=group_id, ack_policy=AckPolicy.MANUAL, auto_offset_reset="earliest",
-                       max_partition_fetch_bytes=settings.kafka_max_request_bytes,
-                       session_timeout_ms=settings.kafka_session_timeout_ms,
-                       heartbeat_interval_ms=max(100, settings.kafka_session_timeout_ms // 4),
-                       rebalance_timeout_ms=settings.kafka_session_timeout_ms, decoder=_message_itself)
+    @broker.subscriber(topic, **consumer_options(settings, group_id))
     async def on_message(msg):  # noqa: ANN001 - the decoder hands over the KafkaMessage itself
-        record = msg.raw_message
-        incoming = Incoming(
-            topic=record.topic, partition=record.partition, offset=record.offset,
-            key=record.key.decode(errors="replace") if record.key else None,
-            value=record.value or b"", headers={k: v.decode(errors="replace") for k, v in record.headers},
-        )
+        incoming = to_incoming(msg.raw_message)
         await handle_with_retries(broker, incoming, service=service, settings=settings, handler=handler)
         await msg.ack()
+
+
+def message_span(service: str, incoming: Incoming):  # noqa: ANN201 - a context manager
+    return tracer().start_as_current_span(
+        f"{service} {incoming.headers.get('event-type', incoming.topic)}",
+        context=context_from_traceparent(incoming.traceparent),
+        kind=trace.SpanKind.CONSUMER,
+        attributes={"messaging.destination": incoming.topic, "messaging.kafka.offset": incoming.offset,
+                    "messaging.kafka.partition": incoming.partition, "gpusched.key": incoming.key or ""},
+    )
 
 
 async def handle_with_retries(broker: KafkaBroker, incoming: Incoming, *, service: str, settings: Settings,
@@ -104,13 +123,7 @@ async def handle_with_retries(broker: KafkaBroker, incoming: Incoming, *, servic
     while True:
         attempt += 1
         try:
-            with tracer().start_as_current_span(
-                f"{service} {incoming.headers.get('event-type', incoming.topic)}",
-                context=context_from_traceparent(incoming.traceparent),
-                kind=trace.SpanKind.CONSUMER,
-                attributes={"messaging.destination": incoming.topic, "messaging.kafka.offset": incoming.offset,
-                            "messaging.kafka.partition": incoming.partition, "gpusched.key": incoming.key or ""},
-            ):
+            with message_span(service, incoming):
                 await handler(incoming)
             return
         except PoisonMessage as exc:

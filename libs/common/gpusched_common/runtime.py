@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 from faststream.kafka import KafkaBroker
 
+from gpusched_common.batching import TxHandler, subscribe_transactional
 from gpusched_common.db import create_pool
 from gpusched_common.messaging import Handler, build_broker, subscribe
 from gpusched_common.relay import OutboxRelay
@@ -35,6 +36,12 @@ class Runtime:
     def subscribe(self, topic: str, group_id: str, handler: Handler) -> None:
         subscribe(self.broker, topic=topic, group_id=group_id, service=self.service, settings=self.settings,
                   handler=handler)
+
+    def subscribe_transactional(self, topic: str, group_id: str, handler: TxHandler) -> None:
+        """Batches of messages applied in one transaction each; the relay is woken after each commit."""
+        assert self.pool is not None, "a transactional consumer needs the database"
+        subscribe_transactional(self.broker, self.pool, topic=topic, group_id=group_id, service=self.service,
+                                settings=self.settings, handler=handler, on_commit=self.wake_relay)
 
     def wake_relay(self) -> None:
         if self.relay is not None:

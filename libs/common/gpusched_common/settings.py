@@ -28,6 +28,8 @@ class Settings(BaseSettings):
 
     # retries for a message whose handler fails for a reason other than an unreachable dependency
     handler_max_attempts: int = 3
+    consumer_batch_max: int = 200  # messages applied in one database transaction
+    consumer_batch_wait_ms: int = 5  # how long a fetch may wait to fill a batch
     handler_retry_backoff_s: float = 0.2
     outbox_poll_interval_s: float = 0.05
     reconcile_interval_s: float = 5.0

@@ -1,0 +1,81 @@
+"""Why a job waits, in words a user reads: one stable reason (no queue counts, so an unchanged reason
+is not recorded twice) plus, in ``describe``, the job's place in the queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .ledger import QuotaBook
+from .units import format_gpus
+
+
+class WaitCategory(str, Enum):
+    UNKNOWN_TENANT = "unknown_tenant"
+    PRIORITY_CLASS = "priority_class_not_allowed"
+    NEVER_FITS = "never_fits"
+    BORROWING_LIMIT = "borrowing_limit"
+    RECLAIMING = "reclaiming"
+    COHORT_EXHAUSTED = "cohort_exhausted"
+    CAPACITY = "capacity"
+
+
+WAITING_FOR_CAPACITY = "fits quota; waiting for capacity"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingJob:
+    """A job left waiting by a cycle. ``position`` is 1-based among waiting jobs in queue order;
+    ``ahead_higher_priority`` counts the waiting jobs ahead of it with a higher priority class."""
+
+    job_id: str
+    tenant: str
+    position: int
+    ahead_higher_priority: int
+    category: WaitCategory
+    reason: str
+
+    def describe(self) -> str:
+        """``#13 in queue, behind 12 jobs of higher priority: tenant team-a at quota (...)``."""
+        where = f"#{self.position} in queue"
+        if self.ahead_higher_priority:
+            noun = "job" if self.ahead_higher_priority == 1 else "jobs"
+            where += f", behind {self.ahead_higher_priority} {noun} of higher priority"
+        return f"{where}: {self.reason}"
+
+
+def quota_block(book: QuotaBook, tenant: str, flavor: str, units: int, claimed: int) -> tuple[WaitCategory, str]:
+    """Category and reason for a job of ``units`` of ``flavor`` that does not fit ``tenant``'s quota.
+    ``claimed``: units of the tenant's earlier jobs this cycle that already wait for a reclaim."""
+    used, nominal = book.used(tenant, flavor), book.nominal(tenant, flavor)
+    cap = book.borrowing_limit(tenant, flavor)
+    ever = book.most_ever(tenant, flavor)
+    need, f = format_gpus(units), flavor
+    if units > ever:
+        limit = f" (nominal {format_gpus(nominal)} + borrowing {format_gpus(cap)})" if cap is not None else ""
+        return WaitCategory.NEVER_FITS, (
+            f"job needs {need} {f} but tenant {tenant} can never hold more than {format_gpus(ever)}{limit}")
+    if cap is not None and used + units > nominal + cap:
+        return WaitCategory.BORROWING_LIMIT, (
+            f"tenant {tenant} at its limit ({format_gpus(used)}/{format_gpus(nominal)} {f} + borrowing "
+            f"{format_gpus(cap)}); job needs {need}")
+    if used + claimed + units <= nominal:
+        return WaitCategory.RECLAIMING, (
+            f"tenant {tenant} under quota ({format_gpus(used)}/{format_gpus(nominal)} {f}) while others borrow "
+            f"its share; reclaim requested")
+    lendable = book.available(tenant, flavor) - max(0, nominal - used)
+    at = f"tenant {tenant} at quota ({format_gpus(used)}/{format_gpus(nominal)} {f})"
+    if used < nominal:
+        at = f"tenant {tenant} near quota ({format_gpus(used)}/{format_gpus(nominal)} {f})"
+    if lendable <= 0:
+        return WaitCategory.COHORT_EXHAUSTED, f"{at} and cohort has nothing to lend"
+    return WaitCategory.COHORT_EXHAUSTED, f"{at}; cohort can lend {format_gpus(lendable)}, job needs {need}"
+
+
+def not_allowed(tenant: str, priority_class: str, allowed: frozenset[str]) -> str:
+    return (f"priority class {priority_class!r} is not allowed for tenant {tenant} "
+            f"(allowed: {', '.join(sorted(allowed))})")
+
+
+def unknown_tenant(tenant: str) -> str:
+    return f"tenant {tenant} is not in the tenancy file"
