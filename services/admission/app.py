@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 
+from gpusched_common.credentials import load_keys
 from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_ADMISSION, JOBS_SUBMITTED
 
 from services.admission.core import AdmissionLimits
-from services.admission.handlers import SERVICE, make_submission_handler
+from services.admission.handlers import SERVICE, AdmissionPolicy, make_submission_handler
+from services.admission.ratelimit import RateLimit
+
+
+log = logging.getLogger(__name__)
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def build_policy(settings: Settings) -> AdmissionPolicy:
+    keys = None
+    if settings.tenant_keys_file is not None:
+        keys = load_keys(settings.tenant_keys_file)
+        log.info("tenant authentication on: %d key(s) from %s", len(keys), settings.tenant_keys_file)
+    else:
+        log.warning("GPUSCHED_TENANT_KEYS_FILE is not set: tenant authentication is OFF (development only)")
+    return AdmissionPolicy(AdmissionLimits(), RateLimit(settings.admission_rate_per_s, settings.admission_rate_burst),
+                           keys)
+
+
 async def setup(runtime: Runtime) -> None:
-    handler = make_submission_handler(AdmissionLimits(), utcnow)
+    handler = make_submission_handler(build_policy(runtime.settings), utcnow)
     runtime.subscribe_transactional(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler)
 
 

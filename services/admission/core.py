@@ -38,6 +38,7 @@ class Submission:
     reasons: tuple[str, ...]
     tenant_hint: str | None
     traceparent: str | None
+    request_id: str | None = None
 
 
 class Unparseable(ValueError):
@@ -74,7 +75,17 @@ def parse_submission(raw: bytes, limits: AdmissionLimits) -> Submission:
     if not reasons and spec.gpu_model is not None:
         spec = spec.model_copy(update={"gpu_model": canonical_model(spec.gpu_model)})
     return Submission(event_id, job_id, payload_model.submitted_at, None if reasons else spec, reasons,
-                      tenant_hint, envelope.traceparent)
+                      tenant_hint, envelope.traceparent, payload_model.request_id)
+
+
+def check_identity(spec_tenant: str | None, credential_tenant: str | None, auth_reason: str | None) -> tuple[str, ...]:
+    """The tenant comes from the credential: a failed authentication, or a spec naming another tenant than
+    the credential's, is a reason to reject. `*` (an operator key) may act for any tenant."""
+    if auth_reason is not None:
+        return (auth_reason,)
+    if credential_tenant not in (None, "*") and spec_tenant is not None and spec_tenant != credential_tenant:
+        return (f"tenant {spec_tenant!r} does not match the credential's tenant {credential_tenant!r}",)
+    return ()
 
 
 def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:

@@ -17,7 +17,6 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from gpusched_common import events as ev
-from gpusched_common.settings import Settings
 
 from services.cli import stack
 from services.cli.table import render
@@ -74,7 +73,7 @@ async def floor_broker_rtt_ms(bootstrap: str, n: int = 200) -> float:
 
 
 async def run_bench(args: argparse.Namespace, state: stack.StackState) -> dict:
-    settings = Settings(database_url=state.database_url, kafka_bootstrap=state.kafka_bootstrap)
+    settings = stack.client_settings(state)
     print("measuring the floor (PostgreSQL single-row commits, broker round trip) ...")
     pg_rate = await floor_pg_commits_per_s(state.database_url)
     rtt = await floor_broker_rtt_ms(state.kafka_bootstrap)

@@ -36,9 +36,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     print(f"starting the local stack: {args.nodes} nodes x {args.gpus_per_node} GPUs ({', '.join(models)})")
     state = await stack.up(nodes=args.nodes, gpu_models=models, gpus_per_node=args.gpus_per_node)
     try:
-        from gpusched_common.settings import Settings
-
-        settings = Settings(database_url=state.database_url, kafka_bootstrap=state.kafka_bootstrap)
+        settings = stack.client_settings(state)
         specs = demo_workload(args.jobs, TENANTS, models)
         started = time.monotonic()
         ids = await submit_all(settings, specs)

@@ -27,6 +27,8 @@ def _settings() -> Settings:
     if state is not None:
         os.environ.setdefault("GPUSCHED_DATABASE_URL", state.database_url)
         os.environ.setdefault("GPUSCHED_KAFKA_BOOTSTRAP", state.kafka_bootstrap)
+        if "GPUSCHED_TENANT_KEYS_FILE" in state.env:
+            os.environ.setdefault("GPUSCHED_TENANT_KEYS_FILE", state.env["GPUSCHED_TENANT_KEYS_FILE"])
     return Settings()
 
 
@@ -76,7 +78,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     async def go() -> str:
         async with Client(_settings()) as client:
-            return await client.submit(spec)
+            return await client.submit(spec, request_id=args.request_id)
 
     job_id = asyncio.run(go())
     _print({"job_id": job_id, "spec": spec.model_dump()}, args.json, f"submitted {job_id}")
@@ -189,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-model")
     p.add_argument("--priority", type=int)
     p.add_argument("--name")
+    p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")
     p.add_argument("-f", "--file", help="a Kubernetes pod spec (YAML); `-` reads stdin")
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import asyncpg
 
+from gpusched_common.credentials import OPERATOR, TenantKey, write_keys
 from gpusched_common.db import drop_database, ensure_database, migrate
 from gpusched_common.kafka_admin import create_topics
+from gpusched_common.settings import Settings
 
 SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432"
@@ -183,7 +186,7 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
     progress(f"topics     created with {partitions} partitions")
     metrics_port = free_port()
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
-           **(extra_env or {})}
+           "GPUSCHED_TENANT_KEYS_FILE": str(make_local_keys(home)), **(extra_env or {})}
     env.setdefault("GPUSCHED_QUOTA_FILE", str(Path(__file__).resolve().parents[2] / "deploy" / "quotas.yaml"))
     state.env = env
     for name in SERVICES:
@@ -200,6 +203,19 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
     return state
 
 
+LOCAL_TENANTS = ("research", "inference", "platform", "ml-eval")
+
+
+def make_local_keys(home: Path) -> Path:
+    """Fresh credentials for the local stack: one key per demo tenant and one operator key ("*") that
+    the CLI uses for any other tenant. Production keys come from the operator (deploy/)."""
+    path = home / "tenant-keys.yaml"
+    keys = [TenantKey(f"{t}-local", t, secrets.token_urlsafe(32).encode()) for t in LOCAL_TENANTS]
+    keys.append(TenantKey("operator-local", OPERATOR, secrets.token_urlsafe(32).encode()))
+    write_keys(path, keys)
+    return path
+
+
 async def wait_for_nodes(database_url: str, count: int, timeout_s: float = 60.0) -> None:
     conn = await asyncpg.connect(database_url)
     try:
@@ -211,6 +227,13 @@ async def wait_for_nodes(database_url: str, count: int, timeout_s: float = 60.0)
         raise RuntimeError(f"{count} node(s) did not register within {timeout_s}s; see the logs in .gpusched/logs")
     finally:
         await conn.close()
+
+
+def client_settings(state: StackState) -> Settings:
+    """Settings for a client of this stack: where it is, and the credentials to sign with."""
+    keys = state.env.get("GPUSCHED_TENANT_KEYS_FILE")
+    return Settings(database_url=state.database_url, kafka_bootstrap=state.kafka_bootstrap,
+                    tenant_keys_file=Path(keys) if keys else None)
 
 
 def save(state: StackState) -> None:

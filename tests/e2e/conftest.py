@@ -42,7 +42,7 @@ async def local_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
 
 @pytest.fixture
 def stack_settings(local_stack: stack.StackState) -> Settings:
-    return Settings(database_url=local_stack.database_url, kafka_bootstrap=local_stack.kafka_bootstrap)
+    return stack.client_settings(local_stack)
 
 
 def read_spans(home: str) -> list[dict]:

@@ -65,8 +65,8 @@ async def test_bad_submissions_are_rejected_with_reasons_and_the_pipeline_carrie
     oversized = submission_bytes(a_job("x").command("echo", "y" * (1024 * 1024 + 10)).spec(), "bad-size")
     async with Client(stack_settings) as client:
         await client.submit_raw("junk", b"\x00not json at all")
-        await client.submit_raw("bad-field", json.dumps(unknown_field).encode())
-        await client.submit_raw("bad-size", oversized)
+        await client.submit_raw("bad-field", json.dumps(unknown_field).encode(), sign_as="team-a")
+        await client.submit_raw("bad-size", oversized, sign_as="team-a")
         bad_model = await client.submit(a_job("x").model("B9000").gpus(-1).spec())
         good = await client.submit(a_job("x").spec())
     ids = ["bad-field", "bad-size", bad_model, good]

@@ -21,7 +21,8 @@ from gpusched_common.store import claim
 from gpusched_common.topics import DEADLETTER, JOBS_EVENTS, JOBS_SUBMITTED
 from services.admission.app import setup as admission_setup
 from services.admission.core import AdmissionLimits
-from services.admission.handlers import make_submission_handler
+from services.admission.handlers import AdmissionPolicy, make_submission_handler
+from services.admission.ratelimit import RateLimit
 from services.cli.client import Client, submission_bytes
 from tests.builders import T0, a_job
 from tests.integration.kafka_helpers import read_topic
@@ -43,7 +44,8 @@ async def stream_types(database_url: str, job_id: str) -> list[str]:
 async def test_the_same_submission_delivered_twice_changes_state_once(settings):
     pool = await create_pool(settings.database_url)
     try:
-        handler = make_submission_handler(AdmissionLimits(), now)
+        policy = AdmissionPolicy(AdmissionLimits(), RateLimit(1000, 1000), keys=None)
+        handler = make_submission_handler(policy, now)
 
         async def handle(message: Incoming) -> None:
             await apply_batch(pool, "admission", [message], handler)

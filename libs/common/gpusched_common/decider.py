@@ -62,6 +62,8 @@ class RegisterSubmission:
     submitted_at: datetime
     rejection_reasons: tuple[str, ...] = ()
     tenant_hint: str | None = None  # for a submission whose spec could not be parsed
+    request_id: str | None = None
+    submitted_by: str | None = None  # the credential key that authenticated the submission
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,10 @@ def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload
                 tenant = command.spec.tenant if command.spec else command.tenant_hint
                 return (ev.JobRejected(job_id=job, tenant=tenant, reasons=list(command.rejection_reasons)),)
             return (
-                ev.JobSubmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at),
-                ev.JobAdmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at),
+                ev.JobSubmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at,
+                                request_id=command.request_id, submitted_by=command.submitted_by),
+                ev.JobAdmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at,
+                               submitted_by=command.submitted_by),
             )
         case DeferQuota():
             _require(state, command, JobStatus.ADMITTED)

@@ -58,6 +58,8 @@ class JobSubmitted(Payload):
     job_id: str
     spec: JobSpec
     submitted_at: datetime
+    request_id: str | None = None  # the client's idempotency key: a repeat creates no second job
+    submitted_by: str | None = None  # set by admission: the credential key that authenticated it
 
 
 class JobAdmitted(Payload):
@@ -65,6 +67,7 @@ class JobAdmitted(Payload):
     job_id: str
     spec: JobSpec
     submitted_at: datetime
+    submitted_by: str | None = None
 
 
 class JobRejected(Payload):

@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     outbox_poll_interval_s: float = 0.05
     reconcile_interval_s: float = 5.0
 
+    # tenant credentials (HMAC keys); unset: authentication is off (development only, logged loudly)
+    tenant_keys_file: Path | None = None
+    admission_rate_per_s: float = 500.0  # per tenant
+    admission_rate_burst: float = 5000.0
+
     quota_file: Path | None = None
     default_tenant_gpu_cap: int = 64
 

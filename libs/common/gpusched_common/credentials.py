@@ -1,0 +1,79 @@
+"""Tenant credentials: HMAC-SHA256 signatures over the submitted bytes with a per-key secret.
+
+A key belongs to one tenant, or to `*` (an operator key that may submit for any tenant; the submission
+records that it was made on the tenant's behalf). Signatures travel in Kafka headers, never in events, and
+secrets are never logged: `TenantKey.__repr__` hides them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+KEY_ID_HEADER = "gpusched-key-id"
+SIGNATURE_HEADER = "gpusched-signature"
+OPERATOR = "*"
+
+
+@dataclass(frozen=True)
+class TenantKey:
+    key_id: str
+    tenant: str  # a tenant name, or "*" for an operator key
+    secret: bytes = field(repr=False)
+
+
+def sign(secret: bytes, value: bytes) -> str:
+    return hmac.new(secret, value, hashlib.sha256).hexdigest()
+
+
+def signed_headers(key: TenantKey, value: bytes) -> dict[str, str]:
+    return {KEY_ID_HEADER: key.key_id, SIGNATURE_HEADER: sign(key.secret, value)}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    tenant: str | None  # the authenticated tenant ("*" for an operator key), None when not authenticated
+    reason: str | None  # why authentication failed
+
+
+def verify(keys: dict[str, TenantKey], headers: dict[str, str], value: bytes) -> Verdict:
+    key_id = headers.get(KEY_ID_HEADER)
+    signature = headers.get(SIGNATURE_HEADER)
+    if not key_id or not signature:
+        return Verdict(None, "missing tenant credential (gpusched-key-id and gpusched-signature headers)")
+    key = keys.get(key_id)
+    if key is None:
+        return Verdict(None, f"unknown credential key {key_id!r}")
+    if not hmac.compare_digest(sign(key.secret, value), signature):
+        return Verdict(None, f"credential {key_id!r} does not verify: the signature does not match the submission")
+    return Verdict(key.tenant, None)
+
+
+def load_keys(path: Path) -> dict[str, TenantKey]:
+    """`keys: {KEY_ID: {tenant: NAME or "*", secret: TEXT}}`; raises ValueError with the offending entry."""
+    doc = yaml.safe_load(path.read_text()) or {}
+    keys = {}
+    for key_id, entry in (doc.get("keys") or {}).items():
+        if not isinstance(entry, dict) or not entry.get("tenant") or not entry.get("secret"):
+            raise ValueError(f"{path}: key {key_id!r} needs a tenant and a secret")
+        if len(str(entry["secret"])) < 16:
+            raise ValueError(f"{path}: key {key_id!r} has a secret shorter than 16 characters")
+        keys[str(key_id)] = TenantKey(str(key_id), str(entry["tenant"]), str(entry["secret"]).encode())
+    return keys
+
+
+def write_keys(path: Path, keys: list[TenantKey]) -> None:
+    doc = {"keys": {k.key_id: {"tenant": k.tenant, "secret": k.secret.decode()} for k in keys}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=True))
+    path.chmod(0o600)
+
+
+def key_for(keys: dict[str, TenantKey], tenant: str) -> TenantKey | None:
+    """The key a client signs with for `tenant`: the tenant's own, else an operator key."""
+    own = sorted((k for k in keys.values() if k.tenant == tenant), key=lambda k: k.key_id)
+    operator = sorted((k for k in keys.values() if k.tenant == OPERATOR), key=lambda k: k.key_id)
+    return (own or operator or [None])[0]

@@ -1,0 +1,68 @@
+"""Tenant identity comes from credentials: forged, missing and mismatched credentials are rejected and
+counted; a repeated client request creates one job."""
+
+from __future__ import annotations
+
+import json
+
+from gpusched_common.credentials import KEY_ID_HEADER, SIGNATURE_HEADER, load_keys, sign
+from gpusched_common.db import connect
+from services.cli.client import Client, submission_bytes
+from services.cli.workload import wait_until_finished
+from tests.builders import a_job
+from tests.e2e.test_pipeline import job_view
+
+
+async def test_forged_missing_and_mismatched_credentials_are_rejected_and_counted(local_stack, stack_settings):
+    keys = load_keys(stack_settings.tenant_keys_file)
+    research = keys["research-local"]
+    spec = a_job("x").tenant("research").spec()
+    forged = submission_bytes(spec, "forged-1")
+    missing = submission_bytes(spec, "missing-1")
+    # signed with the research key but claiming another tenant
+    mismatched = submission_bytes(a_job("x").tenant("inference").spec(), "mismatch-1")
+    async with Client(stack_settings) as client:
+        await client.submit_raw("forged-1", forged, {KEY_ID_HEADER: research.key_id,
+                                                     SIGNATURE_HEADER: sign(b"not-the-secret-at-all", forged)})
+        await client.submit_raw("missing-1", missing)
+        await client.submit_raw("mismatch-1", mismatched, {KEY_ID_HEADER: research.key_id,
+                                                           SIGNATURE_HEADER: sign(research.secret, mismatched)})
+        own = await client.submit(spec)  # research's own key
+        on_behalf = await client.submit(a_job("x").tenant("someone-new").spec())  # the operator key
+    ids = ["forged-1", "missing-1", "mismatch-1", own, on_behalf]
+    await wait_until_finished(local_stack.database_url, ids, timeout_s=60, interval_s=0.2)
+    views = {i: await job_view(local_stack.database_url, i) for i in ids}
+    assert views["forged-1"]["status"] == "Rejected"
+    assert "does not verify" in views["forged-1"]["reasons"][0]
+    assert views["missing-1"]["reasons"][0].startswith("missing tenant credential")
+    assert views["mismatch-1"]["reasons"] == ["tenant 'inference' does not match the credential's tenant 'research'"]
+    assert views[own]["status"] == "Succeeded"
+    assert views[on_behalf]["status"] == "Succeeded"
+    assert views[on_behalf]["events"][0]["payload"]["submitted_by"] == "operator-local"
+    conn = await connect(local_stack.database_url)
+    try:
+        failures = await conn.fetch("SELECT job_id, reason FROM admission_auth_failures"
+                                    " WHERE job_id = ANY($1::text[]) ORDER BY job_id", ids)
+        assert [r["job_id"] for r in failures] == ["forged-1", "mismatch-1", "missing-1"]
+        stored = json.dumps([dict(r) for r in await conn.fetch("SELECT payload FROM events")], default=str)
+        assert research.secret.decode() not in stored  # secrets never reach the event store
+    finally:
+        await conn.close()
+
+
+async def test_a_repeated_request_creates_one_job(local_stack, stack_settings):
+    spec = a_job("x").tenant("research").spec()
+    async with Client(stack_settings) as client:
+        first = await client.submit(spec, request_id="train-42")
+        again = await client.submit(spec, request_id="train-42")
+        # a client that ignores the convention and names a new job id for the same request
+        other = await client.submit(spec, job_id="j-same-request-new-id", request_id="train-42")
+    assert first == again
+    await wait_until_finished(local_stack.database_url, [first], timeout_s=60, interval_s=0.2)
+    conn = await connect(local_stack.database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE stream_id = $1 AND type = 'JobSubmitted'",
+                                   f"job-{first}") == 1
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE stream_id = $1", f"job-{other}") == 0
+    finally:
+        await conn.close()
