@@ -16,7 +16,9 @@ from services.cli import stack
 
 
 @pytest.fixture(scope="module")
-async def local_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[stack.StackState]:
+async def local_stack(tmp_path_factory: pytest.TempPathFactory,
+                      request: pytest.FixtureRequest) -> AsyncIterator[stack.StackState]:
+    """One stack per test module; a module may set STACK_ENV for settings of its own."""
     home = tmp_path_factory.mktemp("stack")
     previous = os.environ.get("GPUSCHED_HOME")
     os.environ["GPUSCHED_HOME"] = str(home)
@@ -28,7 +30,7 @@ async def local_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
             database_name=f"gpusched_e2e_{uuid.uuid4().hex[:8]}", progress=lambda line: None,
             extra_env={"GPUSCHED_TRACE_EXPORTER": "file", "GPUSCHED_TRACE_FILE": str(trace_file),
                        "GPUSCHED_KAFKA_SESSION_TIMEOUT_MS": "2000", "GPUSCHED_TELEMETRY_INTERVAL_S": "1",
-                       "GPUSCHED_METRICS_LOG_INTERVAL_S": "1"})
+                       "GPUSCHED_METRICS_LOG_INTERVAL_S": "1", **getattr(request.module, "STACK_ENV", {})})
         yield state
     finally:
         stack.down(progress=lambda line: None)
