@@ -30,7 +30,8 @@ from services.node_agent.reporter import SERVICE, Reporter, Send
 from services.node_agent.runner import JobExit, JobRecord, JobRunner
 from services.node_agent.shares import job_environment
 
-GPU_UNHEALTHY, STOPPED = "gpu_unhealthy", "stopped"
+GPU_UNHEALTHY, STOPPED, PREEMPTED = "gpu_unhealthy", "stopped", "preempted"
+CHECKPOINT_POLL_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -76,6 +77,7 @@ class Agent:
         self.health: dict[int, GpuHealth] = {}
         self._stop_reasons: dict[str, str] = {}
         self._running: dict[str, JobRecord] = {}  # watched jobs
+        self._checkpoints: dict[str, str] = {}  # job -> last checkpoint reference reported
         self._tasks: set[asyncio.Task] = set()
         self._applied_faults: frozenset[int] = frozenset()
         self._manual_partition = False
@@ -132,7 +134,8 @@ class Agent:
         await asyncio.gather(self._every(self.config.heartbeat_interval_s, self.heartbeat_once),
                              self._every(self.config.telemetry_interval_s, self.telemetry_once),
                              self._every(self.config.health_interval_s, self.health_once),
-                             self._every(min(1.0, max(0.05, self.config.lease_ttl_s / 4)), self.check_lease))
+                             self._every(min(1.0, max(0.05, self.config.lease_ttl_s / 4)), self.check_lease),
+                             self._every(CHECKPOINT_POLL_S, self.checkpoints_once))
 
     @staticmethod
     async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
@@ -182,13 +185,14 @@ class Agent:
     def _report_exit(self, payload: ev.JobExitReported) -> None:
         self.report_in_order(payload, lambda: self.runner.mark_reported(payload.job_id))
 
-    def _stop(self, job_id: str, reason_code: str) -> None:
+    def _stop(self, job_id: str, reason_code: str, grace_s: float | None = None) -> None:
         self._stop_reasons.setdefault(job_id, reason_code)
         if job_id not in self._running:
             record = self.runner.record(job_id)
             if record is not None:  # not watched (e.g. found at restart): watch it so its end is handled
                 self._watch(record, None)
-        self._spawn(self.runner.stop(job_id, grace_s=self.config.fence_grace_s / 2), f"stop-{job_id}")
+        grace_s = self.config.fence_grace_s / 2 if grace_s is None else grace_s
+        self._spawn(self.runner.stop(job_id, grace_s=grace_s), f"stop-{job_id}")
 
     # --- commands -----------------------------------------------------------------------------------
 
@@ -204,6 +208,8 @@ class Agent:
         elif isinstance(payload, ev.StopJob):
             if self.runner.known(payload.job_id):
                 self._stop(payload.job_id, STOPPED)
+        elif isinstance(payload, ev.PreemptJob):
+            self.preempt(payload)
         elif isinstance(payload, ev.ReconcileJobs):
             if payload.lease_epoch is None or payload.lease_epoch == self.lease.epoch:
                 self.apply(rc.plan_reconcile(self.runner.observe(), frozenset(payload.job_ids),
@@ -238,6 +244,30 @@ class Agent:
                                                  lease_epoch=self.lease.epoch, unenforced=list(job_env.unenforced)))
         self._watch(result, current_traceparent())
 
+    def preempt(self, command: ev.PreemptJob) -> None:
+        """Tell the job (SIGTERM and a notice file naming the deadline), SIGKILL it at the deadline."""
+        if not self.runner.known(command.job_id) or self.runner.reported(command.job_id):
+            return  # never started here, or already ended and reported: placement hears the exit anyway
+        if command.job_id in self._stop_reasons:
+            return  # a redelivered PreemptJob: the stop is under way
+        self.runner.write_preempt_notice(command.job_id, command.deadline_at, command.reason)
+        grace_s = max(0.0, (command.deadline_at - utcnow()).total_seconds())
+        log.info("%s: preempting %s (%s); grace %.1fs", self.node_id, command.job_id, command.reason, grace_s)
+        self._stop(command.job_id, PREEMPTED, grace_s=grace_s)
+
+    async def checkpoints_once(self) -> None:
+        """Report each running job's new checkpoint reference (what it wrote to $GPUSCHED_CHECKPOINT_FILE)."""
+        for job_id in sorted(self._running):
+            self._report_checkpoint(job_id)
+
+    def _report_checkpoint(self, job_id: str) -> None:
+        ref = self.runner.read_checkpoint(job_id)
+        if ref is None or self._checkpoints.get(job_id) == ref:
+            return
+        self._checkpoints[job_id] = ref
+        self.report_in_order(ev.JobCheckpointReported(job_id=job_id, node_id=self.node_id, checkpoint_ref=ref,
+                                                      checkpointed_at=utcnow(), lease_epoch=self.lease.epoch))
+
     def _refusal(self, command: ev.StartJob) -> tuple[str, str] | None:
         if not self.lease.valid:
             return rc.LEASE_LOST, f"{self.node_id} has lost its lease; the job was not started"
@@ -262,6 +292,8 @@ class Agent:
         finally:
             self._running.pop(record.job_id, None)
         self.backend.detach(record.job_id)
+        self._report_checkpoint(record.job_id)  # one written just before exiting is reported before the exit
+        self._checkpoints.pop(record.job_id, None)
         reason = self._stop_reasons.pop(record.job_id, None)
         if reason == rc.NOT_ASSIGNED:
             self.runner.mark_reported(record.job_id)

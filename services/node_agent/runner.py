@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 
 from gpusched_common.ids import is_valid_id
@@ -115,7 +116,10 @@ class JobRunner:
             return JobExit(job_id, 127, 0.0, error=f"invalid job id {job_id!r}")
         exit_path = self._exit_path(job_id)
         job_env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices), **env,
-                   "GPUSCHED_JOB_ID": job_id, "GPUSCHED_EXIT_FILE": str(exit_path), "GPUSCHED_JOB_DIR": str(self._dir)}
+                   "GPUSCHED_JOB_ID": job_id, "GPUSCHED_EXIT_FILE": str(exit_path), "GPUSCHED_JOB_DIR": str(self._dir),
+                   # the job writes its latest checkpoint reference here; a preemption notice appears there
+                   "GPUSCHED_CHECKPOINT_FILE": str(self._checkpoint_path(job_id)),
+                   "GPUSCHED_PREEMPT_NOTICE_FILE": str(self._dir / f"{job_id}.preempt")}
         started = time.time()
         log = self.log_path(job_id).open("ab")
         try:
@@ -157,6 +161,22 @@ class JobRunner:
             await asyncio.sleep(0.05)
         _signal_group(record.pid, signal.SIGKILL)
         return True
+
+    def write_preempt_notice(self, job_id: str, deadline_at: datetime, reason: str) -> None:
+        """The notice a job can poll for (beside SIGTERM): when it will be killed and why."""
+        notice = {"deadline_at": deadline_at.isoformat(), "reason": reason}
+        (self._dir / f"{job_id}.preempt").write_text(json.dumps(notice) + "\n")
+
+    def read_checkpoint(self, job_id: str) -> str | None:
+        """The checkpoint reference the job last wrote (first line of its checkpoint file), if any."""
+        try:
+            ref = self._checkpoint_path(job_id).read_text().strip().splitlines()
+        except OSError:
+            return None
+        return ref[0][:1024] if ref and ref[0] else None
+
+    def _checkpoint_path(self, job_id: str) -> Path:
+        return self._dir / f"{job_id}.checkpoint"
 
     def _read_exit(self, job_id: str) -> int:
         try:

@@ -12,6 +12,7 @@ class Gpu:
     model: str
     healthy: bool = True
     allocated_to: str | None = None
+    nominated_for: str | None = None  # held for a preemptor while its victims stop
 
 
 @dataclass(frozen=True)
@@ -19,9 +20,11 @@ class Node:
     node_id: str
     gpus: tuple[Gpu, ...]
 
-    def free(self, model: str | None) -> list[Gpu]:
+    def free(self, model: str | None, job_id: str | None = None) -> list[Gpu]:
+        """Healthy, unallocated GPUs of the model that are not held for another job than `job_id`."""
         return [g for g in self.gpus
-                if g.allocated_to is None and g.healthy and (model is None or g.model == model)]
+                if g.allocated_to is None and g.healthy and (model is None or g.model == model)
+                and g.nominated_for in (None, job_id)]
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def place_one(snapshot: Snapshot, job: PendingJob) -> Placement | Deferral:
     counts: dict[str, int] = {}
     for node in snapshot.nodes:
         by_model: dict[str, list[Gpu]] = {}
-        for gpu in node.free(job.gpu_model):
+        for gpu in node.free(job.gpu_model, job.job_id):
             by_model.setdefault(gpu.model, []).append(gpu)
         for model in sorted(by_model):
             if len(by_model[model]) >= job.gpus:

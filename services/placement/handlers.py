@@ -67,6 +67,7 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
             return True
         case ev.JobCancelled():
             await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", payload.job_id)
+            await conn.execute("DELETE FROM gpu_nominations WHERE job_id = $1", payload.job_id)
             await release_gpus(conn, payload.job_id, now, stop_reason=payload.reason)
             return True
         case ev.NodeRegistered():
@@ -93,6 +94,13 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
             return False
         case ev.JobExitReported():
             return await record_exit(conn, payload, now)
+        case ev.JobCheckpointReported():
+            if await _stale(conn, payload.node_id, payload.lease_epoch):
+                return False
+            state = await load_job(conn, payload.job_id)
+            command = decider.RecordCheckpoint(payload.node_id, payload.checkpoint_ref, payload.checkpointed_at)
+            await append_job_events(conn, state, decider.decide(state, command, now), producer=SERVICE, now=now)
+            return False
     return False
 
 
@@ -185,14 +193,15 @@ async def release_gpus(conn: asyncpg.Connection, job_id: str, now: datetime, sto
 
 async def load_snapshot(conn: asyncpg.Connection) -> core.Snapshot:
     rows = await conn.fetch(
-        "SELECT g.node_id, g.gpu_index, g.uuid, g.model, g.healthy, a.job_id FROM gpus g"
+        "SELECT g.node_id, g.gpu_index, g.uuid, g.model, g.healthy, a.job_id, m.job_id AS nominee FROM gpus g"
         " JOIN nodes n ON n.node_id = g.node_id AND n.status = 'Ready'"  # a lost node takes no new work
         " LEFT JOIN gpu_allocations a ON a.node_id = g.node_id AND a.gpu_index = g.gpu_index"
+        " LEFT JOIN gpu_nominations m ON m.node_id = g.node_id AND m.gpu_index = g.gpu_index"
         " ORDER BY g.node_id, g.gpu_index")
     nodes: dict[str, list[core.Gpu]] = {}
     for r in rows:
         nodes.setdefault(r["node_id"], []).append(
-            core.Gpu(r["gpu_index"], r["uuid"], r["model"], r["healthy"], r["job_id"]))
+            core.Gpu(r["gpu_index"], r["uuid"], r["model"], r["healthy"], r["job_id"], r["nominee"]))
     return core.Snapshot(tuple(core.Node(node_id, tuple(gpus)) for node_id, gpus in nodes.items()))
 
 
@@ -222,6 +231,7 @@ async def commit_placement(conn: asyncpg.Connection, placement: core.Placement, 
                             core.POLICY, placement.reason)
     events = decider.decide(state, command, now)
     await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", placement.job_id)
+    await conn.execute("DELETE FROM gpu_nominations WHERE job_id = $1", placement.job_id)
     if not events:
         return
     # the primary key on (node_id, gpu_index) makes a double allocation fail the whole transaction
@@ -233,9 +243,17 @@ async def commit_placement(conn: asyncpg.Connection, placement: core.Placement, 
     assert spec is not None
     start = ev.StartJob(job_id=placement.job_id, node_id=placement.node_id, tenant=spec.tenant,
                         gpu_indices=list(placement.gpu_indices), gpu_uuids=list(placement.gpu_uuids),
-                        command=spec.command, env=spec.env)
+                        command=spec.command, env=resume_env(state))
     # the agent continues the job's trace from the JobPlaced event
     await _command(conn, start, placement.node_id, now, traceparent=placed.trace_parent)
+
+
+def resume_env(state: decider.JobState) -> dict[str, str]:
+    """The job's environment; a job resuming after a preemption learns its last checkpoint."""
+    assert state.spec is not None
+    if state.checkpoint_ref is None:
+        return dict(state.spec.env)
+    return {**state.spec.env, "GPUSCHED_RESUME_FROM": state.checkpoint_ref}
 
 
 async def _command(conn: asyncpg.Connection, payload: ev.Payload, node_id: str, now: datetime,

@@ -33,15 +33,20 @@ def parse_event(message: Incoming) -> tuple[ev.Envelope, ev.Payload]:
 def make_job_event_handler(config: QuotaConfig, clock: Callable[[], datetime]) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if not isinstance(payload, (ev.JobAdmitted, *_TERMINAL)):
+        if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, *_TERMINAL)):
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return
-        if isinstance(payload, ev.JobAdmitted):
+        if isinstance(payload, ev.JobPreempted):
+            # the preempted job gives its quota back and queues for it again, to resume later
+            tenant = await release(conn, payload.job_id, clock())
+            state = await load_job(conn, payload.job_id)
+            if tenant is None or state.spec is None:
+                return
+            await queue_for_quota(conn, payload.job_id, state.spec)
+        elif isinstance(payload, ev.JobAdmitted):
             tenant = payload.spec.tenant
-            await conn.execute(
-                "INSERT INTO quota_pending (job_id, tenant, gpus, priority) VALUES ($1, $2, $3, $4)"
-                " ON CONFLICT DO NOTHING", payload.job_id, tenant, payload.spec.gpus, payload.spec.priority)
+            await queue_for_quota(conn, payload.job_id, payload.spec)
         else:
             tenant = await release(conn, payload.job_id, clock())
             if tenant is None:
@@ -53,6 +58,11 @@ def make_job_event_handler(config: QuotaConfig, clock: Callable[[], datetime]) -
         batch.after(f"reserve:{tenant}", reserve)  # one reservation pass per tenant per batch
 
     return on_job_event
+
+
+async def queue_for_quota(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
+    await conn.execute("INSERT INTO quota_pending (job_id, tenant, gpus, priority) VALUES ($1, $2, $3, $4)"
+                       " ON CONFLICT DO NOTHING", job_id, spec.tenant, spec.gpus, spec.priority)
 
 
 async def release(conn: asyncpg.Connection, job_id: str, now: datetime) -> str | None:

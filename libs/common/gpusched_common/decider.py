@@ -3,6 +3,8 @@
     Submitted -> Admitted | Rejected
     Admitted -> Queued (quota reserved) -> Placed -> Running -> Succeeded | Failed | Cancelled
     Placed | Running -> Queued (requeued: its node was lost or its GPU failed)
+    Placed | Running -> Preempting -> Preempted -> (quota released) Admitted -> Queued -> ... resumes from
+    its last checkpoint
 
 `decide(state, command, now)` returns the events a command produces (an empty tuple when the command was
 already applied, so redelivery is harmless) and raises `InvalidTransition` when the command makes no sense
@@ -27,10 +29,12 @@ class JobStatus(str, Enum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     CANCELLED = "Cancelled"
+    PREEMPTING = "Preempting"
+    PREEMPTED = "Preempted"
 
 
 TERMINAL = frozenset({JobStatus.REJECTED, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-HOLDS_GPUS = frozenset({JobStatus.PLACED, JobStatus.RUNNING})
+HOLDS_GPUS = frozenset({JobStatus.PLACED, JobStatus.RUNNING, JobStatus.PREEMPTING})
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class JobState:
     # the W3C traceparent of the job's latest event (set when loaded from the store, not by evolve), so
     # that work done for the job outside any message span still joins the job's trace
     trace_parent: str | None = None
+    checkpoint_ref: str | None = None
+    checkpointed_at: datetime | None = None
+    started_at: datetime | None = None
+    preemptor: str | None = None  # while Preempting: the job it makes room for
 
 
 class InvalidTransition(ValueError):
@@ -114,6 +122,30 @@ class Requeue:
 
 
 @dataclass(frozen=True)
+class RequestPreemption:
+    preemptor_job_id: str
+    preemptor_priority: int
+    preemptor_tenant: str
+    reason: str
+    grace_s: float
+    deadline_at: datetime
+
+
+@dataclass(frozen=True)
+class SelectVictims:
+    victims: tuple[str, ...]
+    node_ids: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecordCheckpoint:
+    node_id: str
+    checkpoint_ref: str
+    checkpointed_at: datetime
+
+
+@dataclass(frozen=True)
 class ReleaseQuota:
     tenant_reserved_gpus: int
 
@@ -125,7 +157,7 @@ class Cancel:
 
 Command = (
     RegisterSubmission | DeferQuota | ReserveQuota | Place | DeferPlacement | RecordStart | RecordExit
-    | Requeue | ReleaseQuota | Cancel
+    | Requeue | RequestPreemption | SelectVictims | RecordCheckpoint | ReleaseQuota | Cancel
 )
 
 
@@ -180,6 +212,9 @@ def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload
         case RecordExit():
             if state.status not in HOLDS_GPUS or state.node_id != command.node_id:
                 return ()
+            if state.status is JobStatus.PREEMPTING:
+                return (ev.JobPreempted(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
+                                        checkpoint_ref=state.checkpoint_ref, lost_s=_lost_s(state, now)),)
             if command.exit_code == 0 and command.error is None:
                 return (ev.JobSucceeded(job_id=job, node_id=command.node_id, runtime_s=command.runtime_s),)
             reason = command.error or f"command exited with code {command.exit_code}"
@@ -189,8 +224,25 @@ def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload
             if state.status not in HOLDS_GPUS or state.node_id != command.node_id:
                 return ()  # already requeued, finished, or placed elsewhere since
             return (ev.JobRequeued(job_id=job, node_id=command.node_id, reason=command.reason),)
+        case RequestPreemption():
+            if state.status is JobStatus.PREEMPTING or state.status not in HOLDS_GPUS:
+                return ()  # already asked, or no longer running: nothing to preempt
+            assert state.node_id is not None
+            return (ev.PreemptionRequested(
+                job_id=job, node_id=state.node_id, preemptor_job_id=command.preemptor_job_id,
+                preemptor_priority=command.preemptor_priority, preemptor_tenant=command.preemptor_tenant,
+                reason=command.reason, grace_s=command.grace_s, deadline_at=command.deadline_at),)
+        case SelectVictims():
+            _require(state, command, JobStatus.QUEUED)
+            return (ev.VictimsSelected(job_id=job, victims=list(command.victims), node_ids=list(command.node_ids),
+                                       reason=command.reason),)
+        case RecordCheckpoint():
+            if state.status not in HOLDS_GPUS or state.checkpoint_ref == command.checkpoint_ref:
+                return ()
+            return (ev.JobCheckpointed(job_id=job, node_id=command.node_id, checkpoint_ref=command.checkpoint_ref,
+                                       checkpointed_at=command.checkpointed_at),)
         case ReleaseQuota():
-            if not state.quota_held or state.status not in TERMINAL:
+            if not state.quota_held or (state.status not in TERMINAL and state.status is not JobStatus.PREEMPTED):
                 return ()
             spec = _spec(state)
             return (ev.QuotaReleased(job_id=job, tenant=spec.tenant, gpus=spec.gpus,
@@ -223,7 +275,18 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
         case ev.PlacementDeferred():
             return replace(state, version=version, last_reasons=tuple(event.reasons))
         case ev.JobStarted():
-            return replace(state, version=version, status=JobStatus.RUNNING)
+            return replace(state, version=version, status=JobStatus.RUNNING, started_at=event.started_at)
+        case ev.PreemptionRequested():
+            return replace(state, version=version, status=JobStatus.PREEMPTING, preemptor=event.preemptor_job_id,
+                           last_reasons=(event.reason,))
+        case ev.VictimsSelected():
+            return replace(state, version=version, last_reasons=(event.reason,))
+        case ev.JobCheckpointed():
+            return replace(state, version=version, checkpoint_ref=event.checkpoint_ref,
+                           checkpointed_at=event.checkpointed_at)
+        case ev.JobPreempted():
+            return replace(state, version=version, status=JobStatus.PREEMPTED, node_id=None, gpu_indices=(),
+                           preemptor=None, started_at=None)
         case ev.JobSucceeded():
             return replace(state, version=version, status=JobStatus.SUCCEEDED, exit_code=event.exit_code)
         case ev.JobFailed():
@@ -235,6 +298,8 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
             return replace(state, version=version, status=JobStatus.QUEUED, node_id=None, gpu_indices=(),
                            last_reasons=(event.reason,))
         case ev.QuotaReleased():
+            if state.status is JobStatus.PREEMPTED:  # back in line for quota, to resume from its checkpoint
+                return replace(state, version=version, quota_held=False, status=JobStatus.ADMITTED)
             return replace(state, version=version, quota_held=False)
     return replace(state, version=version)
 
@@ -244,6 +309,12 @@ def fold(job_id: str, history: list[ev.Payload] | tuple[ev.Payload, ...]) -> Job
     for event in history:
         state = evolve(state, event)
     return state
+
+
+def _lost_s(state: JobState, now: datetime) -> float:
+    """Run time since the last checkpoint of this run (or since its start): the work a preemption loses."""
+    since = max((t for t in (state.checkpointed_at, state.started_at) if t is not None), default=None)
+    return round(max(0.0, (now - since).total_seconds()), 3) if since else 0.0
 
 
 def _require(state: JobState, command: Command, status: JobStatus) -> None:

@@ -141,6 +141,51 @@ class JobCancelled(Payload):
     reason: str
 
 
+class PreemptionRequested(Payload):
+    """The job is asked to stop for a higher-priority one; it may checkpoint until `deadline_at`."""
+
+    TYPE: ClassVar[str] = "PreemptionRequested"
+    job_id: str
+    node_id: str
+    preemptor_job_id: str
+    preemptor_priority: int
+    preemptor_tenant: str
+    reason: str
+    grace_s: float
+    deadline_at: datetime
+
+
+class VictimsSelected(Payload):
+    """On the preemptor's stream: which jobs are preempted for it and why (the other side of each
+    PreemptionRequested)."""
+
+    TYPE: ClassVar[str] = "VictimsSelected"
+    job_id: str
+    victims: list[str]
+    node_ids: list[str]
+    reason: str
+
+
+class JobCheckpointed(Payload):
+    TYPE: ClassVar[str] = "JobCheckpointed"
+    job_id: str
+    node_id: str
+    checkpoint_ref: str
+    checkpointed_at: datetime
+
+
+class JobPreempted(Payload):
+    """The job stopped for a preemption; it waits for quota and placement again and resumes from
+    `checkpoint_ref` (None: from the start)."""
+
+    TYPE: ClassVar[str] = "JobPreempted"
+    job_id: str
+    node_id: str
+    exit_code: int
+    checkpoint_ref: str | None = None
+    lost_s: float  # run time since the last checkpoint (or since the start), i.e. work lost
+
+
 class JobRequeued(Payload):
     """The job lost its GPUs through no fault of its own (node lost, GPU failed) and waits to be placed
     again; it keeps its quota reservation."""
@@ -175,6 +220,29 @@ class StartJob(Payload):
     gpu_share_milli: int | None = None
     gpu_memory_mib: int | None = None
     mig_profile: str | None = None  # with MIG, gpu_uuids are the MIG devices' UUIDs
+
+
+class PreemptJob(Payload):
+    """To an agent: notify the job (SIGTERM and a notice file naming the deadline), SIGKILL it at the
+    deadline if it has not exited, then report its exit with reason_code `preempted`."""
+
+    TYPE: ClassVar[str] = "PreemptJob"
+    job_id: str
+    node_id: str
+    grace_s: float
+    deadline_at: datetime
+    reason: str
+
+
+class JobCheckpointReported(Payload):
+    """From an agent: the job wrote a new checkpoint reference to its checkpoint file."""
+
+    TYPE: ClassVar[str] = "JobCheckpointReported"
+    job_id: str
+    node_id: str
+    checkpoint_ref: str
+    checkpointed_at: datetime
+    lease_epoch: int | None = None
 
 
 class StopJob(Payload):
@@ -359,6 +427,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
     for model in (
         JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
         PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobRequeued, QuotaReleased,
+        PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
     )
