@@ -22,7 +22,13 @@ from gpusched_common.ids import is_valid_id
 
 from services.node_agent.reconcile import ObservedJob
 
-_WRAPPER = 'cd "$GPUSCHED_JOB_DIR" 2>/dev/null; "$@"; code=$?; echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
+# The wrapper outlives a SIGTERM sent to the job's process group (it traps it, the job gets it too), so
+# the job can checkpoint in its grace period and its own exit code is what gets recorded.
+_WRAPPER = (
+    'cd "$GPUSCHED_JOB_DIR" 2>/dev/null; trap : TERM INT; "$@" & child=$!; '
+    'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done; '
+    'echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
+)
 
 
 @dataclass(frozen=True)
