@@ -177,6 +177,9 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
         " ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid, model = EXCLUDED.model,"
         " memory_mib = EXCLUDED.memory_mib, healthy = EXCLUDED.healthy",
         [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy) for g in node.gpus])
+    # Under the cycle lock, the list holds every placement committed so far, and any later one commits
+    # (and so is published) after this answer: the agent never sees a StartJob its ReconcileJobs denies.
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _CYCLE_LOCK)
     assigned = await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations WHERE node_id = $1 ORDER BY job_id",
                                 node.node_id)
     reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=[r["job_id"] for r in assigned],
