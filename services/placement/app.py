@@ -10,6 +10,7 @@ from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
 
+from services.placement import engine
 from services.placement.handlers import SERVICE, check_leases, make_handler
 
 log = logging.getLogger(__name__)
@@ -21,7 +22,9 @@ def utcnow() -> datetime:
 
 
 async def setup(runtime: Runtime) -> None:
-    handler = make_handler(utcnow)
+    policy = engine.make_policy(runtime.settings.placement_policy)
+    log.info("placement policy: %s", policy.name)
+    handler = make_handler(utcnow, policy)
     # one group per topic: each subscription is its own consumer
     runtime.subscribe_transactional(JOBS_EVENTS.name, f"{GROUP_PLACEMENT}-jobs", handler)
     runtime.subscribe_transactional(NODES_REPORTS.name, f"{GROUP_PLACEMENT}-nodes", handler)
@@ -34,7 +37,7 @@ async def setup(runtime: Runtime) -> None:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
-                    lost = await check_leases(conn, utcnow())
+                    lost = await check_leases(conn, utcnow(), policy)
             except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
                 log.exception("lease check failed; retrying")
                 continue

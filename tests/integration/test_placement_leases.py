@@ -9,8 +9,14 @@ from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
-from services.placement.handlers import check_leases
-from services.placement.handlers import process as apply
+from services.placement import engine
+from services.placement.handlers import check_leases, process
+
+POLICY = engine.make_policy("bestfit")
+
+
+async def apply(conn, payload, now):
+    await process(conn, payload, now, POLICY)
 from tests.builders import T0, a_job
 
 
@@ -54,9 +60,9 @@ async def test_a_lost_node_has_its_jobs_requeued_once_and_placed_elsewhere(datab
         later = T0 + timedelta(seconds=45)
         async with conn.transaction():
             await apply(conn, heartbeat("n2"), T0 + timedelta(seconds=35))  # n2 keeps its lease
-            assert await check_leases(conn, later) == ["n1"]
+            assert await check_leases(conn, later, POLICY) == ["n1"]
         async with conn.transaction():
-            assert await check_leases(conn, later + timedelta(seconds=5)) == []
+            assert await check_leases(conn, later + timedelta(seconds=5), POLICY) == []
         assert [t for t, _ in await history(conn, "j1")][-3:] == ["JobPlaced", "JobRequeued", "JobPlaced"]
         assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n2")
 

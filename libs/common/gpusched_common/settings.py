@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     quota_file: Path | None = None
     default_tenant_gpu_cap: int = 64
 
-    placement_policy: str = "firstfit"
+    placement_policy: str = "bestfit"  # any name from `gpusched simulate --list-policies`
 
     node_id: str = "node-1"
     nvml_backend: Literal["simulated", "real"] = "simulated"
