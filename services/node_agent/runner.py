@@ -22,13 +22,10 @@ from gpusched_common.ids import is_valid_id
 
 from services.node_agent.reconcile import ObservedJob
 
-# The wrapper outlives a SIGTERM sent to the job's process group (it traps it, the job gets it too), so
-# the job can checkpoint in its grace period and its own exit code is what gets recorded.
-_WRAPPER = (
-    'cd "$GPUSCHED_JOB_DIR" 2>/dev/null; trap : TERM INT; "$@" & child=$!; '
-    'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done; '
-    'echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
-)
+# The wrapper records the job's exit code. A polite stop (SIGTERM) goes to the job's processes but not to
+# the wrapper (see `_terminate_job`), so the job can checkpoint in its grace period and its own exit code
+# is what gets recorded; SIGKILL at the deadline takes the whole process group.
+_WRAPPER = 'cd "$GPUSCHED_JOB_DIR" 2>/dev/null; "$@"; code=$?; echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
 
 
 @dataclass(frozen=True)
@@ -161,7 +158,10 @@ class JobRunner:
         record = self.record(job_id)
         if record is None or not _alive(record.pid, record.proc_start_ticks):
             return False
-        _signal_group(record.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        if grace_s > 0:
+            _terminate_job(record.pid)
+        else:
+            _signal_group(record.pid, signal.SIGKILL)
         deadline = time.monotonic() + grace_s
         while grace_s > 0 and time.monotonic() < deadline and _alive(record.pid, record.proc_start_ticks):
             await asyncio.sleep(0.05)
@@ -192,6 +192,21 @@ class JobRunner:
 
     def _exit_path(self, job_id: str) -> Path:
         return self._dir / f"{job_id}.exit"
+
+
+def _terminate_job(wrapper_pid: int) -> None:
+    """SIGTERM every process of the job's group except the wrapper, which must live to record the code."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != wrapper_pid:
+            fields = _stat_fields(int(entry))
+            if fields is not None and len(fields) > 2 and fields[2] == str(wrapper_pid):  # pgrp
+                members.append(int(entry))
+    for pid in members:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
