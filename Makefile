@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run up down test test-fast test-unit bench-e2e bench-placement bench-telemetry schemas clean
+.PHONY: install run up down test test-fast test-unit bench-e2e bench-placement bench-telemetry bench-quota schemas clean
 
 install: $(STAMP)
 
@@ -40,6 +40,9 @@ bench-e2e: install
 
 bench-telemetry: install
 	$(BIN)/python benchmarks/bench_telemetry.py
+
+bench-quota: install
+	$(BIN)/python benchmarks/bench_quota.py
 
 bench-placement: install
 	$(BIN)/python benchmarks/bench_placement.py

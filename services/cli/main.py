@@ -236,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_parser(sub)
     add_logs_parser(sub)
 
+    from services.preemption_sim.cli import add_simulate_preemption_parser
+    from services.queue_sim.cli import add_simulate_queue_parser
+
+    add_simulate_queue_parser(sub)
+    add_simulate_preemption_parser(sub)
+
     try:
         from services.simulator.cli import add_simulate_parser, run_simulate
     except ImportError:

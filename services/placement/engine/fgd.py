@@ -3,7 +3,9 @@
 For every feasible node (and, for a shared request, every GPU that fits) FGD computes how much the
 node's fragmentation against the workload would grow if the request were placed there, and picks
 the smallest growth. The published scorer maps the change through ``int(100 * sigmoid(-growth /
-1000))``; that truncation makes many nodes tie, which the engine then breaks by seeded hash.
+1000))``; that truncation makes many nodes tie, and the engine gives ties to the first node in
+snapshot order (the artifact's deterministic scheduler), which packs. Without the truncation
+(``fgd-exact``) FGD spreads load and does far worse on the openb traces.
 
 Speed: the growth of a node depends only on that node's free CPU and GPU milli and on the request's
 shape, so results are memoised per shape and recomputed only for the nodes whose free capacity
@@ -18,7 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .feasibility import gpu_free_for
-from .fragmentation import ShapeArrays, WorkloadDistribution, shape_arrays, shape_stats, usable_from_stats, usable_milli
+from .fragmentation import (
+    ShapeArrays,
+    WorkloadDistribution,
+    shape_arrays,
+    shape_stats,
+    usable_from_stats,
+    usable_milli,
+)
 from .model import MILLI_PER_GPU, GpuShare, MigSlice, PodRequest, WholeGpus
 from .policies import MAX_NODE_SCORE, Candidates, NodeScores, mig_packing_scores
 from .snapshot import ClusterLayout, ClusterSnapshot

@@ -54,12 +54,14 @@ class ClusterLayout:
 
     @property
     def max_cpu_milli(self) -> int:
-        """CPU of the largest node: the normaliser of score formulas."""
-        return int(self.cpu_capacity.max()) if self.node_count else 1
+        """CPU of the largest node: the normaliser of score formulas (at least 1)."""
+        return max(int(self.cpu_capacity.max()) if self.node_count else 0, 1)
 
     @property
     def max_gpu_milli(self) -> int:
-        return int(self.gpu_count.max()) * MILLI_PER_GPU if self.node_count else MILLI_PER_GPU
+        """GPU milli of the node with most GPUs (at least one GPU's worth, so it can divide)."""
+        most = int(self.gpu_count.max()) if self.node_count else 0
+        return max(most, 1) * MILLI_PER_GPU
 
     def model_mask(self, allowed_models: frozenset[str]) -> np.ndarray:
         """(nodes, gpus) mask of present GPUs whose model is allowed (any model when empty)."""

@@ -6,7 +6,9 @@ fits, so it does not see that spending CPU on a node with many free GPUs strands
 ``capped`` measure lets a shape use at most the GPU of as many requests as the node's free CPU
 admits. Used on its own it loses some of FGD's strengths (its truncated score makes many nodes tie,
 and ties fall to node order, which packs); so we keep FGD's truncated score as the first criterion
-and use the capped growth only to order the nodes FGD considers equal, then node order.
+and use the capped growth only to order the nodes FGD considers equal, then node order. The capped
+growth counts in steps of a quarter GPU: finer differences would prefer fresh nodes over used ones
+and spread small requests early (big multi-GPU requests then fail long before the cluster is full).
 
 One configuration for every trace: FGD's typical shapes (95% most popular), no per-trace tuning.
 """
@@ -29,11 +31,12 @@ _SECONDARY_CLIP = 1e5
 
 @dataclass(eq=False)
 class FragAwarePolicy:
-    """FGD score first, then least CPU-capped fragmentation growth, then node order."""
+    """FGD score first, then least CPU-capped fragmentation growth (in quarter-GPU steps), then node order."""
 
     workload: WorkloadDistribution
     name: str = "ours"
     popularity: float = 0.95
+    secondary_step_milli: float = 250.0
     fgd_memo: FragmentationMemo = field(init=False)
     capped_memo: FragmentationMemo = field(init=False)
 
@@ -49,9 +52,11 @@ class FragAwarePolicy:
         growth = self.fgd_memo.growth(candidates.snapshot, request)[candidates.nodes]
         capped = self.capped_memo.growth(candidates.snapshot, request)[candidates.nodes]
         secondary = np.clip(np.where(np.isinf(capped), 0.0, capped), -_SECONDARY_CLIP, _SECONDARY_CLIP)
+        if self.secondary_step_milli > 0:
+            secondary = np.floor(secondary / self.secondary_step_milli)
         per_gpu = sigmoid_score(growth) - _SECONDARY_SCALE * secondary
         per_gpu = np.where(np.isinf(growth), -np.inf, per_gpu)
         best_gpu = per_gpu.argmax(axis=1)
         values = per_gpu[np.arange(best_gpu.size), best_gpu]
         share = best_gpu if isinstance(request.gpu, GpuShare) else None
-        return NodeScores(values, share, meaning="FGD score - 1e-6 x CPU-capped fragmentation growth")
+        return NodeScores(values, share, meaning="FGD score - 1e-6 x CPU-capped fragmentation growth (quarter GPUs)")

@@ -1,8 +1,10 @@
 """``place``: one request, one snapshot, one policy -> one ``Decision`` with its reasons.
 
-Choosing a node: filter (``feasibility``), score (the policy), take the highest score, and break
-ties by the smallest seeded hash key of (request id, node position), so that equal nodes are chosen
-evenly yet the same inputs always give the same node.
+Choosing a node: filter (``feasibility``), score (the policy), take the highest score. Ties go to
+the first node in snapshot order (first fit among equals, which packs; the FGD artifact's scheduler
+does the same over its seeded node order), or, with ``tie_break_seed``, to the smallest seeded hash
+of (request id, node position), which spreads equal nodes evenly. Either way the same inputs always
+give the same node.
 
 Gangs: members go to distinct nodes, all or nothing. When one topology domain (node label
 ``gang.topology_key``) has enough feasible nodes, the gang stays inside the tightest such domain;

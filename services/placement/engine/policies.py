@@ -1,8 +1,9 @@
 """Scoring policies: the ``PlacementPolicy`` protocol and the published baselines.
 
 A policy scores the feasible nodes of one request (higher is better) and may name the GPU a shared
-request should use. The engine picks the best score and breaks ties with a seeded hash. Policies
-never mutate the snapshot; memo caches inside a policy are keyed on content and change no result.
+request should use. The engine picks the best score; ties go to the first node in snapshot order, or
+by a seeded hash when the caller passes ``tie_break_seed``. Policies never mutate the snapshot; memo
+caches inside a policy are keyed on content and change no result.
 
 The baselines reproduce the score formulas of the FGD artifact (USENIX ATC'23), integer truncation
 included, because the truncation decides which nodes tie:

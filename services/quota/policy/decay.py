@@ -44,7 +44,7 @@ def accrued(rate_geq: float, elapsed_s: float, half_life_s: float) -> float:
         return 0.0
     if half_life_s <= 0:
         return 0.0
-    return rate_geq * half_life_s / LN2 * (1.0 - decay_factor(elapsed_s, half_life_s))
+    return rate_geq * half_life_s / LN2 * -math.expm1(-elapsed_s * LN2 / half_life_s)  # exact for tiny steps
 
 
 def advance(history: UsageHistory, now_s: float, rate_geq: Mapping[str, float], half_life_s: float) -> UsageHistory:

@@ -16,12 +16,14 @@ INFINITE = float("inf")
 class QuotaBook:
     """Usage per flavor per tree node: a leaf's reserved units; an inner node's draw on its pool."""
 
-    __slots__ = ("tenancy", "tree", "_used")
+    __slots__ = ("tenancy", "tree", "_used", "_ever")
 
-    def __init__(self, tenancy: Tenancy, used: dict[str, list[int]]) -> None:
+    def __init__(self, tenancy: Tenancy, used: dict[str, list[int]],
+                 ever: dict[tuple[str, str], float] | None = None) -> None:
         self.tenancy = tenancy
         self.tree: QuotaTree = tenancy.tree
         self._used = used
+        self._ever = ever if ever is not None else {}  # memo of most_ever: a function of the tree only
 
     @classmethod
     def from_usage(cls, tenancy: Tenancy, usage: Mapping[str, Mapping[str, int]]) -> QuotaBook:
@@ -37,7 +39,7 @@ class QuotaBook:
         return book
 
     def copy(self) -> QuotaBook:
-        return QuotaBook(self.tenancy, {f: list(u) for f, u in self._used.items()})
+        return QuotaBook(self.tenancy, {f: list(u) for f, u in self._used.items()}, self._ever)
 
     def used(self, tenant: str, flavor: str) -> int:
         used = self._used.get(flavor)
@@ -95,7 +97,10 @@ class QuotaBook:
 
     def most_ever(self, tenant: str, flavor: str) -> float:
         """The most ``tenant`` could ever hold of ``flavor`` (every other tenant idle)."""
-        return QuotaBook.from_usage(self.tenancy, {}).available(tenant, flavor)
+        key = (tenant, flavor)
+        if key not in self._ever:
+            self._ever[key] = QuotaBook.from_usage(self.tenancy, {}).available(tenant, flavor)
+        return self._ever[key]
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Leaf usage as a plain mapping (what the caller persists after committing reservations)."""

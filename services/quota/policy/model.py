@@ -89,6 +89,7 @@ class Tenancy:
     gpu_equivalents: Mapping[str, float]
     mig_slices_per_gpu: Mapping[str, int]
     half_life_s: float
+    revision: int = 0  # bumped on every change; keep the newest revision seen (admin events may race)
     tree: QuotaTree = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:

@@ -2,9 +2,10 @@
 
 ``FairShareOrder`` (the default) sorts by, in turn:
 
-1. guaranteed first: 0 when the job's tenant holds less than its nominal quota of the job's first
-   flavor at the start of the cycle, else 1. A tenant under its nominal quota is never queued behind
-   borrowers (and, when borrowers hold its share, it gets a reclaim request);
+1. guaranteed first: 0 when the job fits within what its tenant's nominal quota of the job's first
+   flavor leaves free at the start of the cycle, else 1 (the job needs to borrow). Work a tenant is
+   guaranteed is never queued behind borrowing (and, when borrowers hold the tenant's share, the
+   cycle asks for it back with a reclaim request);
 2. priority class, higher value first;
 3. ``level``, lower first (0 for live jobs; a simulator's least-attained-service queue);
 4. the tenant's dominant share of its entitlement (see ``snapshot``), lower first;
@@ -12,13 +13,13 @@
 6. job id: the tie-break that makes the order total (ids are unique).
 
 ``FifoOrder`` is the same without the dominant share. Orders are ``JobOrder`` values chosen by name;
-an order's key must keep a tenant's own jobs in ``tenant_key`` order whatever its share, which is
-what lets a cycle merge per-tenant queues instead of sorting everything.
+an order's ``merged_key`` must start with ``-priority`` and keep a tenant's own jobs in ``tenant_key``
+order whatever its share, which is what lets a cycle merge per-tenant queues instead of sorting
+everything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,17 +81,3 @@ def order_by_name(name: str) -> JobOrder:
         return ORDERS[name]
     except KeyError:
         raise ValueError(f"unknown job order {name!r}; known: {', '.join(sorted(ORDERS))}") from None
-
-
-def full_key(order: JobOrder, tier: int, tenant_key: SortKey, share: float) -> SortKey:
-    """The complete sort key of a job: guaranteed tier first, then the order's own key."""
-    return (tier, *order.merged_key(tenant_key, share))
-
-
-def unique_ids(jobs: Iterable[PendingJob]) -> bool:
-    seen: set[str] = set()
-    for job in jobs:
-        if job.job_id in seen:
-            return False
-        seen.add(job.job_id)
-    return True

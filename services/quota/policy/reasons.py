@@ -3,8 +3,9 @@ is not recorded twice) plus, in ``describe``, the job's place in the queue."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from enum import Enum
+from typing import NamedTuple
 
 from .ledger import QuotaBook
 from .units import format_gpus
@@ -23,9 +24,8 @@ class WaitCategory(str, Enum):
 WAITING_FOR_CAPACITY = "fits quota; waiting for capacity"
 
 
-@dataclass(frozen=True, slots=True)
-class WaitingJob:
-    """A job left waiting by a cycle. ``position`` is 1-based among waiting jobs in queue order;
+class WaitingJob(NamedTuple):
+    """A job left waiting by a cycle (a named tuple: a planning cycle makes thousands). ``position`` is 1-based among waiting jobs in queue order;
     ``ahead_higher_priority`` counts the waiting jobs ahead of it with a higher priority class."""
 
     job_id: str
@@ -79,3 +79,21 @@ def not_allowed(tenant: str, priority_class: str, allowed: frozenset[str]) -> st
 
 def unknown_tenant(tenant: str) -> str:
     return f"tenant {tenant} is not in the tenancy file"
+
+
+def waiting_list(records: list, priorities: Mapping[str, int]) -> tuple[WaitingJob, ...]:
+    """``(key, job, category, reason)`` records sorted by key, numbered, with the count of waiting jobs
+    of a higher priority class ahead of each."""
+    records.sort(key=lambda record: record[0])
+    values = sorted(set(priorities.values()))
+    higher = {value: 0 for value in values}  # waiting jobs so far with a priority above ``value``
+    out = []
+    for position, (_, job, category, reason) in enumerate(records, start=1):
+        value = priorities.get(job.priority_class, values[0] - 1 if values else 0)
+        out.append(WaitingJob(job.job_id, job.tenant, position, higher.get(value, position - 1), category, reason))
+        for other in values:
+            if other < value:
+                higher[other] += 1
+            else:
+                break
+    return tuple(out)

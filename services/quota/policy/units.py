@@ -66,6 +66,8 @@ def units_to_gpus(units: int | float) -> float:
 
 def format_gpus(units: int | float) -> str:
     """``112000`` -> ``"16"``; ``3500`` -> ``"0.5"``: at most three decimals, no trailing zeros."""
+    if units % UNITS_PER_GPU == 0:
+        return str(int(units // UNITS_PER_GPU))
     text = f"{units / UNITS_PER_GPU:.3f}".rstrip("0").rstrip(".")
     return text or "0"
 

@@ -1,0 +1,150 @@
+"""The virtual-clock replay: arrivals, quota + fair-share ordering, placement, completions, preemption.
+
+At every event time: decay usage histories to now, finish the runs that end, enqueue the arrivals,
+then schedule: one quota cycle (``QuotaCycle`` from the quota core, ``explain=False``) walks pending
+work in the policy's order; each job that fits quota is placed by the placement core's first-fit,
+or deferred when no node has room. Policies with reclaim turn the cycle's ``ReclaimRequest``s into
+preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job.
+After a preemption the cycle runs again (at most ``MAX_REPLANS`` times per event time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from services.quota.policy import QuotaCycle, QuotaSnapshot, Tenancy
+
+from .cluster import Cluster
+from .policies import Policy
+from .preempt import las_victims, reclaim_victims
+from .state import JobState, SimState
+from .trace import TraceJob
+
+MAX_REPLANS = 4
+Progress = Callable[[float, int, int], None]  # (virtual now, jobs done, jobs pending)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int = 64
+    gpus_per_node: int = 8
+    las_threshold_gpu_s: float = 3600.0
+    preempt_overhead_s: float = 60.0
+
+
+def simulate(jobs: Sequence[TraceJob], tenancy: Tenancy, policy: Policy, config: SimConfig,
+             progress: Progress | None = None) -> SimState:
+    """Replay ``jobs`` (sorted by arrival) to the last completion; returns the final state."""
+    durations = {job.job_id: job.duration_s for job in jobs}
+    state = SimState(tenancy, Cluster(config.nodes, config.gpus_per_node), policy.job_order(durations))
+    state.overhead_s = config.preempt_overhead_s
+    state.jobs = {job.job_id: JobState(job, job.duration_s) for job in jobs}
+    done, i, last_report = 0, 0, -math.inf
+    while True:
+        now = _next_time(state, jobs[i].arrival_s if i < len(jobs) else math.inf)
+        if now == math.inf:
+            break
+        state.advance_history(now)
+        state.now_s = now
+        done += _complete_due(state)
+        while i < len(jobs) and jobs[i].arrival_s <= now:
+            state.enqueue(jobs[i].job_id, level=0)
+            i += 1
+        _schedule(state, policy, config)
+        if progress is not None and now - last_report >= 86400:
+            last_report = now
+            progress(now, done, state.pending_count())
+    return state
+
+
+def _next_time(state: SimState, next_arrival: float) -> float:
+    while state.completions and state.epochs.get(state.completions[0][1]) != state.completions[0][2]:
+        heapq.heappop(state.completions)  # a preempted run's completion
+    next_end = state.completions[0][0] if state.completions else math.inf
+    return min(next_arrival, next_end)
+
+
+def _complete_due(state: SimState) -> int:
+    done = 0
+    while state.completions and state.completions[0][0] <= state.now_s:
+        _, job_id, epoch = heapq.heappop(state.completions)
+        if state.epochs.get(job_id) != epoch or job_id not in state.running:
+            continue
+        state.stop(job_id)
+        state.jobs[job_id].remaining_s = 0.0
+        state.jobs[job_id].completed_s = state.now_s
+        done += 1
+    return done
+
+
+def _schedule(state: SimState, policy: Policy, config: SimConfig) -> None:
+    for _ in range(MAX_REPLANS):
+        reclaims = _cycle(state)
+        freed = False
+        if policy.reclaim:
+            for request in reclaims:
+                freed |= _preempt(state, reclaim_victims(state, request), config)
+        if policy.las and not freed:
+            freed = _las(state, config)
+        if not freed:
+            return
+
+
+def _cycle(state: SimState) -> tuple:
+    """One quota cycle with placement interleaved; returns the cycle's reclaim requests."""
+    if not state.queues:
+        return ()
+    snapshot = QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s)
+    cycle = QuotaCycle(snapshot, state.pending_queues(), state.order, explain=False)
+    started = []
+    smallest_refused = math.inf
+    while state.cluster.free_total > 0:
+        candidate = cycle.next_candidate()
+        if candidate is None:
+            break
+        gpus = state.jobs[candidate.job.job_id].job.gpus
+        if gpus >= smallest_refused:
+            cycle.defer(candidate)
+            continue
+        bindings = state.cluster.place(candidate.job.job_id, gpus)
+        if bindings is None:
+            smallest_refused = gpus
+            cycle.defer(candidate)
+            continue
+        reservation = cycle.reserve(candidate)
+        started.append((candidate, reservation.units, bindings))
+    plan = cycle.finish()
+    for candidate, units, bindings in started:
+        state.dequeue(candidate.job, _tenant_key(state, candidate.job))
+        state.start(candidate.job.job_id, units, bindings)
+    return plan.reclaims
+
+
+def _tenant_key(state: SimState, job) -> tuple:
+    return state.order.tenant_key(job, state.tenancy.priority_classes[job.priority_class])
+
+
+def _preempt(state: SimState, victims: list, config: SimConfig) -> bool:
+    for run in victims:
+        state.stop(run.job_id)
+        job_state = state.jobs[run.job_id]
+        job_state.preemptions += 1
+        state.preemptions += 1
+        state.enqueue(run.job_id, level=1 if job_state.attained_gpu_s >= config.las_threshold_gpu_s else 0)
+    return bool(victims)
+
+
+def _las(state: SimState, config: SimConfig) -> bool:
+    """Preempt second-queue runs for the first blocked first-queue job (queue heads, in order)."""
+    heads = sorted((entries[0] for entries in state.queues.values() if entries), key=lambda e: e[0])
+    for _, pending in heads:
+        if pending.level != 0:
+            continue
+        gpus = state.jobs[pending.job_id].job.gpus
+        victims = las_victims(state, pending.tenant, gpus, pending.ask.units, config.las_threshold_gpu_s)
+        if victims:
+            return _preempt(state, victims, config)
+    return False

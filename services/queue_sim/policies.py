@@ -1,0 +1,67 @@
+"""Queueing policies compared by ``gpusched simulate-queue``; every one runs under the same quota core
+(nominal quota + borrowing limits, tenants under nominal first), so quota is never exceeded.
+
+- ``fifo``: submission order. No preemption.
+- ``sjf``: oracle shortest job first (knows every duration). No preemption.
+- ``tiresias``: 2-queue least-attained-service (Tiresias' discretised 2D-LAS): a job that has used
+  ``las_threshold_gpu_s`` GPU-seconds drops to the second queue and may be preempted (checkpoint and
+  resume) by a first-queue job; FIFO within a queue.
+- ``drf``: dominant share of entitlement (current reservations only), reclaim of borrowed quota for
+  tenants under their nominal quota.
+- ``fairshare`` (default): time-decayed DRF across tenants inside 2-queue LAS, with reclaim: new and
+  short work first, tenants that used less than their entitlement recently first within a queue,
+  borrowed capacity given back to owners. Needs no job durations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from services.quota.policy import FairShareOrder, FifoOrder, JobOrder, PendingJob
+from services.quota.policy.ordering import SortKey
+
+DEFAULT_POLICY = "fairshare"
+DEFAULT_HALF_LIFE_S = 6 * 3600.0
+DEFAULT_LAS_THRESHOLD_GPU_S = 3600.0
+
+
+@dataclass(frozen=True)
+class SjfOrder:
+    """Oracle: priority class, then the job's true duration, then submission time and job id."""
+
+    durations: Mapping[str, float]
+    name: str = "sjf"
+
+    def tenant_key(self, job: PendingJob, priority: int) -> SortKey:
+        return (-priority, self.durations[job.job_id], job.submitted_at_s, job.job_id)
+
+    def merged_key(self, tenant_key: SortKey, share: float) -> SortKey:
+        return tenant_key
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    order: str  # fifo | sjf | fairshare
+    half_life_s: float  # 0: shares from current reservations only
+    las: bool
+    reclaim: bool
+
+    def job_order(self, durations: Mapping[str, float]) -> JobOrder:
+        if self.order == "sjf":
+            return SjfOrder(durations)
+        return FairShareOrder() if self.order == "fairshare" else FifoOrder()
+
+
+def make_policies(half_life_s: float = DEFAULT_HALF_LIFE_S) -> dict[str, Policy]:
+    return {
+        "fifo": Policy("fifo", "fifo", 0.0, las=False, reclaim=False),
+        "sjf": Policy("sjf", "sjf", 0.0, las=False, reclaim=False),
+        "tiresias": Policy("tiresias", "fifo", 0.0, las=True, reclaim=False),
+        "drf": Policy("drf", "fairshare", 0.0, las=False, reclaim=True),
+        "fairshare": Policy("fairshare", "fairshare", half_life_s, las=True, reclaim=True),
+    }
+
+
+POLICY_NAMES = tuple(make_policies())

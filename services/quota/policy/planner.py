@@ -1,0 +1,294 @@
+"""The reservation cycle: walk pending work in order and reserve what fits quota.
+
+``plan_cycle`` is what the quota service calls: it reserves every job that fits (placement decides
+capacity afterwards) and explains every job left waiting. ``QuotaCycle`` is the same walk one
+candidate at a time, for a caller that also checks capacity before it reserves (the simulator):
+``next_candidate()`` returns the next job, in order, that fits quota now; the caller then calls
+``reserve`` or ``defer``; ``finish()`` returns the plan.
+
+Guarantees: a reservation is made only when ``units <= available`` (see ``model``), so no tenant
+exceeds nominal + borrowing and no cohort lends more than it has; jobs of tenants under their
+nominal quota come first (``ordering``), and when borrowers hold what such a tenant is owed, the
+plan carries a ``ReclaimRequest`` for the preemption service. Inputs are never mutated.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .ledger import QuotaBook
+from .ordering import FairShareOrder, JobOrder, PendingJob, SortKey
+from .queues import PendingQueue, build_queues, split_by_tier
+from .reasons import (
+    WAITING_FOR_CAPACITY,
+    WaitCategory,
+    WaitingJob,
+    not_allowed,
+    quota_block,
+    unknown_tenant,
+    waiting_list,
+)
+from .snapshot import QuotaSnapshot, dominant_shares
+from .units import gpu_equivalents
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Quota reserved for a job: persist it with the job (``QuotaReserved``) and charge the ledger.
+    ``borrowed_units``: the part above the tenant's nominal quota (reclaimable by others)."""
+
+    job_id: str
+    tenant: str
+    flavor: str
+    units: int
+    borrowed_units: int
+    geq: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimRequest:
+    """For the preemption service: free ``units`` of ``flavor`` that ``borrowers`` (tenant, borrowed
+    units; most first) hold above their nominal quota, so ``tenant`` gets its nominal share."""
+
+    tenant: str
+    flavor: str
+    units: int
+    for_jobs: tuple[str, ...]
+    borrowers: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    job: PendingJob
+    flavor: str
+    units: int
+    key: SortKey
+
+
+@dataclass(frozen=True)
+class QuotaPlan:
+    order: str
+    reservations: tuple[Reservation, ...]
+    waiting: tuple[WaitingJob, ...]  # in queue order; empty when the cycle ran without explain
+    reclaims: tuple[ReclaimRequest, ...]
+    usage: Mapping[str, Mapping[str, int]]  # reserved units per tenant per flavor after the plan
+
+
+class QuotaCycle:
+    """One planning cycle over per-tenant queues (see ``queues.build_queues``).
+
+    A queue leaves the walk as soon as its smallest job can no longer fit (availability only shrinks
+    during a cycle); its remaining jobs are settled at ``finish`` (reclaim claims, and with
+    ``explain`` their reasons), so the walk costs about what it reserves, not what is pending. With
+    ``explain=False`` (simulation) waiting jobs are not listed."""
+
+    def __init__(self, snapshot: QuotaSnapshot, queues: Sequence[PendingQueue], order: JobOrder,
+                 *, explain: bool = True, shares: Mapping[str, float] | None = None) -> None:
+        self.snapshot, self.order, self.explain = snapshot, order, explain
+        self.book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
+        self._shares = shares if shares is not None else dominant_shares(snapshot, {q.tenant for q in queues})
+        self._queues, self._tiers = split_by_tier(self.book, queues)
+        self._heap: list[tuple[SortKey, int, int]] = []
+        for qi, queue in enumerate(self._queues):
+            if queue.entries:
+                self._push(qi, 0)
+        self._reserved: list[Reservation] = []
+        self._records: list[tuple[SortKey, PendingJob, WaitCategory, str]] = []
+        self._stash: list[tuple[int, int]] = []  # (queue, first position) left out of the walk
+        self._blocked: dict[tuple[str, str], int] = {}  # smallest units that did not fit, per tenant/flavor
+        self._claims: dict[tuple[str, str], list] = {}  # (tenant, flavor) -> [units, job ids]
+        self._refusals: dict[tuple[str, str], tuple[WaitCategory, str] | None] = {}
+        self._reasons: dict[tuple, tuple[WaitCategory, str]] = {}
+        self._open: Candidate | None = None
+
+    def _key(self, qi: int, tenant_key: SortKey) -> SortKey:
+        queue = self._queues[qi]
+        return (self._tiers[qi], *self.order.merged_key(tenant_key, self._shares.get(queue.tenant, 0.0)))
+
+    def _push(self, qi: int, pos: int) -> None:
+        heapq.heappush(self._heap, (self._key(qi, self._queues[qi].entries[pos][0]), qi, pos))
+
+    def _advance(self, qi: int, pos: int, exhausted: bool) -> None:
+        """After visiting entry ``pos`` of queue ``qi``: walk on, or set the rest aside."""
+        if pos + 1 < len(self._queues[qi].entries):
+            if exhausted:
+                self._stash.append((qi, pos + 1))
+            else:
+                self._push(qi, pos + 1)
+
+    def next_candidate(self) -> Candidate | None:
+        """The next job in order that fits quota now; jobs passed over are recorded as waiting."""
+        if self._open is not None:
+            self.defer(self._open)
+        while self._heap:
+            key, qi, pos = heapq.heappop(self._heap)
+            queue = self._queues[qi]
+            found = self._check(queue.entries[pos][1], key)
+            self._advance(qi, pos, found is None and self._queue_exhausted(queue))
+            if found is not None:
+                self._open = found
+                return found
+        return None
+
+    def reserve(self, candidate: Candidate) -> Reservation:
+        job, flavor, units = candidate.job, candidate.flavor, candidate.units
+        nominal = self.book.nominal(job.tenant, flavor)
+        before = self.book.used(job.tenant, flavor)
+        self.book.charge(job.tenant, flavor, units)
+        borrowed = max(0, before + units - nominal) - max(0, before - nominal)
+        geq = gpu_equivalents(units, flavor, self.snapshot.tenancy.gpu_equivalents)
+        reservation = Reservation(job.job_id, job.tenant, flavor, units, borrowed, geq)
+        self._reserved.append(reservation)
+        self._open = None
+        return reservation
+
+    def defer(self, candidate: Candidate, reason: str = WAITING_FOR_CAPACITY) -> None:
+        """The caller could not use a candidate that fits quota (e.g. no node has room)."""
+        if self.explain:
+            self._records.append((candidate.key, candidate.job, WaitCategory.CAPACITY, reason))
+        self._open = None
+
+    def finish(self) -> QuotaPlan:
+        """The plan. With ``explain``, every job not reserved is listed as waiting, in queue order."""
+        if self._open is not None:
+            self.defer(self._open)
+        while self.explain and self._heap:
+            key, qi, pos = heapq.heappop(self._heap)
+            queue = self._queues[qi]
+            found = self._check(queue.entries[pos][1], key)
+            if found is not None:
+                self._records.append((key, found.job, WaitCategory.CAPACITY, WAITING_FOR_CAPACITY))
+            self._advance(qi, pos, found is None and self._queue_exhausted(queue))
+        if not self.explain:  # the caller stopped early: what is left may still be owed a reclaim
+            self._stash.extend((qi, pos) for _, qi, pos in self._heap)
+            self._heap = []
+        for qi, pos in self._stash:
+            self._settle(qi, pos)
+        waiting = waiting_list(self._records, self.snapshot.tenancy.priority_classes) if self.explain else ()
+        return QuotaPlan(self.order.name, tuple(self._reserved), waiting, self._reclaims(), self.book.snapshot())
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _check(self, job: PendingJob, key: SortKey) -> Candidate | None:
+        refusal = self._refusal_of(job)
+        if refusal is not None:
+            if self.explain:
+                self._records.append((key, job, *refusal))
+            return None
+        tenant, blocked = job.tenant, self._blocked
+        for flavor, units in job.ask.options:
+            smallest = blocked.get((tenant, flavor))
+            if smallest is not None and smallest <= units:
+                continue
+            if units <= self.book.available(tenant, flavor):
+                return Candidate(job, flavor, units, key)
+            blocked[(tenant, flavor)] = units
+        claimed = self._claim(job)
+        if self.explain:
+            self._records.append((key, job, *self._reason(job, claimed)))
+        return None
+
+    def _claim(self, job: PendingJob) -> int:
+        """Count a job that fits its tenant's nominal quota but not what is free toward a reclaim;
+        returns the units claimed before it."""
+        flavor, units = job.ask.options[0]
+        claim = self._claims.get((job.tenant, flavor))
+        claimed = claim[0] if claim is not None else 0
+        if self.book.used(job.tenant, flavor) + claimed + units <= self.book.nominal(job.tenant, flavor):
+            if claim is None:
+                claim = self._claims[(job.tenant, flavor)] = [0, []]
+            claim[0] += units
+            claim[1].append(job.job_id)
+        return claimed
+
+    def _reason(self, job: PendingJob, claimed: int) -> tuple[WaitCategory, str]:
+        flavor, units = job.ask.options[0]
+        memo = (job.tenant, flavor, units, claimed, len(self._reserved))
+        if memo not in self._reasons:
+            self._reasons[memo] = quota_block(self.book, job.tenant, flavor, units, claimed)
+        return self._reasons[memo]
+
+    def _settle(self, qi: int, pos: int) -> None:
+        """Jobs of a queue that left the walk: none fits; claim toward reclaims while the tenant has
+        nominal headroom, and with ``explain`` record each with its reason."""
+        queue = self._queues[qi]
+        tenant, flavor = queue.tenant, queue.flavor
+        claim = self._claims.setdefault((tenant, flavor), [0, []])
+        headroom = self.book.nominal(tenant, flavor) - self.book.used(tenant, flavor) - claim[0]
+        records, explain = self._records, self.explain
+        for tenant_key, job in queue.entries[pos:]:
+            if not explain and headroom < queue.min_units:
+                break
+            refusal = self._refusal_of(job)
+            if refusal is None:
+                units, claimed = job.ask.options[0][1], claim[0]
+                if units <= headroom:
+                    claim[0] += units
+                    claim[1].append(job.job_id)
+                    headroom -= units
+                if explain:
+                    records.append((self._key(qi, tenant_key), job, *self._reason(job, claimed)))
+            elif explain:
+                records.append((self._key(qi, tenant_key), job, *refusal))
+        if not claim[0]:
+            del self._claims[(tenant, flavor)]
+
+    def _refusal_of(self, job: PendingJob) -> tuple[WaitCategory, str] | None:
+        memo = (job.tenant, job.priority_class)
+        if memo not in self._refusals:
+            self._refusals[memo] = self._refusal(job)
+        return self._refusals[memo]
+
+    def _refusal(self, job: PendingJob) -> tuple[WaitCategory, str] | None:
+        """Why a job can never be considered (unknown tenant, priority class not allowed), or None."""
+        tenant = self.snapshot.tenancy.tenants.get(job.tenant)
+        if tenant is None or not tenant.is_leaf:
+            return WaitCategory.UNKNOWN_TENANT, unknown_tenant(job.tenant)
+        if job.priority_class not in tenant.priority_classes:
+            return WaitCategory.PRIORITY_CLASS, not_allowed(job.tenant, job.priority_class, tenant.priority_classes)
+        return None
+
+    def _queue_exhausted(self, queue: PendingQueue) -> bool:
+        blocked = self._blocked.get((queue.tenant, queue.flavor))
+        return queue.single_option and blocked is not None and queue.min_units >= blocked
+
+    def _reclaims(self) -> tuple[ReclaimRequest, ...]:
+        out = []
+        borrowing: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (root, flavor) -> borrowers
+        for (tenant, flavor), (claimed, jobs) in sorted(self._claims.items()):
+            short = claimed - self.book.available(tenant, flavor)
+            if short <= 0:
+                continue
+            root = self.snapshot.tenancy.root_of(tenant)
+            if (root, flavor) not in borrowing:
+                borrowing[(root, flavor)] = sorted(
+                    ((b, self.book.borrowed(b, flavor)) for b in self.book.cohort_members(tenant)
+                     if self.book.borrowed(b, flavor) > 0), key=lambda x: (-x[1], x[0]))
+            borrowers = tuple(b for b in borrowing[(root, flavor)] if b[0] != tenant)
+            if borrowers:
+                out.append(ReclaimRequest(tenant, flavor, int(short), tuple(jobs), borrowers))
+        return tuple(out)
+
+
+def plan_cycle(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order: JobOrder | None = None,
+               *, explain: bool = True) -> QuotaPlan:
+    """Reserve, in order, every pending job that fits quota; explain the rest (pure)."""
+    chosen = order or FairShareOrder()
+    cycle = QuotaCycle(snapshot, build_queues(snapshot.tenancy, pending, chosen), chosen, explain=explain)
+    while (candidate := cycle.next_candidate()) is not None:
+        cycle.reserve(candidate)
+    return cycle.finish()
+
+
+def order_pending(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order: JobOrder | None = None) -> list[str]:
+    """Job ids in queue order, as a cycle would visit them (before any reservation)."""
+    chosen = order or FairShareOrder()
+    book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
+    queues, tiers = split_by_tier(book, build_queues(snapshot.tenancy, pending, chosen))
+    shares = dominant_shares(snapshot, {q.tenant for q in queues})
+    keyed = [((tiers[qi], *chosen.merged_key(k, shares.get(q.tenant, 0.0))), job.job_id)
+             for qi, q in enumerate(queues) for k, job in q.entries]
+    return [job_id for _, job_id in sorted(keyed)]
+

@@ -1,0 +1,83 @@
+"""The replay loop on small synthetic workloads, and a short window of the real Philly trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.queue_sim.cli import main
+from services.queue_sim.engine import SimConfig, simulate
+from services.queue_sim.policies import make_policies
+from services.queue_sim.report import METRIC_KEYS
+from services.queue_sim.run import QuotaSetup, tenancy_for
+from services.queue_sim.trace import TraceJob, default_trace_path
+
+POLICIES = make_policies()
+
+
+def job(job_id: str, tenant: str, at: float, duration: float, gpus: int = 1) -> TraceJob:
+    return TraceJob(job_id, tenant, at, duration, gpus)
+
+
+def run(jobs, policy: str, nominal: dict, borrow: int | None = 8, nodes: int = 1, **config):
+    tenancy = tenancy_for(QuotaSetup(nominal, borrow), POLICIES[policy].half_life_s)
+    return simulate(jobs, tenancy, POLICIES[policy], SimConfig(nodes=nodes, gpus_per_node=8, **config))
+
+
+def completions(state) -> dict[str, float]:
+    return {job_id: s.completed_s for job_id, s in state.jobs.items()}
+
+
+def test_fifo_runs_jobs_in_arrival_order_when_the_cluster_is_full():
+    jobs = [job("a", "t1", 0, 100, 8), job("b", "t1", 1, 10, 8), job("c", "t1", 2, 10, 8)]
+    assert completions(run(jobs, "fifo", {"t1": 8})) == {"a": 100, "b": 110, "c": 120}
+
+
+def test_oracle_sjf_runs_the_shortest_waiting_job_first():
+    jobs = [job("a", "t1", 0, 100, 8), job("b", "t1", 1, 50, 8), job("c", "t1", 2, 10, 8)]
+    assert completions(run(jobs, "sjf", {"t1": 8})) == {"a": 100, "c": 110, "b": 160}
+
+
+def test_a_borrower_is_preempted_when_the_owner_returns():
+    jobs = [job("borrow", "t2", 0, 1000, 8), job("own", "t1", 10, 100, 4)]
+    state = run(jobs, "drf", {"t1": 4, "t2": 4})
+    assert state.preemptions == 1
+    assert state.jobs["own"].completed_s == 110
+    assert state.max_overshoot_units == 0
+
+
+def test_fifo_never_preempts_and_the_owner_waits():
+    jobs = [job("borrow", "t2", 0, 1000, 8), job("own", "t1", 10, 100, 4)]
+    state = run(jobs, "fifo", {"t1": 4, "t2": 4})
+    assert state.preemptions == 0 and state.jobs["own"].completed_s == 1100
+
+
+def test_las_preempts_a_long_runner_for_a_new_job_and_resumes_it_with_overhead():
+    jobs = [job("long", "t1", 0, 10_000, 8), job("short", "t1", 5000, 60, 8)]
+    state = run(jobs, "tiresias", {"t1": 8}, las_threshold_gpu_s=3600, preempt_overhead_s=30)
+    assert state.jobs["short"].completed_s == 5060
+    assert state.jobs["long"].completed_s == 10_000 + 60 + 30
+
+
+def test_quota_is_never_exceeded_with_a_small_borrowing_limit():
+    jobs = [job(f"j{i}", "t1" if i % 3 else "t2", i * 5.0, 300 + 37 * i, 1 + i % 4) for i in range(60)]
+    for name in POLICIES:
+        state = run(jobs, name, {"t1": 8, "t2": 8}, borrow=2, nodes=2)
+        assert state.max_overshoot_units == 0
+        assert all(s.completed_s is not None for s in state.jobs.values())
+
+
+@pytest.mark.skipif(not default_trace_path().is_file(), reason="shared Philly trace not present")
+def test_a_short_philly_window_replays_under_every_policy(tmp_path, capsys):
+    out = tmp_path / "queue.json"
+    status = main(["--days", "1", "--max-jobs", "300", "--nodes", "8", "--json", str(out), "--quiet"])
+    assert status == 0
+    document = json.loads(out.read_text())
+    assert document["default_policy"] == "fairshare"
+    assert list(document["policies"]) == ["fifo", "sjf", "tiresias", "drf", "fairshare"]
+    for metrics in document["policies"].values():
+        assert tuple(metrics) == METRIC_KEYS
+        assert metrics["max_quota_overshoot_gpus"] == 0
+        assert metrics["jobs"] == 300
+    assert "fairshare (default)" in capsys.readouterr().out
