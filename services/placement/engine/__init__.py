@@ -80,7 +80,7 @@ def place_whole_gpus(
     cpu_milli: int = 0,
     memory_mib: int = 0,
     policy: PlacementPolicy | str = "bestfit",
-    tie_break_seed: int = 0,
+    tie_break_seed: int | None = None,
 ) -> Decision:
     """``count`` whole GPUs of one of ``allowed_models`` (any model when empty) on one node."""
     request = PodRequest(

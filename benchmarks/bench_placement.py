@@ -1,0 +1,140 @@
+"""Placement decisions per second on synthetic clusters (1k, 5k, 10k nodes of 8 GPUs, half full).
+
+Run: ``python benchmarks/bench_placement.py [--sizes 1000,5000,10000] [--decisions 1000]``.
+Prints a table and writes ``bench-results/placement.json``. Each decision is ``place`` on the
+current snapshot followed by ``apply`` of the result (the loop a placement service runs); the rate
+counts ``place`` time only, and every policy is also reported as a ratio to ``bestfit`` measured in
+the same run (machines are noisy: compare ratios, not absolute times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from services.placement.engine import (  # noqa: E402
+    Binding,
+    ClusterSnapshot,
+    Gpu,
+    GpuShare,
+    Node,
+    NodeId,
+    PodRequest,
+    RequestId,
+    WholeGpus,
+    apply,
+    apply_bindings,
+    build_snapshot,
+    make_policy,
+    place,
+    workload_from_requests,
+)
+
+POLICIES = ("random", "bestfit", "packing", "dotprod", "fgd", "ours")
+SHARES = (100, 250, 300, 470, 500, 650, 810)
+
+
+def synthetic_cluster(node_count: int, seed: int = 7) -> ClusterSnapshot:
+    """8-GPU nodes, about half of their GPU, CPU and memory already allocated."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        Node(NodeId(f"node-{i:05d}"), 96_000, 393_216,
+             tuple(Gpu(g, "A100-SXM4-80GB" if i % 4 == 0 else "V100M32", 32_000, nvlink_domain=g // 4)
+                   for g in range(8)))
+        for i in range(node_count)
+    ]  # fmt: skip
+    bindings = []
+    for i in range(node_count):
+        whole = int(rng.integers(0, 7))
+        used = tuple(range(whole))
+        cpu = int(rng.integers(20_000, 60_000))
+        bindings.append(Binding(NodeId(f"node-{i:05d}"), used, gpu_milli=1000, cpu_milli=cpu, memory_mib=cpu * 3))
+        if whole < 8 and rng.random() < 0.6:
+            bindings.append(Binding(NodeId(f"node-{i:05d}"), (whole,), gpu_milli=int(rng.choice(SHARES))))
+    return apply_bindings(build_snapshot(nodes), RequestId("background"), bindings)
+
+
+def request_stream(count: int, seed: int = 11) -> list[PodRequest]:
+    """Mixed requests: 45% shares, 40% whole 1-8 GPUs, 15% CPU-only."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        kind = rng.random()
+        cpu = int(rng.choice([2_000, 4_000, 8_000, 12_000]))
+        if kind < 0.45:
+            gpu = GpuShare(int(rng.choice(SHARES)))
+        elif kind < 0.85:
+            gpu = WholeGpus(int(rng.choice([1, 1, 1, 2, 4, 8])))
+        else:
+            gpu = None
+        models = frozenset({"A100-SXM4-80GB"}) if rng.random() < 0.1 and gpu is not None else frozenset()
+        out.append(PodRequest(RequestId(f"req-{i}"), gpu, cpu, cpu * 2, models))
+    return out
+
+
+def measure(policy_name: str, snapshot: ClusterSnapshot, requests: list[PodRequest], warmup: int) -> dict[str, float]:
+    policy = make_policy(policy_name, seed=1, workload=workload_from_requests(requests, popularity=0.95))
+    placing = applying = 0.0
+    placed = 0
+    for i, request in enumerate(requests):
+        started = time.perf_counter()
+        decision = place(snapshot, request, policy)
+        middle = time.perf_counter()
+        if decision.placed:
+            snapshot = apply(snapshot, decision)
+            placed += 1
+        if i >= warmup:
+            placing += middle - started
+            applying += time.perf_counter() - middle
+    timed = len(requests) - warmup
+    return {"decisions": timed, "placed": placed, "place_s": placing, "apply_s": applying,
+            "decisions_per_s": timed / placing if placing else float("inf")}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,5000,10000")
+    parser.add_argument("--decisions", type=int, default=600)
+    parser.add_argument("--warmup", type=int, default=60)
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "placement.json")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    policies = [p for p in args.policies.split(",") if p]
+    requests = request_stream(args.decisions + args.warmup)
+    rows = []
+    for size in sizes:
+        snapshot = synthetic_cluster(size)
+        for policy in policies:
+            result = measure(policy, snapshot, requests, args.warmup)
+            rows.append({"nodes": size, "policy": policy, **result})
+            print(f"  {policy:<8} {size:>6} nodes: {result['decisions_per_s']:>9.0f} decisions/s", file=sys.stderr)
+    floor = {r["nodes"]: r["decisions_per_s"] for r in rows if r["policy"] == "bestfit"}
+    for row in rows:
+        base = floor.get(row["nodes"])
+        row["cost_vs_bestfit"] = round(base / row["decisions_per_s"], 2) if base else None
+    header = f"{'policy':<9}" + "".join(f"{f'{s} nodes':>16}" for s in sizes) + "   cost vs bestfit"
+    print(header)
+    print("-" * len(header))
+    for policy in policies:
+        cells = [next(r for r in rows if r["policy"] == policy and r["nodes"] == s) for s in sizes]
+        rates = "".join(f"{c['decisions_per_s']:>12.0f} d/s" for c in cells)
+        costs = " / ".join(f"{c['cost_vs_bestfit']:.1f}x" for c in cells)
+        print(f"{policy:<9}{rates}   {costs}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"benchmark": "placement", "sizes": sizes, "results": rows}, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Snapshot invariants: no over-allocation, exact release, immutability."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.placement.engine import (
+    Binding,
+    MigPlacement,
+    NodeId,
+    PlacementError,
+    RequestId,
+    apply_bindings,
+    release,
+    with_gpu_state,
+)
+
+from .builders import a_cluster, a_node
+
+
+def test_granting_more_than_a_gpu_has_is_refused() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(1))
+    half = Binding(NodeId("n1"), (0,), gpu_milli=600)
+    taken = apply_bindings(snapshot, RequestId("a"), [half])
+    with pytest.raises(PlacementError, match="over capacity"):
+        apply_bindings(taken, RequestId("b"), [half])
+
+
+def test_an_allocation_id_is_granted_once() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(2))
+    binding = Binding(NodeId("n1"), (0,), gpu_milli=100)
+    taken = apply_bindings(snapshot, RequestId("a"), [binding])
+    with pytest.raises(PlacementError, match="already exists"):
+        apply_bindings(taken, RequestId("a"), [binding])
+
+
+def test_cpu_and_memory_are_never_overcommitted() -> None:
+    snapshot = a_cluster(a_node("n1").cpu(1_000).memory(512))
+    with pytest.raises(PlacementError):
+        apply_bindings(snapshot, RequestId("a"), [Binding(NodeId("n1"), cpu_milli=2_000)])
+
+
+def test_overlapping_mig_slices_are_refused_and_bad_starts_rejected() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(1, "H100-80GB").mig())
+    first = Binding(NodeId("n1"), (0,), mig=MigPlacement("3g.40gb", 4))
+    taken = apply_bindings(snapshot, RequestId("a"), [first])
+    with pytest.raises(PlacementError, match="already used"):
+        apply_bindings(taken, RequestId("b"), [Binding(NodeId("n1"), (0,), mig=MigPlacement("1g.10gb", 5))])
+    with pytest.raises(PlacementError, match="not a valid MIG placement"):
+        apply_bindings(snapshot, RequestId("c"), [Binding(NodeId("n1"), (0,), mig=MigPlacement("2g.20gb", 1))])
+
+
+def test_release_restores_the_free_capacity_exactly() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(4), a_node("n2").gpus(4))
+    bindings = [Binding(NodeId("n1"), (1, 2), gpu_milli=1000, cpu_milli=3_000, memory_mib=100),
+                Binding(NodeId("n2"), (0,), gpu_milli=250, gpu_memory_mib=4_000)]  # fmt: skip
+    back = release(apply_bindings(snapshot, RequestId("a"), bindings), RequestId("a"))
+    for name in ("cpu_free", "memory_free", "gpu_milli_free", "gpu_memory_free", "share_free", "full_free_count"):
+        assert np.array_equal(getattr(back, name), getattr(snapshot, name)), name
+    assert dict(back.allocations) == {}
+
+
+def test_the_old_snapshot_is_untouched_and_read_only() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(2))
+    apply_bindings(snapshot, RequestId("a"), [Binding(NodeId("n1"), (0,), gpu_milli=1000)])
+    assert int(snapshot.full_free_count[0]) == 2
+    with pytest.raises(ValueError):
+        snapshot.share_free[0, 0] = 0
+
+
+def test_an_unhealthy_gpu_leaves_the_free_pool_and_mig_mode_needs_an_idle_gpu() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(2, "A100-SXM4-40GB"))
+    sick = with_gpu_state(snapshot, NodeId("n1"), 1, healthy=False)
+    assert sick.share_free[0].tolist() == [1000, 0]
+    busy = apply_bindings(snapshot, RequestId("a"), [Binding(NodeId("n1"), (0,), gpu_milli=100)])
+    with pytest.raises(PlacementError, match="in use"):
+        with_gpu_state(busy, NodeId("n1"), 0, mig_enabled=True)
+    mig = with_gpu_state(busy, NodeId("n1"), 1, mig_enabled=True)
+    assert mig.share_free[0].tolist() == [900, 0]
