@@ -217,7 +217,10 @@ class Agent:
 
     async def start_job(self, command: ev.StartJob) -> None:
         if self.runner.known(command.job_id):
-            return  # a redelivered StartJob: the job already ran or runs
+            previous = self.runner.record(command.job_id)
+            if previous is None or command.attempt <= previous.attempt or not self.runner.reported(command.job_id):
+                return  # a redelivered StartJob: this run already ran or runs
+            self.runner.finish_run(command.job_id)  # a new run of a job that ran here before
         refusal = self._refusal(command)
         if refusal is not None:
             reason_code, error = refusal
@@ -230,7 +233,8 @@ class Agent:
                                   mps_pipe_dir=self._mps_dir())
         result = await self.runner.start(command.job_id, command.command, tuple(command.gpu_indices),
                                          {**command.env, **job_env.env}, lease_epoch=self.lease.epoch,
-                                         share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib)
+                                         share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
+                                         attempt=command.attempt)
         if isinstance(result, JobExit):
             self.report_in_order(ev.JobExitReported(job_id=result.job_id, node_id=self.node_id,
                                                     exit_code=result.exit_code, runtime_s=0.0, error=result.error,

@@ -38,6 +38,7 @@ class JobRecord:
     lease_epoch: int = 0
     share_milli: int | None = None
     memory_mib: int | None = None
+    attempt: int = 1  # the job's run on this cluster (a requeued or resumed job runs again)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,17 @@ class JobRunner:
                                    self.reported(r.job_id)))
         return out
 
+    def finish_run(self, job_id: str) -> None:
+        """Set a finished, reported run aside so the same job can run here again (after a preemption or a
+        requeue); its log and checkpoint file stay, a resumed run appends to the one and reads the other."""
+        record = self.record(job_id)
+        if record is None:
+            return
+        for suffix in ("json", "exit", "reported", "preempt"):
+            path = self._dir / f"{job_id}.{suffix}"
+            if path.exists():
+                path.rename(self._dir / f"{job_id}.{suffix}.run{record.attempt}")
+
     def reported(self, job_id: str) -> bool:
         return (self._dir / f"{job_id}.reported").exists()
 
@@ -113,7 +125,7 @@ class JobRunner:
 
     async def start(self, job_id: str, command: list[str], gpu_indices: tuple[int, ...], env: dict[str, str],
                     *, lease_epoch: int = 0, share_milli: int | None = None,
-                    memory_mib: int | None = None) -> JobRecord | JobExit:
+                    memory_mib: int | None = None, attempt: int = 1) -> JobRecord | JobExit:
         """Start `command`; `env` is added to the agent's environment (and includes CUDA_VISIBLE_DEVICES)."""
         if not is_valid_id(job_id):
             return JobExit(job_id, 127, 0.0, error=f"invalid job id {job_id!r}")
@@ -134,7 +146,7 @@ class JobRunner:
         finally:
             log.close()
         record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, _start_ticks(proc.pid), lease_epoch,
-                           share_milli, memory_mib)
+                           share_milli, memory_mib, attempt)
         (self._dir / f"{job_id}.json").write_text(json.dumps(asdict(record)))
         self._procs[job_id] = proc
         return record

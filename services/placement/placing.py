@@ -41,7 +41,10 @@ async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.
         nodes[r["node_id"]] = NodeRow(node.node_id, node.cpu_milli, node.memory_mib, (*node.gpus, gpu), node.labels)
     ready = set(nodes)
     allocations = await _held(conn, "gpu_allocations", ready)
-    nominations = await _held(conn, "gpu_nominations", ready)
+    busy = {gpu for gpus in allocations.values() for gpu in gpus}
+    # a nomination counts once its victim has let go of the GPU; until then the victim's allocation holds it
+    nominations = {job: free for job, gpus in (await _held(conn, "gpu_nominations", ready)).items()
+                   if (free := [g for g in gpus if g not in busy])}
     rows = list(nodes.values())
     return rows, build_cluster(rows, allocations, nominations)
 
@@ -98,7 +101,7 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
     assert spec is not None
     start = ev.StartJob(job_id=placement.job_id, node_id=placement.node_id, tenant=spec.tenant,
                         gpu_indices=list(placement.gpu_indices), gpu_uuids=list(placement.gpu_uuids),
-                        command=spec.command, env=resume_env(state))
+                        command=spec.command, env=resume_env(state), attempt=placed.runs)
     # the agent continues the job's trace from the JobPlaced event
     await send_command(conn, start, placement.node_id, now, traceparent=placed.trace_parent)
 

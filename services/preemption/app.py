@@ -1,51 +1,32 @@
-"""Preemption service: consumes placement deferrals and records an evaluation for each."""
+"""Preemption service: for jobs that cannot be placed, preempts the fewest lower-priority victims whose
+release lets them run, with a checkpoint grace period, and holds the freed GPUs for them."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-import asyncpg
-
-from gpusched_common import events as ev
-from gpusched_common.batching import Batch, TxHandler
-from gpusched_common.messaging import Incoming, PoisonMessage
 from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.settings import Settings
-from gpusched_common.store import claim
 from gpusched_common.topics import GROUP_PREEMPTION, JOBS_EVENTS
 
-from services.preemption.core import evaluate_deferral
-
-SERVICE = "preemption"
+from services.preemption import selection as sel
+from services.preemption.handlers import SERVICE, PreemptionSettings, make_handler
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def make_handler() -> TxHandler:
-    async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
-        try:
-            envelope = ev.Envelope.model_validate_json(message.value)
-            payload = ev.parse_payload(envelope)
-        except ValueError as exc:
-            raise PoisonMessage(f"unreadable event: {exc}") from exc
-        if not isinstance(payload, ev.PlacementDeferred):
-            return
-        if not await claim(conn, SERVICE, envelope.event_id):
-            return
-        evaluation = evaluate_deferral(payload.job_id, tuple(payload.reasons))
-        await conn.execute(
-            "INSERT INTO preemption_evaluations (job_id, evaluated_at, outcome, reasons) VALUES ($1, $2, $3, $4)"
-            " ON CONFLICT (job_id) DO UPDATE SET evaluated_at = EXCLUDED.evaluated_at,"
-            " outcome = EXCLUDED.outcome, reasons = EXCLUDED.reasons",
-            evaluation.job_id, utcnow(), evaluation.outcome, list(evaluation.reasons))
-
-    return on_job_event
+def preemption_settings(settings: Settings) -> PreemptionSettings:
+    return PreemptionSettings(
+        grace_s=settings.preemption_grace_s,
+        config=sel.SelectionConfig(default_min_runtime_s=settings.preemption_min_runtime_s,
+                                   cross_tenant=settings.preemption_cross_tenant))
 
 
 async def setup(runtime: Runtime) -> None:
-    runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_PREEMPTION, make_handler())
+    handler = make_handler(preemption_settings(runtime.settings), utcnow)
+    runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_PREEMPTION, handler)
 
 
 async def main(settings: Settings | None = None) -> None:

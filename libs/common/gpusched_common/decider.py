@@ -55,6 +55,7 @@ class JobState:
     checkpointed_at: datetime | None = None
     started_at: datetime | None = None
     preemptor: str | None = None  # while Preempting: the job it makes room for
+    runs: int = 0  # how many times the job was placed (its current run's attempt number)
 
 
 class InvalidTransition(ValueError):
@@ -271,7 +272,7 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
             return replace(state, version=version, status=JobStatus.QUEUED, quota_held=True, last_reasons=())
         case ev.JobPlaced():
             return replace(state, version=version, status=JobStatus.PLACED, node_id=event.node_id,
-                           gpu_indices=tuple(event.gpu_indices), last_reasons=())
+                           gpu_indices=tuple(event.gpu_indices), last_reasons=(), runs=state.runs + 1)
         case ev.PlacementDeferred():
             return replace(state, version=version, last_reasons=tuple(event.reasons))
         case ev.JobStarted():

@@ -216,6 +216,7 @@ class StartJob(Payload):
     gpu_uuids: list[str]
     command: list[str]
     env: dict[str, str] = Field(default_factory=dict)
+    attempt: int = 1  # which run of the job this is: a requeued or preempted job runs again
     # a fraction of one GPU (DESIGN.md section 5): enforced through MPS where the node runs it
     gpu_share_milli: int | None = None
     gpu_memory_mib: int | None = None

@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     quota_file: Path | None = None
     default_tenant_gpu_cap: int = 64
 
+    # preemption: the victims' checkpoint grace, how long a (re)started run is protected, and whether a
+    # higher-priority job may preempt another tenant's work always ("any") or only borrowed capacity
+    preemption_grace_s: float = 30.0
+    preemption_min_runtime_s: float = 60.0
+    preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
+
     placement_policy: str = "bestfit"  # any name from `gpusched simulate --list-policies`
 
     node_id: str = "node-1"
