@@ -102,6 +102,24 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_queue(args: argparse.Namespace) -> int:
+    from services.cli.queries import queue
+
+    async def go():
+        conn = await connect(_settings().database_url)
+        try:
+            return await queue(conn, tenant=args.tenant)
+        finally:
+            await conn.close()
+
+    jobs = asyncio.run(go())
+    rows = [(j["position"], j["job_id"], j["tenant"], j["priority"], j["gpus"], j["gpu_model"], j["waiting_for"],
+             (f"behind {j['ahead_higher_priority']} job(s) of higher priority; " if j["ahead_higher_priority"] else "")
+             + j["reason"]) for j in jobs]
+    _print(jobs, args.json, render(["#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WAITS FOR", "WHY"], rows))
+    return 0
+
+
 def cmd_job(args: argparse.Namespace) -> int:
     from services.cli.queries import get_job
 
@@ -203,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("queue", help="waiting jobs in order, with their position and why they wait")
+    p.add_argument("--tenant")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_queue)
 
     p = sub.add_parser("job", help="a job's state and event history")
     p.add_argument("job_id")

@@ -34,6 +34,24 @@ async def get_job(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | Non
     return {**_plain(dict(row)), "events": history}
 
 
+async def queue(conn: asyncpg.Connection, *, tenant: str | None = None) -> list[dict[str, Any]]:
+    """Waiting jobs in the order they are considered (priority, then submission, then id), each with its
+    position, how many jobs of higher priority are ahead, and its latest reason."""
+    rows = await conn.fetch(
+        "SELECT job_id, tenant, status, gpus, gpu_model, priority, reasons, submitted_at FROM jobs"
+        " WHERE status IN ('Admitted', 'Queued') ORDER BY priority DESC, submitted_at, job_id")
+    out = []
+    for position, r in enumerate(rows, start=1):
+        if tenant is not None and r["tenant"] != tenant:
+            continue
+        ahead = sum(1 for other in rows[:position - 1] if other["priority"] > r["priority"])
+        waiting_for = "quota" if r["status"] == "Admitted" else "capacity"
+        reason = "; ".join(r["reasons"]) or f"waiting for {waiting_for}"
+        out.append({**_plain(dict(r)), "position": position, "ahead_higher_priority": ahead,
+                    "waiting_for": waiting_for, "reason": reason})
+    return out
+
+
 async def summary(conn: asyncpg.Connection) -> dict[str, Any]:
     by_state = {r["status"]: r["n"] for r in await conn.fetch("SELECT status, count(*) AS n FROM jobs GROUP BY 1")}
     latency = await conn.fetchrow(

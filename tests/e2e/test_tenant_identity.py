@@ -3,6 +3,7 @@ counted; a repeated client request creates one job."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from gpusched_common.credentials import KEY_ID_HEADER, SIGNATURE_HEADER, load_keys, sign
@@ -66,3 +67,27 @@ async def test_a_repeated_request_creates_one_job(local_stack, stack_settings):
         assert await conn.fetchval("SELECT count(*) FROM events WHERE stream_id = $1", f"job-{other}") == 0
     finally:
         await conn.close()
+
+
+async def test_the_queue_shows_each_waiting_job_with_its_position_and_reason(local_stack, stack_settings):
+    from services.cli.queries import queue
+
+    # platform's cap is 8 GPUs (deploy/quotas.yaml): the second 8-GPU job waits for quota
+    spec = a_job("x").tenant("platform").gpus(8).model("A100-80GB").command("sleep", "3").spec()
+    async with Client(stack_settings) as client:
+        first = await client.submit(spec)
+        second = await client.submit(spec)
+    conn = await connect(local_stack.database_url)
+    try:
+        for _ in range(100):
+            waiting = await queue(conn, tenant="platform")
+            if any(w["job_id"] == second and w["reason"] != "waiting for quota" for w in waiting):
+                break
+            await asyncio.sleep(0.1)
+        entry = next(w for w in waiting if w["job_id"] == second)
+        assert entry["waiting_for"] == "quota"
+        assert entry["reason"] == "tenant platform is at its quota of 8 GPUs"
+        assert entry["position"] >= 1
+    finally:
+        await conn.close()
+    await wait_until_finished(local_stack.database_url, [first, second], timeout_s=60, interval_s=0.3)
