@@ -18,7 +18,7 @@ STACK_ENV = {"GPUSCHED_PREEMPTION_GRACE_S": "5", "GPUSCHED_PREEMPTION_MIN_RUNTIM
 LOW_PRIORITY_JOB = (
     'if [ -n "$GPUSCHED_RESUME_FROM" ]; then echo "$GPUSCHED_RESUME_FROM" > "resumed-$GPUSCHED_JOB_ID"; exit 0; fi; '
     'trap \'echo "final-$GPUSCHED_JOB_ID" > "$GPUSCHED_CHECKPOINT_FILE"; exit 143\' TERM; '
-    'i=0; while [ $i -lt 150 ]; do i=$((i+1)); echo "step-$i" > "$GPUSCHED_CHECKPOINT_FILE"; sleep 0.2; done'
+    'i=0; while [ $i -lt 75 ]; do i=$((i+1)); echo "step-$i" > "$GPUSCHED_CHECKPOINT_FILE"; sleep 0.2; done'
 )
 
 
@@ -71,5 +71,52 @@ async def wait_for_status(database_url: str, job_ids: list[str], status: str, ti
                                   job_ids, status) < len(job_ids):
             assert asyncio.get_running_loop().time() < deadline, f"jobs not {status} in time"
             await asyncio.sleep(0.2)
+    finally:
+        await conn.close()
+
+
+async def test_killing_the_preemption_service_and_the_agent_mid_protocol_loses_no_job(local_stack, stack_settings):
+    import os
+    import signal
+
+    from services.cli import stack
+
+    low = a_job("x").tenant("research").gpus(2).model("H100-80GB").priority(0).command("sh", "-c", LOW_PRIORITY_JOB)
+    async with Client(stack_settings) as client:
+        lows = [await client.submit(low.spec()) for _ in range(4)]
+        await wait_for_status(local_stack.database_url, lows, "Running")
+        os.kill(local_stack.processes["preemption"], signal.SIGKILL)
+        high = await client.submit(a_job("x").tenant("inference").gpus(4).model("H100-80GB").priority(100)
+                                   .command("sleep", "1").spec())
+        await asyncio.sleep(1.0)
+        stack.start_service(local_stack, "preemption", "services.preemption")
+        await wait_for_event(local_stack.database_url, "PreemptionRequested", lows)
+        os.kill(local_stack.processes["agent-node-1"], signal.SIGKILL)  # mid-grace
+        await asyncio.sleep(1.0)
+        stack.start_service(local_stack, "agent-node-1", "services.node_agent",
+                            {"GPUSCHED_NODE_ID": "node-1", "GPUSCHED_SIMULATED_GPUS": "H100-80GB:8"})
+        stack.save(local_stack)
+    counts = await wait_until_finished(local_stack.database_url, [high, *lows], timeout_s=120, interval_s=0.5)
+    assert counts == {"Succeeded": 5}
+    conn = await connect(local_stack.database_url)
+    try:
+        preempted = await conn.fetch("SELECT stream_id, payload->>'checkpoint_ref' AS ref FROM events"
+                                     " WHERE type = 'JobPreempted' AND stream_id = ANY($1::text[])",
+                                     [f"job-{j}" for j in lows])
+        assert len(preempted) == 2 and all(r["ref"] for r in preempted)  # resumed from a checkpoint
+        assert await conn.fetchval("SELECT count(*) FROM gpu_allocations") == 0
+        assert await conn.fetchval("SELECT count(*) FROM gpu_nominations") == 0
+    finally:
+        await conn.close()
+
+
+async def wait_for_event(database_url: str, event_type: str, job_ids: list[str], timeout_s: float = 60) -> None:
+    conn = await connect(database_url)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not await conn.fetchval("SELECT 1 FROM events WHERE type = $1 AND stream_id = ANY($2::text[]) LIMIT 1",
+                                      event_type, [f"job-{j}" for j in job_ids]):
+            assert asyncio.get_running_loop().time() < deadline, f"no {event_type} in time"
+            await asyncio.sleep(0.1)
     finally:
         await conn.close()
