@@ -73,7 +73,7 @@ async def test_the_queue_shows_each_waiting_job_with_its_position_and_reason(loc
     from services.cli.queries import queue
 
     # platform's cap is 8 GPUs (deploy/quotas.yaml): the second 8-GPU job waits for quota
-    spec = a_job("x").tenant("platform").gpus(8).model("A100-80GB").command("sleep", "3").spec()
+    spec = a_job("x").tenant("platform").gpus(8).model("A100-80GB").command("sleep", "8").spec()
     async with Client(stack_settings) as client:
         first = await client.submit(spec)
         second = await client.submit(spec)

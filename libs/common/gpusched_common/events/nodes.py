@@ -1,0 +1,197 @@
+"""Commands to node agents, and what agents report (registration, health, job reports, telemetry)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from pydantic import Field
+
+from gpusched_common.events.base import Frozen, Payload
+
+
+# --- node commands and reports ---------------------------------------------------------------------
+
+
+class StartJob(Payload):
+    TYPE: ClassVar[str] = "StartJob"
+    job_id: str
+    node_id: str
+    tenant: str
+    gpu_indices: list[int]
+    gpu_uuids: list[str]
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    attempt: int = 1  # which run of the job this is: a requeued or preempted job runs again
+    # a fraction of one GPU (DESIGN.md section 5): enforced through MPS where the node runs it
+    gpu_share_milli: int | None = None
+    gpu_memory_mib: int | None = None
+    mig_profile: str | None = None  # with MIG, gpu_uuids are the MIG devices' UUIDs
+
+
+class PreemptJob(Payload):
+    """To an agent: notify the job (SIGTERM and a notice file naming the deadline), SIGKILL it at the
+    deadline if it has not exited, then report its exit with reason_code `preempted`."""
+
+    TYPE: ClassVar[str] = "PreemptJob"
+    job_id: str
+    node_id: str
+    grace_s: float
+    deadline_at: datetime
+    reason: str
+
+
+class JobCheckpointReported(Payload):
+    """From an agent: the job wrote a new checkpoint reference to its checkpoint file."""
+
+    TYPE: ClassVar[str] = "JobCheckpointReported"
+    job_id: str
+    node_id: str
+    checkpoint_ref: str
+    checkpointed_at: datetime
+    lease_epoch: int | None = None
+
+
+class StopJob(Payload):
+    TYPE: ClassVar[str] = "StopJob"
+    job_id: str
+    node_id: str
+    reason: str
+
+
+class MigDeviceInventory(Frozen):
+    """One MIG device (GPU instance + compute instance) of a GPU in MIG mode."""
+
+    uuid: str
+    profile: str  # e.g. 1g.10gb
+    gpu_instance_id: int
+    memory_mib: int
+    start_slice: int | None = None
+
+
+class GpuInventory(Frozen):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_enabled: bool = False
+    nvlink_domain: str | None = None
+    mig_devices: list[MigDeviceInventory] = Field(default_factory=list)
+    nvlink_peers: list[int] = Field(default_factory=list)  # indices of GPUs on this node joined by NVLink
+    pci_bus_id: str | None = None
+    healthy: bool = True
+
+
+class NodeRegistered(Payload):
+    TYPE: ClassVar[str] = "NodeRegistered"
+    node_id: str
+    hostname: str
+    gpus: list[GpuInventory]
+    cpu_milli: int
+    memory_mib: int
+    labels: dict[str, str] = Field(default_factory=dict)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    nvml_backend: str
+    # the agent's lease epoch: it grows each time an agent (re)starts or regains a lease it lost
+    lease_epoch: int = 0
+    running_jobs: list[str] = Field(default_factory=list)  # jobs the agent adopted at (re)registration
+
+
+class NodeHeartbeat(Payload):
+    TYPE: ClassVar[str] = "NodeHeartbeat"
+    node_id: str
+    running_jobs: list[str]
+    # Lease contract: the agent fences itself (stops every job) when it has not had a heartbeat accepted by
+    # the broker for lease_ttl_s; the owner of allocations may declare the node lost only after
+    # lease_ttl_s + fence_grace_s without a heartbeat of this epoch. 0 means the agent holds no lease.
+    lease_epoch: int = 0
+    lease_ttl_s: float = 0.0
+    fence_grace_s: float = 0.0
+    unhealthy_gpus: list[int] = Field(default_factory=list)
+
+
+class JobStartReported(Payload):
+    TYPE: ClassVar[str] = "JobStartReported"
+    job_id: str
+    node_id: str
+    pid: int
+    started_at: datetime
+    lease_epoch: int | None = None
+    unenforced: list[str] = Field(default_factory=list)  # parts of a GPU share the node could not enforce
+
+
+class JobExitReported(Payload):
+    TYPE: ClassVar[str] = "JobExitReported"
+    job_id: str
+    node_id: str
+    exit_code: int
+    runtime_s: float
+    error: str | None = None  # set when the command could not even be started
+    lease_epoch: int | None = None
+    # why the agent ended or lost the job, when it was not the job's own doing:
+    # gpu_unhealthy | lease_lost | not_assigned | missing_after_restart | stopped
+    reason_code: str | None = None
+
+
+class GpuProcessSample(Frozen):
+    pid: int
+    memory_used_mib: int
+    job_id: str | None = None  # None: a process no job of this agent owns
+
+
+class GpuSample(Frozen):
+    index: int
+    uuid: str
+    utilization_pct: float
+    memory_used_mib: int
+    memory_total_mib: int
+    power_w: float
+    temperature_c: float
+    sm_clock_mhz: int
+    processes: list[GpuProcessSample] = Field(default_factory=list)
+    throttle_reasons: list[str] = Field(default_factory=list)
+    healthy: bool = True
+
+
+class GpuTelemetry(Payload):
+    TYPE: ClassVar[str] = "GpuTelemetry"
+    node_id: str
+    sampled_at: datetime
+    samples: list[GpuSample]
+
+
+class GpuHealthChanged(Payload):
+    """A GPU's health changed. Unhealthy (`healthy=False`) means: cordon it, place nothing new on it.
+
+    status: healthy | degraded (throttling; still schedulable) | unhealthy (XID, ECC) | lost (off the bus).
+    `job_ids` are the jobs that held the GPU; `job_action` says what the agent did to them by policy
+    (`stopped`: each gets a JobExitReported with reason_code gpu_unhealthy; `kept`: left running).
+    """
+
+    TYPE: ClassVar[str] = "GpuHealthChanged"
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str
+    healthy: bool
+    status: str
+    reasons: list[str]
+    observed_at: datetime
+    lease_epoch: int = 0
+    xid: int | None = None
+    job_ids: list[str] = Field(default_factory=list)
+    job_action: str | None = None
+
+
+class ReconcileJobs(Payload):
+    """Command to an agent: the jobs the store says run on this node (sent after a NodeRegistered).
+
+    The agent stops processes of jobs not listed, and reports each listed job it does not have with a
+    JobExitReported(reason_code=missing_after_restart). Ordered after every earlier StartJob of the node
+    (same partition key), so a job listed here and not known to the agent is truly missing.
+    """
+
+    TYPE: ClassVar[str] = "ReconcileJobs"
+    node_id: str
+    job_ids: list[str]
+    lease_epoch: int | None = None  # the epoch this answers; an agent ignores an answer to an older epoch
