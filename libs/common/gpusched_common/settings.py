@@ -41,6 +41,9 @@ class Settings(BaseSettings):
 
     quota_file: Path | None = None
     default_tenant_gpu_cap: int = 64
+    # tenancy tree (deploy/tenants.example.yaml): set, quota uses cohorts, borrowing and fair share;
+    # unset, flat per-tenant caps from quota_file
+    tenants_file: Path | None = None
 
     # preemption: the victims' checkpoint grace, how long a (re)started run is protected, and whether a
     # higher-priority job may preempt another tenant's work always ("any") or only borrowed capacity

@@ -1,0 +1,118 @@
+"""SQL for the quota policy: usage rows locked per cohort, decayed history, reservations, pending jobs.
+
+Every write to a tenant's usage or history happens while its cohort's usage rows are held ``FOR UPDATE``
+(``lock_usage``), so a decision always sees the cohort as the last one left it, whichever process made it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from types import MappingProxyType
+
+import asyncpg
+
+from services.quota.policy import Tenancy, UsageHistory
+from services.quota.tenancy import QueuedJob, limit_units
+
+
+class QuotaOvershoot(RuntimeError):
+    """A charge the database refused: the decision was made on stale usage (never expected)."""
+
+
+async def ensure_usage_rows(conn: asyncpg.Connection, tenancy: Tenancy, tenants: Iterable[str]) -> None:
+    """Create missing (tenant, flavor) rows with their limits; existing rows are left untouched."""
+    keys = [(t, f) for t in sorted(tenants) if t in tenancy.tenants for f in tenancy.flavors]
+    if keys:
+        await conn.execute(
+            "INSERT INTO quota_policy_usage (tenant, flavor, limit_units)"
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) ON CONFLICT DO NOTHING",
+            [t for t, _ in keys], [f for _, f in keys], [limit_units(tenancy, t, f) for t, f in keys])
+
+
+async def apply_limits(conn: asyncpg.Connection, tenancy: Tenancy) -> None:
+    """Write every leaf's limits; a limit below what a tenant already holds waits until usage drains."""
+    keys = [(t, f) for t in sorted(tenancy.leaves()) for f in tenancy.flavors]
+    await conn.execute(
+        "INSERT INTO quota_policy_usage (tenant, flavor, limit_units)"
+        " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) ON CONFLICT (tenant, flavor) DO UPDATE"
+        " SET limit_units = CASE WHEN EXCLUDED.limit_units IS NULL THEN NULL"
+        " ELSE greatest(EXCLUDED.limit_units, quota_policy_usage.reserved_units) END",
+        [t for t, _ in keys], [f for _, f in keys], [limit_units(tenancy, t, f) for t, f in keys])
+
+
+async def lock_usage(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """Reserved units per tenant per flavor of a cohort, its rows locked until the transaction ends.
+    Locked in (tenant, flavor) order so that two processes taking the same cohort never deadlock."""
+    await ensure_usage_rows(conn, tenancy, members)
+    rows = await conn.fetch(
+        "SELECT tenant, flavor, reserved_units FROM quota_policy_usage WHERE tenant = ANY($1::text[])"
+        " ORDER BY tenant, flavor FOR UPDATE", list(members))
+    usage: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row["reserved_units"]:
+            usage.setdefault(row["tenant"], {})[row["flavor"]] = row["reserved_units"]
+    return usage
+
+
+async def charge(conn: asyncpg.Connection, tenant: str, flavor: str, units: int) -> int:
+    """Add (or, negative, give back) units; the new total. The guard repeats the CHECK so that a charge
+    over the limit fails loudly here rather than as a bare constraint violation."""
+    total = await conn.fetchval(
+        "UPDATE quota_policy_usage SET reserved_units = reserved_units + $3 WHERE tenant = $1 AND flavor = $2"
+        " AND reserved_units + $3 >= 0 AND (limit_units IS NULL OR reserved_units + $3 <= limit_units)"
+        " RETURNING reserved_units", tenant, flavor, units)
+    if total is None:
+        raise QuotaOvershoot(f"charging {units} units of {flavor} to {tenant} would break its limit")
+    return total
+
+
+async def load_history(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> dict[str, UsageHistory]:
+    rows = await conn.fetch("SELECT tenant, as_of_s, geq_s FROM quota_policy_history WHERE tenant = ANY($1::text[])",
+                            list(tenants))
+    return {r["tenant"]: UsageHistory(r["as_of_s"], MappingProxyType(json.loads(r["geq_s"]))) for r in rows}
+
+
+async def save_history(conn: asyncpg.Connection, tenant: str, history: UsageHistory) -> None:
+    await conn.execute(
+        "INSERT INTO quota_policy_history (tenant, as_of_s, geq_s) VALUES ($1, $2, $3::jsonb)"
+        " ON CONFLICT (tenant) DO UPDATE SET as_of_s = EXCLUDED.as_of_s, geq_s = EXCLUDED.geq_s",
+        tenant, history.as_of_s, json.dumps(dict(history.geq_s)))
+
+
+async def record_reservation(conn: asyncpg.Connection, job_id: str, tenant: str, flavor: str, units: int) -> None:
+    await conn.execute("INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units) VALUES ($1, $2, $3, $4)",
+                       job_id, tenant, flavor, units)
+    await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
+
+
+async def load_reservation(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow("SELECT tenant, flavor, units FROM quota_policy_reservations WHERE job_id = $1",
+                               job_id)
+
+
+async def forget_reservation(conn: asyncpg.Connection, job_id: str) -> None:
+    await conn.execute("DELETE FROM quota_policy_reservations WHERE job_id = $1", job_id)
+
+
+async def queue_job(conn: asyncpg.Connection, job: QueuedJob) -> None:
+    await conn.execute(
+        "INSERT INTO quota_policy_pending (job_id, tenant, gpus, gpu_model, priority, queued_at_s)"
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        job.job_id, job.tenant, job.gpus, job.gpu_model, job.priority, job.queued_at_s)
+
+
+async def unqueue_job(conn: asyncpg.Connection, job_id: str) -> None:
+    await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
+
+
+async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> list[QueuedJob]:
+    rows = await conn.fetch(
+        "SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason FROM quota_policy_pending"
+        " WHERE tenant = ANY($1::text[])", list(tenants))
+    return [QueuedJob(**dict(r)) for r in rows]
+
+
+async def set_last_reason(conn: asyncpg.Connection, job_id: str, reason: str) -> None:
+    await conn.execute("UPDATE quota_policy_pending SET last_reason = $2 WHERE job_id = $1", job_id, reason)
+

@@ -1,0 +1,173 @@
+"""The live quota service on the policy core, on real PostgreSQL: cohort borrowing, the core's waiting
+reasons recorded once, releases, and two quota processes racing for a cohort's last GPU."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from gpusched_common import decider
+from gpusched_common.batching import Batch
+from gpusched_common.db import connect
+from gpusched_common.ids import job_stream
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.messaging import Incoming
+from gpusched_common.store import load
+from services.quota.policy import UNITS_PER_GPU, load_tenancy
+from services.quota.policy_handlers import make_policy_job_event_handler, reserve_for_cohort
+from services.quota.policy_store import apply_limits
+from tests.builders import T0, a_job
+
+TENANTS = load_tenancy("""
+version: 1
+flavors: [A100-80GB]
+priority_classes: {batch: 100}
+default_priority_class: batch
+fair_share: {half_life_s: 3600}
+tenants:
+  - name: acme
+    priority_classes: [batch]
+    children:
+      - name: team-a
+        quota: {A100-80GB: {nominal: 2, borrowing_limit: 2}}
+      - name: team-b
+        quota: {A100-80GB: {nominal: 4}}
+""")
+AT_1H = T0 + timedelta(hours=1)
+
+
+def handler(at=T0):
+    return make_policy_job_event_handler(TENANTS, lambda: at)
+
+
+async def submit(conn: asyncpg.Connection, job_id: str, tenant: str, gpus: int) -> None:
+    spec = a_job(job_id).tenant(tenant).gpus(gpus).model("A100-80GB").spec()
+    state = await load_job(conn, job_id)
+    await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+                            producer="test", now=T0)
+
+
+async def cancel(conn: asyncpg.Connection, job_id: str) -> None:
+    state = await load_job(conn, job_id)
+    await append_job_events(conn, state, decider.decide(state, decider.Cancel("test"), T0), producer="test", now=T0)
+
+
+async def deliver(conn: asyncpg.Connection, job_id: str, event_type: str, at=T0) -> None:
+    """Hand the job's latest ``event_type`` event to the quota handler as one batch, as batching does."""
+    stored = [s for s in await load(conn, job_stream(job_id)) if s.envelope.type == event_type][-1]
+    message = Incoming("gpusched.jobs.events", 0, 0, job_id, stored.envelope.model_dump_json().encode(), {})
+    batch = Batch()
+    await handler(at)(conn, message, batch)
+    await batch.finish(conn)
+
+
+async def submit_and_deliver(conn: asyncpg.Connection, job_id: str, tenant: str, gpus: int) -> None:
+    async with conn.transaction():
+        await submit(conn, job_id, tenant, gpus)
+    async with conn.transaction():
+        await deliver(conn, job_id, "JobAdmitted")
+
+
+async def events_of(conn: asyncpg.Connection, job_id: str, event_type: str) -> list[dict]:
+    return [s.envelope.payload for s in await load(conn, job_stream(job_id)) if s.envelope.type == event_type]
+
+
+async def reserved_gpus(conn: asyncpg.Connection, tenant: str) -> float:
+    units = await conn.fetchval("SELECT reserved_units FROM quota_policy_usage WHERE tenant = $1", tenant)
+    return units / UNITS_PER_GPU
+
+
+@pytest.fixture
+async def conn(database_url):
+    connection = await connect(database_url)
+    await apply_limits(connection, TENANTS)
+    yield connection
+    await connection.close()
+
+
+async def test_a_tenant_borrows_idle_cohort_quota_up_to_its_borrowing_limit(conn):
+    for job_id, gpus in (("a1", 2), ("a2", 2), ("a3", 1)):
+        await submit_and_deliver(conn, job_id, "team-a", gpus)
+
+    assert [e["tenant_reserved_gpus"] for j in ("a1", "a2") for e in await events_of(conn, j, "QuotaReserved")] \
+        == [2, 4]
+    assert await reserved_gpus(conn, "team-a") == 4  # 2 nominal + 2 borrowed from idle team-b
+    [deferred] = await events_of(conn, "a3", "QuotaDeferred")
+    assert deferred["reason"] == "tenant team-a at its limit (4/2 A100-80GB + borrowing 2); job needs 1"
+    assert await conn.fetchval("SELECT as_of_s FROM quota_policy_history WHERE tenant = 'team-a'") \
+        == T0.timestamp()
+
+
+async def test_a_tenant_at_quota_waits_with_the_cores_reason_recorded_once_until_a_release(conn):
+    await submit_and_deliver(conn, "b1", "team-b", 4)
+    await submit_and_deliver(conn, "a1", "team-a", 2)
+    await submit_and_deliver(conn, "a2", "team-a", 1)
+    async with conn.transaction():
+        await reserve_for_cohort(conn, TENANTS, "acme", T0)  # another cycle: the same reason again
+
+    [deferred] = await events_of(conn, "a2", "QuotaDeferred")
+    assert deferred["reason"] == "tenant team-a at quota (2/2 A100-80GB) and cohort has nothing to lend"
+
+    async with conn.transaction():
+        await cancel(conn, "b1")
+    async with conn.transaction():
+        await deliver(conn, "b1", "JobCancelled", at=AT_1H)
+
+    [released] = await events_of(conn, "b1", "QuotaReleased")
+    assert released["tenant_reserved_gpus"] == 0
+    assert len(await events_of(conn, "a2", "QuotaReserved")) == 1  # borrows what team-b gave back
+    assert await reserved_gpus(conn, "team-a") == 3
+    assert await reserved_gpus(conn, "team-b") == 0
+    history = await conn.fetchrow("SELECT as_of_s, geq_s FROM quota_policy_history WHERE tenant = 'team-b'")
+    assert history["as_of_s"] == AT_1H.timestamp()
+    assert '"A100-80GB"' in history["geq_s"]  # 4 GPUs held for an hour, decayed
+
+
+async def test_two_quota_processes_racing_for_the_cohorts_last_gpu_never_overshoot(conn, database_url):
+    await submit_and_deliver(conn, "b1", "team-b", 3)
+    await submit_and_deliver(conn, "a1", "team-a", 2)  # the cohort's 6 GPUs: 5 reserved, 1 left
+    async with conn.transaction():
+        await submit(conn, "a2", "team-a", 1)
+        await submit(conn, "b2", "team-b", 1)
+    first, second = await connect(database_url), await connect(database_url)
+
+    async def quota_process(c: asyncpg.Connection, job_id: str) -> None:
+        async with c.transaction():
+            await deliver(c, job_id, "JobAdmitted")
+            await asyncio.sleep(0.2)  # hold the cohort's rows while the other process tries
+
+    try:
+        await asyncio.gather(quota_process(first, "a2"), quota_process(second, "b2"))
+    finally:
+        await first.close()
+        await second.close()
+    winners = [j for j in ("a2", "b2") if await events_of(conn, j, "QuotaReserved")]
+    assert len(winners) == 1
+    [loser] = {"a2", "b2"} - set(winners)
+    assert len(await events_of(conn, loser, "QuotaDeferred")) == 1
+    assert await conn.fetchval("SELECT sum(reserved_units) FROM quota_policy_usage") == 6 * UNITS_PER_GPU
+
+
+async def test_the_database_refuses_usage_above_nominal_plus_borrowing(conn):
+    await submit_and_deliver(conn, "a1", "team-a", 4)
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute("UPDATE quota_policy_usage SET reserved_units = reserved_units + 1 WHERE tenant = 'team-a'")
+
+
+async def test_a_preempted_job_gives_its_quota_back_and_queues_again(conn):
+    await submit_and_deliver(conn, "a1", "team-a", 4)
+    async with conn.transaction():
+        for command in (decider.Place("n1", (0, 1, 2, 3), ("u0", "u1", "u2", "u3"), "A100-80GB", "firstfit", "fits"),
+                        decider.RequestPreemption("x", 1000, "team-b", "reclaim", 30.0, T0),
+                        decider.RecordExit("n1", 0, 10.0)):
+            state = await load_job(conn, "a1")
+            await append_job_events(conn, state, decider.decide(state, command, T0), producer="test", now=T0)
+    async with conn.transaction():
+        await deliver(conn, "a1", "JobPreempted", at=AT_1H)
+
+    assert len(await events_of(conn, "a1", "QuotaReleased")) == 1
+    assert len(await events_of(conn, "a1", "QuotaReserved")) == 2  # queued again, and the quota is free
+    assert await reserved_gpus(conn, "team-a") == 4
