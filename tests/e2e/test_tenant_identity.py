@@ -72,22 +72,24 @@ async def test_a_repeated_request_creates_one_job(local_stack, stack_settings):
 async def test_the_queue_shows_each_waiting_job_with_its_position_and_reason(local_stack, stack_settings):
     from services.cli.queries import queue
 
-    # platform's cap is 8 GPUs (deploy/quotas.yaml): the second 8-GPU job waits for quota
+    # platform's cap is 8 GPUs (deploy/quotas.yaml): of two 8-GPU jobs, one waits for quota (which one
+    # depends on the order their events arrive from different partitions)
     spec = a_job("x").tenant("platform").gpus(8).model("A100-80GB").command("sleep", "8").spec()
     async with Client(stack_settings) as client:
-        first = await client.submit(spec)
-        second = await client.submit(spec)
+        jobs = [await client.submit(spec), await client.submit(spec)]
     conn = await connect(local_stack.database_url)
     try:
+        entry = None
         for _ in range(100):
-            waiting = await queue(conn, tenant="platform")
-            if any(w["job_id"] == second and w["reason"] != "waiting for quota" for w in waiting):
+            waiting = [w for w in await queue(conn, tenant="platform") if w["job_id"] in jobs]
+            entry = next((w for w in waiting if w["reason"] != "waiting for quota" and w["waiting_for"] == "quota"),
+                         None)
+            if entry is not None:
                 break
             await asyncio.sleep(0.1)
-        entry = next(w for w in waiting if w["job_id"] == second)
-        assert entry["waiting_for"] == "quota"
+        assert entry is not None, waiting
         assert entry["reason"] == "tenant platform is at its quota of 8 GPUs"
         assert entry["position"] >= 1
     finally:
         await conn.close()
-    await wait_until_finished(local_stack.database_url, [first, second], timeout_s=60, interval_s=0.3)
+    await wait_until_finished(local_stack.database_url, jobs, timeout_s=60, interval_s=0.3)
