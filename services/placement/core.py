@@ -4,6 +4,9 @@ themselves come from the placement engine (`placement.engine`), driven by `place
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
+
+_NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -12,7 +15,8 @@ class PendingJob:
     gpus: int
     gpu_model: str | None
     priority: int
-    seq: int
+    seq: int  # arrival at placement
+    submitted_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -32,5 +36,6 @@ class Deferral:
 
 
 def order_pending(pending: list[PendingJob]) -> list[PendingJob]:
-    """Higher priority first, then arrival (seq), then job id."""
-    return sorted(pending, key=lambda j: (-j.priority, j.seq, j.job_id))
+    """Higher priority first, then submission time (jobs without one last), then arrival, then job id."""
+    return sorted(pending, key=lambda j: (-j.priority, j.submitted_at is None, j.submitted_at or _NEVER, j.seq,
+                                          j.job_id))

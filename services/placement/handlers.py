@@ -57,10 +57,7 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
     """Record one message's effect; True when free capacity or pending work may have changed."""
     match payload:
         case ev.QuotaReserved():
-            await conn.execute(
-                "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority)"
-                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                payload.job_id, payload.tenant, payload.spec.gpus, payload.spec.gpu_model, payload.spec.priority)
+            await queue_for_placement(conn, payload.job_id, payload.spec)
             return True
         case ev.JobCancelled():
             await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", payload.job_id)
@@ -116,6 +113,13 @@ async def record_exit(conn: asyncpg.Connection, report: ev.JobExitReported, now:
     return bool(events)
 
 
+async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
+    await conn.execute(
+        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at)"
+        " VALUES ($1, $2, $3, $4, $5, (SELECT submitted_at FROM jobs WHERE job_id = $1)) ON CONFLICT DO NOTHING",
+        job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority)
+
+
 async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:
     lost_epoch = await conn.fetchval("SELECT lost_epoch FROM nodes WHERE node_id = $1", node_id)
     return is_stale(epoch, lost_epoch)
@@ -131,9 +135,7 @@ async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: s
     await conn.execute("DELETE FROM gpu_allocations WHERE job_id = $1", job_id)
     spec = state.spec
     assert spec is not None
-    await conn.execute(
-        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority) VALUES ($1, $2, $3, $4, $5)"
-        " ON CONFLICT DO NOTHING", job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority)
+    await queue_for_placement(conn, job_id, spec)
     return True
 
 

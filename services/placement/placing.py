@@ -59,10 +59,12 @@ async def _held(conn: asyncpg.Connection, table: str, ready: set[str]) -> dict[s
 
 async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy) -> None:
     await lock_cycle(conn)
-    rows = await conn.fetch("SELECT job_id, gpus, gpu_model, priority, seq, last_reasons FROM placement_pending")
+    rows = await conn.fetch(
+        "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons FROM placement_pending")
     if not rows:
         return
-    pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"]) for r in rows]
+    pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"])
+               for r in rows]
     last_reasons = {r["job_id"]: r["last_reasons"] for r in rows}
     nodes, snapshot = await load_cluster(conn)
     placements, deferrals = plan_cycle(snapshot, pending, policy, nodes)

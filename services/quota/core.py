@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
+
+_NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -10,7 +13,8 @@ class PendingJob:
     job_id: str
     gpus: int
     priority: int
-    seq: int
+    seq: int  # arrival at the quota service
+    submitted_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -33,8 +37,9 @@ class Deferral:
 
 
 def order_pending(pending: list[PendingJob]) -> list[PendingJob]:
-    """Higher priority first, then submission order (seq), then job id as the final tie-break."""
-    return sorted(pending, key=lambda j: (-j.priority, j.seq, j.job_id))
+    """Higher priority first, then submission time (jobs without one last), then arrival, then job id."""
+    return sorted(pending, key=lambda j: (-j.priority, j.submitted_at is None, j.submitted_at or _NEVER, j.seq,
+                                          j.job_id))
 
 
 def plan_reservations(ledger: Ledger, pending: list[PendingJob]) -> tuple[list[Reservation], list[Deferral]]:

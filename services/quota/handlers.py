@@ -61,8 +61,10 @@ def make_job_event_handler(config: QuotaConfig, clock: Callable[[], datetime]) -
 
 
 async def queue_for_quota(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
-    await conn.execute("INSERT INTO quota_pending (job_id, tenant, gpus, priority) VALUES ($1, $2, $3, $4)"
-                       " ON CONFLICT DO NOTHING", job_id, spec.tenant, spec.gpus, spec.priority)
+    await conn.execute(
+        "INSERT INTO quota_pending (job_id, tenant, gpus, priority, submitted_at)"
+        " VALUES ($1, $2, $3, $4, (SELECT submitted_at FROM jobs WHERE job_id = $1)) ON CONFLICT DO NOTHING",
+        job_id, spec.tenant, spec.gpus, spec.priority)
 
 
 async def release(conn: asyncpg.Connection, job_id: str, now: datetime) -> str | None:
@@ -88,8 +90,8 @@ async def reserve_for_tenant(conn: asyncpg.Connection, tenant: str, cap: int, no
     row = await conn.fetchrow("SELECT cap_gpus, reserved_gpus FROM quota_ledger WHERE tenant = $1 FOR UPDATE",
                               tenant)
     rows = await conn.fetch(
-        "SELECT job_id, gpus, priority, seq, last_reason FROM quota_pending WHERE tenant = $1", tenant)
-    pending = [PendingJob(r["job_id"], r["gpus"], r["priority"], r["seq"]) for r in rows]
+        "SELECT job_id, gpus, priority, seq, submitted_at, last_reason FROM quota_pending WHERE tenant = $1", tenant)
+    pending = [PendingJob(r["job_id"], r["gpus"], r["priority"], r["seq"], r["submitted_at"]) for r in rows]
     last_reason = {r["job_id"]: r["last_reason"] for r in rows}
     reservations, deferrals = plan_reservations(Ledger(tenant, row["cap_gpus"], row["reserved_gpus"]), pending)
     gpus_of = {job.job_id: job.gpus for job in pending}

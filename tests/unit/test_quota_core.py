@@ -45,3 +45,14 @@ def test_reservations_never_exceed_the_cap(cap, reserved, gpus, priorities):
     assert total <= cap
     assert len(reservations) + len(deferrals) == len(pending)
     assert plan_reservations(Ledger("t", cap, reserved), list(reversed(pending))) == (reservations, deferrals)
+
+
+def test_earlier_submissions_go_first_whatever_order_they_arrived_in():
+    from datetime import timedelta
+
+    from tests.builders import T0
+
+    early = PendingJob("early", 8, 0, seq=2, submitted_at=T0)
+    late = PendingJob("late", 8, 0, seq=1, submitted_at=T0 + timedelta(seconds=1))
+    reservations, _ = plan_reservations(Ledger("t", 8, 0), [late, early])
+    assert [r.job_id for r in reservations] == ["early"]
