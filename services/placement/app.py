@@ -12,6 +12,7 @@ from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
 
 from services.placement import engine
 from services.placement.handlers import SERVICE, check_leases, make_handler
+from services.placement.placing import run_cycle
 
 log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0
@@ -33,11 +34,17 @@ async def setup(runtime: Runtime) -> None:
         # Heartbeats that arrived while placement was down are still in Kafka, not yet in the table: give
         # every node a fresh lease at start rather than declare the whole cluster lost.
         await runtime.pool.execute("UPDATE nodes SET last_seen_at = greatest(last_seen_at, $1)", utcnow())
+        last_cycle = 0.0
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
                     lost = await check_leases(conn, utcnow(), policy)
+                    if asyncio.get_running_loop().time() - last_cycle >= runtime.settings.reconcile_interval_s:
+                        # the bus wakes placement up, the store is its memory: a periodic cycle from the
+                        # store alone places whatever a lost or delayed message left waiting
+                        last_cycle = asyncio.get_running_loop().time()
+                        await run_cycle(conn, utcnow(), policy)
             except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
                 log.exception("lease check failed; retrying")
                 continue

@@ -4,6 +4,7 @@ caps from the quota file."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timezone
 
@@ -49,6 +50,24 @@ async def apply_tenancy(runtime: Runtime, tenancy: Tenancy) -> None:
     runtime.wake_relay()
 
 
+async def reconcile_loop(runtime: Runtime, config: QuotaConfig) -> None:
+    """Every few seconds, a reservation pass for each tenant with waiting work, from the store alone, so a
+    lost or delayed message never strands a job."""
+    while True:
+        await asyncio.sleep(runtime.settings.reconcile_interval_s)
+        try:
+            async with runtime.pool.acquire() as conn:
+                tenants = [r["tenant"] for r in await conn.fetch("SELECT DISTINCT tenant FROM quota_pending ORDER BY 1")]
+                for tenant in tenants:
+                    async with conn.transaction():
+                        await reserve_for_tenant(conn, tenant, config.cap_for(tenant), utcnow())
+        except Exception:  # noqa: BLE001 - a database outage must not end the reconciliation
+            log.exception("quota reconciliation failed; retrying")
+            continue
+        if tenants:
+            runtime.wake_relay()
+
+
 async def main(settings: Settings | None = None) -> None:
     settings = settings or Settings()
     if settings.tenants_file is not None:
@@ -66,6 +85,7 @@ async def main(settings: Settings | None = None) -> None:
         async def setup(runtime: Runtime) -> None:
             await apply_caps(runtime, config)
             runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_QUOTA, make_job_event_handler(config, utcnow))
+            runtime.background.append(lambda: reconcile_loop(runtime, config))
             log.info("quota caps: default %d GPUs, %s", config.default_gpu_cap,
                      {t: q.gpu_cap for t, q in config.tenants.items()})
 

@@ -116,3 +116,35 @@ async def test_killing_services_with_sigkill_loses_no_job_and_places_none_twice(
         assert await conn.fetchval("SELECT sum(reserved_gpus) FROM quota_ledger") == 0
     finally:
         await conn.close()
+
+
+async def test_work_whose_wake_up_message_was_lost_is_placed_from_the_store(local_stack, stack_settings):
+    from gpusched_common import decider
+    from gpusched_common.jobs import append_job_events, load_job
+    from tests.builders import T0
+
+    conn = await connect(local_stack.database_url)
+    try:
+        # a job reserved quota, but the QuotaReserved message never reached placement: only the store knows
+        async with conn.transaction():
+            state = await load_job(conn, "lost-wakeup")
+            spec = a_job("x").spec()
+            state = await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0),
+                                                                        T0), producer="test", now=T0)
+            await append_job_events(conn, state, decider.decide(state, decider.ReserveQuota(1, 16), T0),
+                                    producer="test", now=T0)
+            await conn.execute("DELETE FROM outbox WHERE producer = 'test'")  # the messages are lost
+            await conn.execute("INSERT INTO quota_ledger (tenant, cap_gpus, reserved_gpus) VALUES ('team-a', 16, 1)"
+                               " ON CONFLICT (tenant) DO UPDATE SET reserved_gpus = quota_ledger.reserved_gpus + 1")
+            await conn.execute("INSERT INTO placement_pending (job_id, tenant, gpus, priority) VALUES"
+                               " ('lost-wakeup', 'team-a', 1, 0)")
+    finally:
+        await conn.close()
+    await wait_until_finished(local_stack.database_url, ["lost-wakeup"], timeout_s=60, interval_s=0.3)
+    job = await job_view(local_stack.database_url, "lost-wakeup")
+    for _ in range(50):
+        if job["events"][-1]["type"] == "QuotaReleased":
+            break
+        await asyncio.sleep(0.1)
+        job = await job_view(local_stack.database_url, "lost-wakeup")
+    assert job["status"] == "Succeeded" and job["events"][-1]["type"] == "QuotaReleased"
