@@ -12,6 +12,7 @@ from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, PoisonMessage
+from gpusched_common.resources import canonical_model
 from gpusched_common.store import claim
 from gpusched_common.topics import JOBS_EVENTS
 
@@ -57,7 +58,11 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
     """Record one message's effect; True when free capacity or pending work may have changed."""
     match payload:
         case ev.QuotaReserved():
-            await queue_for_placement(conn, payload.job_id, payload.spec)
+            # a reservation charged to one GPU model binds the job to it (flavors that are not a model,
+            # such as a MIG family, do not)
+            charged = canonical_model(payload.gpu_model) if payload.gpu_model else None
+            spec = payload.spec if charged is None else payload.spec.model_copy(update={"gpu_model": charged})
+            await queue_for_placement(conn, payload.job_id, spec)
             return True
         case ev.JobCancelled():
             await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", payload.job_id)

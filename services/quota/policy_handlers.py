@@ -137,7 +137,8 @@ async def _reserve(conn: asyncpg.Connection, tenancy: Tenancy, reservations: tup
         await _advance_history(conn, tenancy, r.tenant, held, now)  # at the rate held until now
         total = await store.charge(conn, r.tenant, r.flavor, r.units)
         held[r.flavor] = total
-        command = decider.ReserveQuota(total // UNITS_PER_GPU, cap_units(tenancy, r.tenant, r.flavor) // UNITS_PER_GPU)
+        command = decider.ReserveQuota(total // UNITS_PER_GPU, cap_units(tenancy, r.tenant, r.flavor) // UNITS_PER_GPU,
+                                       gpu_model=r.flavor, borrowed_gpus=r.borrowed_units / UNITS_PER_GPU)
         await append_job_events(conn, state, decider.decide(state, command, now), producer=SERVICE, now=now)
         await store.record_reservation(conn, r.job_id, r.tenant, r.flavor, r.units)
 

@@ -101,3 +101,15 @@ async def test_an_unhealthy_gpu_is_cordoned_and_its_job_requeued(database_url):
         assert [t for t, _ in await history(conn, "j1")][-2:] == ["JobRequeued", "JobPlaced"]
     finally:
         await conn.close()
+
+
+async def test_a_reservation_charged_to_a_gpu_model_binds_the_job_to_it(database_url):
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1", gpus=2), T0)  # H100 node
+            reserved = await queue_job(conn, "j1", 1)
+            await apply(conn, reserved.model_copy(update={"gpu_model": "A100-80GB"}), T0)
+        assert [t for t, _ in await history(conn, "j1")][-1] == "PlacementDeferred"  # no A100 here
+    finally:
+        await conn.close()

@@ -84,6 +84,8 @@ class DeferQuota:
 class ReserveQuota:
     tenant_reserved_gpus: int
     tenant_cap_gpus: int
+    gpu_model: str | None = None  # the flavor charged, when the quota is per GPU model
+    borrowed_gpus: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,7 @@ def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload
             return (ev.QuotaReserved(
                 job_id=job, tenant=spec.tenant, gpus=spec.gpus, spec=spec,
                 tenant_reserved_gpus=command.tenant_reserved_gpus, tenant_cap_gpus=command.tenant_cap_gpus,
+                gpu_model=command.gpu_model, borrowed_gpus=command.borrowed_gpus,
             ),)
         case Place():
             if state.status in HOLDS_GPUS and state.node_id == command.node_id:

@@ -67,6 +67,10 @@ class QuotaReserved(Payload):
     tenant_reserved_gpus: int
     tenant_cap_gpus: int
     spec: JobSpec
+    # the GPU model the quota was charged for (tenancy mode), which placement must then honour; and how
+    # much of the reservation is borrowed from the tenant's cohort, in GPUs
+    gpu_model: str | None = None
+    borrowed_gpus: float = 0.0
 
 
 class JobPlaced(Payload):
