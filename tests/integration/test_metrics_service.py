@@ -69,6 +69,7 @@ async def test_job_telemetry_reaches_prometheus_and_a_backlog_scales_out_once(se
         decisions = await read_topic(settings.kafka_bootstrap, CLUSTER_SCALING.name, expect=1, timeout_s=15)
         await asyncio.sleep(1.0)  # a few more evaluations: still one decision
         stored = await _scale_rows(settings.database_url)
+        _stop_job(agent_settings.agent_work_dir / "node-m", "mj")  # leave nothing running behind the test
     assert 'gpusched_job_gpu_memory_used_bytes{job="mj",node="node-m"}' in text, text
     line = next(li for li in text.splitlines()
                 if li.startswith('gpusched_gpu_utilization_ratio{gpu="0",model="H100-80GB",node="node-m",pool="train"}'))
@@ -82,6 +83,20 @@ async def test_job_telemetry_reaches_prometheus_and_a_backlog_scales_out_once(se
     payload = decision["payload"]
     assert (payload["nodes"], payload["unplaceable_gpus"], payload["free_gpus"], payload["gpus_per_node"]) == (3, 6, 1, 2)
     assert stored == [("out", "H100-80GB", 3)]
+
+
+def _stop_job(work_dir, job_id: str) -> None:
+    import os
+    import signal
+
+    from services.node_agent.runner import JobRunner
+
+    record = JobRunner(work_dir).record(job_id)
+    if record is not None:
+        try:
+            os.killpg(record.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 async def _scale_rows(database_url: str) -> list[tuple]:
