@@ -143,12 +143,12 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 def _detail(event: dict) -> str:
     payload = event["payload"]
+    if "gpu_indices" in payload and payload.get("node_id"):  # where it runs first, then why
+        return f"{payload['node_id']} GPUs {payload['gpu_indices']}: {payload.get('reason', '')}"[:100]
     for key in ("reasons", "reason", "node_id", "exit_code"):
         if key in payload and payload[key] not in (None, []):
             value = payload[key]
             text = "; ".join(value) if isinstance(value, list) else str(value)
-            if key == "node_id" and "gpu_indices" in payload:
-                text += f" GPUs {payload['gpu_indices']}"
             return f"{key}: {text}"[:100]
     return ""
 
