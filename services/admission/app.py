@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 
 from gpusched_common.credentials import load_keys
-from gpusched_common.runtime import Runtime, run_service
+from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_ADMISSION, JOBS_SUBMITTED
 
@@ -17,9 +16,6 @@ from services.admission.ratelimit import RateLimit
 
 log = logging.getLogger(__name__)
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def build_policy(settings: Settings) -> AdmissionPolicy:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import asyncpg
 
-from gpusched_common.runtime import Runtime, run_service
+from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
 
 from services.metrics.core import Thresholds, Views, plan_views
@@ -24,9 +24,6 @@ from services.metrics.tracker import TelemetryTracker
 
 log = logging.getLogger(__name__)
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def thresholds(settings: Settings) -> Thresholds:

@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpusched_common import events as ev
-from gpusched_common.messaging import Incoming, PoisonMessage
+from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.runtime import utcnow
 from gpusched_common.settings import Settings
 from gpusched_common.topics import NODES_REPORTS, NODES_TELEMETRY
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
@@ -34,9 +35,6 @@ GPU_UNHEALTHY, STOPPED, PREEMPTED = "gpu_unhealthy", "stopped", "preempted"
 CHECKPOINT_POLL_S = 1.0
 log = logging.getLogger(__name__)
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -199,10 +197,7 @@ class Agent:
     async def on_command(self, message: Incoming) -> None:
         if message.key != self.node_id:
             return  # commands for other nodes share the topic
-        try:
-            payload = ev.parse_payload(ev.Envelope.model_validate_json(message.value))
-        except ValueError as exc:
-            raise PoisonMessage(f"unreadable command: {exc}") from exc
+        _, payload = parse_event(message)
         if isinstance(payload, ev.StartJob):
             await self.start_job(payload)
         elif isinstance(payload, ev.StopJob):

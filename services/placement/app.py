@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
 
-from gpusched_common.runtime import Runtime, run_service
+from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
 
@@ -17,9 +16,6 @@ from services.placement.placing import run_cycle
 log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 async def setup(runtime: Runtime) -> None:

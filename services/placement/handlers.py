@@ -11,7 +11,7 @@ from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
-from gpusched_common.messaging import Incoming, PoisonMessage
+from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.resources import canonical_model
 from gpusched_common.store import claim
 from gpusched_common.topics import JOBS_EVENTS
@@ -21,14 +21,6 @@ from services.placement.leases import REQUEUE_REASON_CODES, NodeLease, is_stale,
 from services.placement.placing import SERVICE, lock_cycle, run_cycle, send_command
 
 
-def parse_message(message: Incoming) -> tuple[ev.Envelope, ev.Payload]:
-    try:
-        envelope = ev.Envelope.model_validate_json(message.value)
-        return envelope, ev.parse_payload(envelope)
-    except ValueError as exc:
-        raise PoisonMessage(f"unreadable message: {exc}") from exc
-
-
 _JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled)
 
 
@@ -36,7 +28,7 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy) 
     """One handler for job events and node reports: record the effect; cycle once per batch if needed."""
 
     async def on_message(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
-        envelope, payload = parse_message(message)
+        envelope, payload = parse_event(message)
         if message.topic == JOBS_EVENTS.name and not isinstance(payload, _JOB_EVENTS):
             return
         if not await claim(conn, SERVICE, envelope.event_id):

@@ -3,18 +3,14 @@ release lets them run, with a checkpoint grace period, and holds the freed GPUs 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 
-from gpusched_common.runtime import Runtime, run_service
+from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_PREEMPTION, JOBS_EVENTS
 
 from services.preemption import selection as sel
 from services.preemption.handlers import SERVICE, PreemptionSettings, make_handler
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def preemption_settings(settings: Settings) -> PreemptionSettings:

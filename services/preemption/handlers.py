@@ -17,7 +17,7 @@ from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
-from gpusched_common.messaging import Incoming, PoisonMessage
+from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 
 from services.placement.core import PendingJob
@@ -36,11 +36,7 @@ class PreemptionSettings:
 
 def make_handler(settings: PreemptionSettings, clock: Callable[[], datetime]) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
-        try:
-            envelope = ev.Envelope.model_validate_json(message.value)
-            payload = ev.parse_payload(envelope)
-        except ValueError as exc:
-            raise PoisonMessage(f"unreadable event: {exc}") from exc
+        envelope, payload = parse_event(message)
         if not isinstance(payload, ev.PlacementDeferred):
             return
         if not await claim(conn, SERVICE, envelope.event_id):

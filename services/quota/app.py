@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
 
-from gpusched_common.runtime import Runtime, run_service
+from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_QUOTA, JOBS_EVENTS
 
@@ -20,9 +19,6 @@ from services.quota.policy_store import apply_limits
 
 log = logging.getLogger(__name__)
 
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 async def apply_caps(runtime: Runtime, config: QuotaConfig) -> None:

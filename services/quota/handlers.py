@@ -11,7 +11,7 @@ from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
-from gpusched_common.messaging import Incoming, PoisonMessage
+from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 
 from services.quota.config import QuotaConfig
@@ -19,15 +19,6 @@ from services.quota.core import Ledger, PendingJob, plan_reservations
 
 SERVICE = "quota"
 _TERMINAL = (ev.JobSucceeded, ev.JobFailed, ev.JobCancelled)
-
-
-def parse_event(message: Incoming) -> tuple[ev.Envelope, ev.Payload]:
-    """Parse a job event; anything unreadable can never be handled and is dead-lettered."""
-    try:
-        envelope = ev.Envelope.model_validate_json(message.value)
-        return envelope, ev.parse_payload(envelope)
-    except ValueError as exc:
-        raise PoisonMessage(f"unreadable event: {exc}") from exc
 
 
 def make_job_event_handler(config: QuotaConfig, clock: Callable[[], datetime]) -> TxHandler:

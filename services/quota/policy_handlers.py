@@ -23,11 +23,11 @@ from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.decider import JobStatus
 from gpusched_common.jobs import append_job_events, load_job
-from gpusched_common.messaging import Incoming
+from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 
 from services.quota import policy_store as store
-from services.quota.handlers import SERVICE, parse_event
+from services.quota.handlers import SERVICE
 from services.quota.policy import (
     UNITS_PER_GPU,
     QuotaPlan,

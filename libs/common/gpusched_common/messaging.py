@@ -20,6 +20,7 @@ from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaMessage
 from opentelemetry import trace
 
+from gpusched_common.events import Envelope, Payload, parse_payload
 from gpusched_common.settings import Settings
 from gpusched_common.store import ConcurrencyError
 from gpusched_common.topics import DEADLETTER
@@ -52,6 +53,16 @@ class Incoming:
 
 
 Handler = Callable[[Incoming], Awaitable[None]]
+
+
+def parse_event(message: Incoming) -> tuple[Envelope, Payload]:
+    """The envelope and typed payload of a message; anything unreadable can never be handled, so it is a
+    PoisonMessage (dead-lettered at once)."""
+    try:
+        envelope = Envelope.model_validate_json(message.value)
+        return envelope, parse_payload(envelope)
+    except ValueError as exc:  # pydantic's ValidationError and UnknownEventType are ValueErrors
+        raise PoisonMessage(f"unreadable message: {exc}") from exc
 
 
 def build_broker(settings: Settings, client_id: str) -> KafkaBroker:

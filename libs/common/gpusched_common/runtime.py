@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from datetime import datetime, timezone
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,11 @@ from gpusched_common.settings import Settings
 from gpusched_common.tracing import configure_tracing
 
 log = logging.getLogger(__name__)
+
+
+def utcnow() -> datetime:
+    """The clock every service shell passes to its handlers (pure cores never read it)."""
+    return datetime.now(timezone.utc)
 
 
 @dataclass

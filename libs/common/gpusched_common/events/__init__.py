@@ -80,3 +80,15 @@ def make_envelope(
         traceparent=traceparent,
         payload=payload.model_dump(mode="json"),
     )
+
+
+__all__ = [  # the events package is the one place to import event models from
+    "Envelope", "Frozen", "GpuHealthChanged", "GpuInventory", "GpuProcessSample", "GpuSample",
+    "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCheckpointReported", "JobCheckpointed",
+    "JobExitReported", "JobFailed", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobSpec",
+    "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",
+    "NodeRegistered", "PAYLOAD_TYPES", "Payload", "PlacementDeferred", "PreemptJob", "PreemptionRequested",
+    "QuotaDeferred", "QuotaReleased", "QuotaReserved", "ReconcileJobs", "ScaleInRequested",
+    "ScaleOutRequested", "StartJob", "StopJob", "UnknownEventType", "VictimsSelected", "make_envelope",
+    "parse_payload",
+]
