@@ -18,6 +18,7 @@ NODES_COMMANDS = Topic("gpusched.nodes.commands", key="node id")
 NODES_REPORTS = Topic("gpusched.nodes.reports", key="node id")
 NODES_TELEMETRY = Topic("gpusched.nodes.telemetry", key="node id", high_volume=True)
 CLUSTER_SCALING = Topic("gpusched.cluster.scaling", key="GPU model")
+QUOTA_RECLAIMS = Topic("gpusched.quota.reclaims", key="tenant")
 DEADLETTER = Topic("gpusched.deadletter", key="original key")
 
 ALL_TOPICS: tuple[Topic, ...] = (
@@ -27,6 +28,7 @@ ALL_TOPICS: tuple[Topic, ...] = (
     NODES_REPORTS,
     NODES_TELEMETRY,
     CLUSTER_SCALING,
+    QUOTA_RECLAIMS,
     DEADLETTER,
 )
 

@@ -14,7 +14,7 @@ from gpusched_common.events.base import (
     Frozen, Payload, Envelope,
 )
 from gpusched_common.events.jobs import (
-    JobSpec, JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
+    GpuShareSpec, GangMember, GangMemberExited, JobSpec, JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
     PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, PreemptionRequested,
     VictimsSelected, JobCheckpointed, JobPreempted, JobRequeued, QuotaReleased,
 )
@@ -24,18 +24,19 @@ from gpusched_common.events.nodes import (
     GpuHealthChanged, ReconcileJobs,
 )
 from gpusched_common.events.scaling import (
-    ScaleOutRequested, ScaleInRequested,
+    ScaleOutRequested, ScaleInRequested, ReclaimBorrower, ReclaimRequested,
 )
 
 
 PAYLOAD_TYPES: dict[str, type[Payload]] = {
     model.TYPE: model
     for model in (
-        JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
+        JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced, GangMemberExited,
         PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobRequeued, QuotaReleased,
         PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
+        ReclaimRequested,
     )
 }
 
@@ -83,12 +84,12 @@ def make_envelope(
 
 
 __all__ = [  # the events package is the one place to import event models from
-    "Envelope", "Frozen", "GpuHealthChanged", "GpuInventory", "GpuProcessSample", "GpuSample",
+    "Envelope", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
     "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCheckpointReported", "JobCheckpointed",
     "JobExitReported", "JobFailed", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobSpec",
     "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",
     "NodeRegistered", "PAYLOAD_TYPES", "Payload", "PlacementDeferred", "PreemptJob", "PreemptionRequested",
-    "QuotaDeferred", "QuotaReleased", "QuotaReserved", "ReconcileJobs", "ScaleInRequested",
+    "QuotaDeferred", "QuotaReleased", "QuotaReserved", "ReclaimBorrower", "ReclaimRequested", "ReconcileJobs", "ScaleInRequested",
     "ScaleOutRequested", "StartJob", "StopJob", "UnknownEventType", "VictimsSelected", "make_envelope",
     "parse_payload",
 ]

@@ -13,16 +13,58 @@ from gpusched_common.events.base import Frozen, Payload
 # --- job specification -----------------------------------------------------------------------------
 
 
+class GpuShareSpec(Frozen):
+    """A fraction of one GPU: ``milli`` thousandths of its compute (1..999) and ``memory_mib`` of its
+    memory (0: no memory reservation). Enforced through MPS where the node runs it."""
+
+    milli: int
+    memory_mib: int = 0
+
+
 class JobSpec(Frozen):
-    """What a user asks for. Ranges are checked by admission (with reasons), not by the parser."""
+    """What a user asks for. Ranges are checked by admission (with reasons), not by the parser.
+
+    Four shapes: ``gpus`` whole GPUs on one node; a gang of ``nodes`` nodes with ``gpus`` whole GPUs each,
+    placed all or nothing; a ``gpu_share`` of one GPU; one MIG slice of ``mig_profile`` (e.g. ``3g.40gb``).
+    With a share or a MIG profile ``gpus`` is 1 (the one GPU the fraction is of) and ``nodes`` is 1.
+    """
 
     tenant: str
     gpus: int
     gpu_model: str | None = None
+    nodes: int = 1
+    gpu_share: GpuShareSpec | None = None
+    mig_profile: str | None = None
     priority: int = 0
     command: list[str]
     name: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """``share``, ``mig``, ``gang`` or ``whole``."""
+        if self.gpu_share is not None:
+            return "share"
+        if self.mig_profile is not None:
+            return "mig"
+        return "gang" if self.nodes > 1 else "whole"
+
+    @property
+    def whole_gpus(self) -> int:
+        """Whole GPUs the job holds across all its nodes (0 for a share or a MIG slice)."""
+        return 0 if self.kind in ("share", "mig") else self.gpus * self.nodes
+
+    def describe(self) -> str:
+        """``4 GPU``, ``2x8 GPU (gang)``, ``0.5 GPU share``, ``MIG 3g.40gb``, with the model if any."""
+        model = f" {self.gpu_model}" if self.gpu_model else ""
+        if self.gpu_share is not None:
+            memory = f", {self.gpu_share.memory_mib} MiB" if self.gpu_share.memory_mib else ""
+            return f"{self.gpu_share.milli / 1000:g}{model} GPU share{memory}"
+        if self.mig_profile is not None:
+            return f"MIG {self.mig_profile}{model}"
+        if self.nodes > 1:
+            return f"{self.nodes}x{self.gpus}{model} GPU (gang)"
+        return f"{self.gpus}{model} GPU"
 
 
 # --- job stream events -----------------------------------------------------------------------------
@@ -73,7 +115,19 @@ class QuotaReserved(Payload):
     borrowed_gpus: float = 0.0
 
 
+class GangMember(Frozen):
+    """One node of a gang placement; ``rank`` 0 is the gang's first node (its ``node_id``)."""
+
+    rank: int
+    node_id: str
+    gpu_indices: list[int]
+    gpu_uuids: list[str]
+
+
 class JobPlaced(Payload):
+    """Where the job runs. ``node_id``/``gpu_indices`` are its (first) node and GPUs; a gang lists every
+    node in ``members``; a share or MIG slice says which part of the GPU it got."""
+
     TYPE: ClassVar[str] = "JobPlaced"
     job_id: str
     node_id: str
@@ -82,6 +136,26 @@ class JobPlaced(Payload):
     gpu_model: str
     policy: str
     reason: str
+    members: list[GangMember] = Field(default_factory=list)
+    gpu_share_milli: int | None = None
+    gpu_memory_mib: int | None = None
+    mig_profile: str | None = None
+    mig_start: int | None = None  # first memory slice of the MIG instance
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [m.node_id for m in self.members] or [self.node_id]
+
+
+class GangMemberExited(Payload):
+    """One node of a gang finished its part (exit 0, or stopped while the gang is preempted); the job
+    ends when the last member does."""
+
+    TYPE: ClassVar[str] = "GangMemberExited"
+    job_id: str
+    node_id: str
+    exit_code: int
+    runtime_s: float
 
 
 class PlacementDeferred(Payload):

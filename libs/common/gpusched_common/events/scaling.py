@@ -1,11 +1,13 @@
-"""Scale decisions for an autoscaler."""
+"""Scale decisions for an autoscaler, and quota's reclaim requests to the preemption service."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import ClassVar
 
-from gpusched_common.events.base import Payload
+from pydantic import Field
+
+from gpusched_common.events.base import Frozen, Payload
 
 
 class ScaleOutRequested(Payload):
@@ -38,3 +40,24 @@ class ScaleInRequested(Payload):
     pending_gpus: int
     decided_at: datetime
     pool: str | None = None
+
+
+class ReclaimBorrower(Frozen):
+    tenant: str
+    borrowed_gpus: float  # held above its nominal quota of the flavor
+
+
+class ReclaimRequested(Payload):
+    """Quota asks preemption to free ``gpus`` of ``flavor`` that ``borrowers`` hold above their nominal
+    quota, so that ``tenant`` (under its nominal quota) can run ``for_jobs``. Victims come only from the
+    borrowers, and only while they still borrow; a request that would free nothing usable is declined."""
+
+    TYPE: ClassVar[str] = "ReclaimRequested"
+    tenant: str
+    cohort: str
+    flavor: str
+    gpus: float
+    for_jobs: list[str]
+    borrowers: list[ReclaimBorrower] = Field(default_factory=list)
+    reason: str
+    requested_at: datetime
