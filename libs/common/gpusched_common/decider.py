@@ -44,8 +44,10 @@ class JobState:
     version: int = 0
     spec: ev.JobSpec | None = None
     quota_held: bool = False
-    node_id: str | None = None
+    node_id: str | None = None  # the (first) node it runs on
     gpu_indices: tuple[int, ...] = ()
+    node_ids: tuple[str, ...] = ()  # every node it runs on: one, or each member of a gang
+    exited_nodes: tuple[str, ...] = ()  # gang members that finished their part of this run
     exit_code: int | None = None
     last_reasons: tuple[str, ...] = ()
     # the W3C traceparent of the job's latest event (set when loaded from the store, not by evolve), so
@@ -275,7 +277,8 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
             return replace(state, version=version, status=JobStatus.QUEUED, quota_held=True, last_reasons=())
         case ev.JobPlaced():
             return replace(state, version=version, status=JobStatus.PLACED, node_id=event.node_id,
-                           gpu_indices=tuple(event.gpu_indices), last_reasons=(), runs=state.runs + 1)
+                           gpu_indices=tuple(event.gpu_indices), node_ids=tuple(event.node_ids), exited_nodes=(),
+                           last_reasons=(), runs=state.runs + 1)
         case ev.PlacementDeferred():
             return replace(state, version=version, last_reasons=tuple(event.reasons))
         case ev.JobStarted():
@@ -290,7 +293,7 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
                            checkpointed_at=event.checkpointed_at)
         case ev.JobPreempted():
             return replace(state, version=version, status=JobStatus.PREEMPTED, node_id=None, gpu_indices=(),
-                           preemptor=None, started_at=None)
+                           node_ids=(), exited_nodes=(), preemptor=None, started_at=None)
         case ev.JobSucceeded():
             return replace(state, version=version, status=JobStatus.SUCCEEDED, exit_code=event.exit_code)
         case ev.JobFailed():
@@ -300,7 +303,7 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
             return replace(state, version=version, status=JobStatus.CANCELLED, last_reasons=(event.reason,))
         case ev.JobRequeued():
             return replace(state, version=version, status=JobStatus.QUEUED, node_id=None, gpu_indices=(),
-                           last_reasons=(event.reason,))
+                           node_ids=(), exited_nodes=(), last_reasons=(event.reason,))
         case ev.QuotaReleased():
             if state.status is JobStatus.PREEMPTED:  # back in line for quota, to resume from its checkpoint
                 return replace(state, version=version, quota_held=False, status=JobStatus.ADMITTED)
