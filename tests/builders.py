@@ -35,9 +35,18 @@ class JobBuilder:
     def command(self, *argv: str) -> JobBuilder:
         return replace(self, _command=argv)
 
+    def gang(self, nodes: int) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "nodes": nodes})
+
+    def share(self, milli: int, memory_mib: int = 0) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "gpu_share": {"milli": milli, "memory_mib": memory_mib}})
+
+    def mig(self, profile: str) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "mig_profile": profile})
+
     def spec(self) -> ev.JobSpec:
         return ev.JobSpec(tenant=self._tenant, gpus=self._gpus, gpu_model=self._model, priority=self._priority,
-                          command=list(self._command))
+                          command=list(self._command), **self._extra)
 
 
 def a_job(job_id: str) -> JobBuilder:

@@ -6,27 +6,65 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from gpusched_common.events import JobSpec
+
 _NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
 class PendingJob:
+    """A job waiting for placement: ``gpus`` whole GPUs on each of ``nodes`` nodes (a gang when > 1), or a
+    share of one GPU (``share_milli`` and ``share_memory_mib``), or one MIG slice of ``mig_profile``."""
+
     job_id: str
     gpus: int
     gpu_model: str | None
     priority: int
     seq: int  # arrival at placement
     submitted_at: datetime | None = None
+    nodes: int = 1
+    share_milli: int | None = None
+    share_memory_mib: int = 0
+    mig_profile: str | None = None
+
+
+def pending_from_spec(job_id: str, spec: JobSpec, seq: int = 0, submitted_at: datetime | None = None) -> PendingJob:
+    share = spec.gpu_share
+    return PendingJob(job_id, spec.gpus, spec.gpu_model, spec.priority, seq, submitted_at, spec.nodes,
+                      share.milli if share else None, share.memory_mib if share else 0, spec.mig_profile)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of a placement: the GPUs it got there."""
+
+    node_id: str
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Placement:
+    """Where a job goes. ``node_id``/``gpu_indices``/``gpu_uuids`` are its first (for a gang: rank 0)
+    member; ``members`` lists every node of a gang (empty for a single node). A share or a MIG slice
+    says what part of the GPU it got."""
+
     job_id: str
     node_id: str
     gpu_indices: tuple[int, ...]
     gpu_uuids: tuple[str, ...]
     gpu_model: str
     reason: str
+    members: tuple[Member, ...] = ()
+    share_milli: int | None = None
+    share_memory_mib: int | None = None
+    mig_profile: str | None = None
+    mig_start: int | None = None
+    mig_memory_slices: int | None = None
+
+    @property
+    def all_members(self) -> tuple[Member, ...]:
+        return self.members or (Member(self.node_id, self.gpu_indices, self.gpu_uuids),)
 
 
 @dataclass(frozen=True)

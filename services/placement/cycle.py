@@ -7,11 +7,11 @@ before the next job, so a cycle never hands out a GPU twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from services.placement import engine
-from services.placement.core import Deferral, PendingJob, Placement, order_pending
+from services.placement.core import Deferral, Member, PendingJob, Placement, order_pending
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class GpuRow:
     model: str
     memory_mib: int
     healthy: bool = True
+    mig_enabled: bool = False
+    nvlink_domain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -32,44 +34,87 @@ class NodeRow:
     labels: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class Held:
+    """One GPU (or part of one) a job holds: a whole GPU, a share (``milli`` < 1000, ``memory_mib``) or a
+    MIG instance of ``mig_profile`` starting at memory slice ``mig_start``."""
+
+    node_id: str
+    gpu_index: int
+    milli: int = engine.MILLI_PER_GPU
+    memory_mib: int = 0
+    mig_profile: str | None = None
+    mig_start: int | None = None
+
+
 def nomination_id(job_id: str) -> str:
     return f"nominated-for/{job_id}"
 
 
-def build_cluster(nodes: list[NodeRow], allocations: Mapping[str, list[tuple[str, int]]],
-                  nominations: Mapping[str, list[tuple[str, int]]]) -> engine.ClusterSnapshot:
-    """The engine snapshot: nodes with their GPUs, every job's allocation, and the GPUs held for a
-    preemptor (an allocation of their own, released only for that preemptor)."""
+def build_cluster(nodes: list[NodeRow], allocations: Mapping[str, Sequence[Held | tuple[str, int]]],
+                  nominations: Mapping[str, Sequence[tuple[str, int]]]) -> engine.ClusterSnapshot:
+    """The engine snapshot: nodes with their GPUs, every job's allocation (whole GPUs as ``(node, index)``
+    pairs or ``Held`` rows, shares and MIG instances as ``Held``), and the GPUs held for a preemptor (an
+    allocation of their own, released only for that preemptor)."""
     snapshot = engine.build_snapshot(
-        engine.Node(
-            id=engine.NodeId(n.node_id), cpu_milli=n.cpu_milli, memory_mib=n.memory_mib, labels=dict(n.labels),
-            gpus=tuple(engine.Gpu(g.index, g.model, g.memory_mib, g.uuid, g.healthy) for g in n.gpus),
-        ) for n in sorted(nodes, key=lambda n: n.node_id))
-    for allocation_id, gpus in [*sorted(allocations.items()),
+        engine.Node(id=engine.NodeId(n.node_id), cpu_milli=n.cpu_milli, memory_mib=n.memory_mib,
+                    labels=dict(n.labels), gpus=_engine_gpus(n))
+        for n in sorted(nodes, key=lambda n: n.node_id))
+    for allocation_id, held in [*sorted(allocations.items()),
                                 *((nomination_id(j), g) for j, g in sorted(nominations.items()))]:
-        snapshot = engine.apply_bindings(snapshot, engine.RequestId(allocation_id), _whole_gpus(gpus))
+        snapshot = engine.apply_bindings(snapshot, engine.RequestId(allocation_id), bindings_of(held))
     return snapshot
 
 
-def _whole_gpus(gpus: list[tuple[str, int]]) -> list[engine.Binding]:
-    by_node: dict[str, list[int]] = {}
-    for node_id, index in gpus:
-        by_node.setdefault(node_id, []).append(index)
-    return [engine.Binding(engine.NodeId(node), tuple(sorted(indices)), gpu_milli=engine.MILLI_PER_GPU)
-            for node, indices in sorted(by_node.items())]
+def _engine_gpus(node: NodeRow) -> tuple[engine.Gpu, ...]:
+    domains: dict[str, int] = {}  # NVLink domains by name, numbered per node
+    return tuple(
+        engine.Gpu(g.index, g.model, g.memory_mib, g.uuid, g.healthy,
+                   None if g.nvlink_domain is None else domains.setdefault(g.nvlink_domain, len(domains)),
+                   g.mig_enabled)
+        for g in node.gpus)
 
 
-def request_for(job: PendingJob) -> engine.PodRequest:
-    return engine.PodRequest(id=engine.RequestId(job.job_id), gpu=engine.WholeGpus(job.gpus),
-                             allowed_models=frozenset({job.gpu_model}) if job.gpu_model else frozenset())
+def bindings_of(held: Sequence[Held | tuple[str, int]]) -> list[engine.Binding]:
+    """Engine bindings of what one job holds: its whole GPUs grouped per node, each share and MIG
+    instance on its own."""
+    whole: dict[str, list[int]] = {}
+    parts: list[engine.Binding] = []
+    for item in held:
+        h = item if isinstance(item, Held) else Held(item[0], item[1])
+        node = engine.NodeId(h.node_id)
+        if h.mig_profile is not None:
+            parts.append(engine.Binding(node, (h.gpu_index,), mig=engine.MigPlacement(h.mig_profile, h.mig_start or 0)))
+        elif h.milli < engine.MILLI_PER_GPU:
+            parts.append(engine.Binding(node, (h.gpu_index,), gpu_milli=h.milli, gpu_memory_mib=h.memory_mib))
+        else:
+            whole.setdefault(h.node_id, []).append(h.gpu_index)
+    return [*(engine.Binding(engine.NodeId(node), tuple(sorted(indices)), gpu_milli=engine.MILLI_PER_GPU)
+              for node, indices in sorted(whole.items())), *parts]
+
+
+def request_for(job: PendingJob) -> engine.PodRequest | engine.GangRequest:
+    models = frozenset({job.gpu_model}) if job.gpu_model else frozenset()
+    request_id = engine.RequestId(job.job_id)
+    if job.share_milli is not None:
+        if job.share_milli >= engine.MILLI_PER_GPU:
+            return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(1), allowed_models=models)
+        return engine.PodRequest(id=request_id, gpu=engine.GpuShare(job.share_milli, job.share_memory_mib),
+                                 allowed_models=models)
+    if job.mig_profile is not None:
+        return engine.PodRequest(id=request_id, gpu=engine.MigSlice(job.mig_profile), allowed_models=models)
+    if job.nodes > 1:
+        return engine.GangRequest(id=request_id, node_count=job.nodes, gpus_per_node=job.gpus,
+                                  allowed_models=models)
+    return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(job.gpus), allowed_models=models)
 
 
 def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], policy: engine.PlacementPolicy,
                nodes: list[NodeRow]) -> tuple[list[Placement], list[Deferral]]:
     """Place pending jobs in order (priority, arrival, id); one that does not fit does not stop smaller
-    ones behind it. GPUs nominated for a job are offered to that job only."""
-    uuids = {(n.node_id, g.index): g.uuid for n in nodes for g in n.gpus}
-    models = {(n.node_id, g.index): g.model for n in nodes for g in n.gpus}
+    ones behind it. GPUs nominated for a job are offered to that job only. A gang is placed whole or
+    not at all."""
+    gpus = {(n.node_id, g.index): g for n in nodes for g in n.gpus}
     placements: list[Placement] = []
     deferrals: list[Deferral] = []
     for job in order_pending(pending):
@@ -78,12 +123,28 @@ def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], poli
         decision = engine.place(view, request_for(job), policy)
         if not decision.placed:
             reasons = tuple(str(r) for r in decision.unplaced_by_class) or decision.reasons
+            if decision.unplaced_by_class and decision.reasons and decision.reasons[0].startswith("gang"):
+                reasons = (decision.reasons[0], *reasons)
             deferrals.append(Deferral(job.job_id, reasons))
             continue
         snapshot = engine.apply(view, decision)
-        binding = decision.bindings[0]
-        node = str(binding.node_id)
-        placements.append(Placement(
-            job.job_id, node, tuple(binding.gpu_indices), tuple(uuids[(node, i)] for i in binding.gpu_indices),
-            models[(node, binding.gpu_indices[0])], "; ".join(decision.reasons)))
+        placements.append(placement_of(job, decision, gpus))
     return placements, deferrals
+
+
+def placement_of(job: PendingJob, decision: engine.Decision, gpus: Mapping[tuple[str, int], GpuRow]) -> Placement:
+    members = tuple(Member(str(b.node_id), tuple(b.gpu_indices),
+                           tuple(gpus[(str(b.node_id), i)].uuid for i in b.gpu_indices)) for b in decision.bindings)
+    first, binding = members[0], decision.bindings[0]
+    model = gpus[(first.node_id, first.gpu_indices[0])].model
+    mig = binding.mig
+    slices = None
+    if mig is not None:
+        profile = engine.mig_profile(model, mig.profile)
+        slices = profile.memory_slices if profile else None
+    share = binding.gpu_milli if 0 < binding.gpu_milli < engine.MILLI_PER_GPU else None
+    return Placement(
+        job.job_id, first.node_id, first.gpu_indices, first.gpu_uuids, model, "; ".join(decision.reasons),
+        members=members if len(members) > 1 else (),
+        share_milli=share, share_memory_mib=binding.gpu_memory_mib if share is not None else None,
+        mig_profile=mig.profile if mig else None, mig_start=mig.start if mig else None, mig_memory_slices=slices)

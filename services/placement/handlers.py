@@ -105,16 +105,29 @@ async def record_exit(conn: asyncpg.Connection, report: ev.JobExitReported, now:
     command = decider.RecordExit(report.node_id, report.exit_code, report.runtime_s, report.error)
     events = decider.decide(state, command, now)
     await append_job_events(conn, state, events, producer=SERVICE, now=now)
-    if events:
-        await release_gpus(conn, report.job_id, now)
-    return bool(events)
+    if not events:
+        return False
+    if isinstance(events[0], ev.GangMemberExited):  # the rest of the gang runs on; this node's GPUs are free
+        await conn.execute("DELETE FROM gpu_allocations WHERE job_id = $1 AND node_id = $2", report.job_id,
+                           report.node_id)
+        return True
+    # a gang that failed on one node: stop the members still running elsewhere
+    others = [n for n in state.node_ids if n != report.node_id and n not in state.exited_nodes]
+    await release_gpus(conn, report.job_id, now)
+    for node_id in others:
+        reason = f"gang member on {report.node_id} ended the job"
+        await send_command(conn, ev.StopJob(job_id=report.job_id, node_id=node_id, reason=reason), node_id, now)
+    return True
 
 
 async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
+    share = spec.gpu_share
     await conn.execute(
-        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at)"
-        " VALUES ($1, $2, $3, $4, $5, (SELECT submitted_at FROM jobs WHERE job_id = $1)) ON CONFLICT DO NOTHING",
-        job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority)
+        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
+        " share_memory_mib, mig_profile) VALUES ($1, $2, $3, $4, $5, (SELECT submitted_at FROM jobs WHERE job_id = $1),"
+        " $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+        job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, spec.nodes, share.milli if share else None,
+        share.memory_mib if share else None, spec.mig_profile)
 
 
 async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:
@@ -130,6 +143,9 @@ async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: s
         return False
     await append_job_events(conn, state, events, producer=SERVICE, now=now)
     await conn.execute("DELETE FROM gpu_allocations WHERE job_id = $1", job_id)
+    for other in state.node_ids:  # a gang runs whole or not at all: its other members stop too
+        if other != node_id and other not in state.exited_nodes:
+            await send_command(conn, ev.StopJob(job_id=job_id, node_id=other, reason=reason), other, now)
     spec = state.spec
     assert spec is not None
     await queue_for_placement(conn, job_id, spec)
@@ -169,10 +185,13 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
         node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
         node.lease_epoch)
     await conn.executemany(
-        "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy) VALUES ($1, $2, $3, $4, $5, $6)"
+        "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy, mig_enabled, nvlink_domain)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
         " ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid, model = EXCLUDED.model,"
-        " memory_mib = EXCLUDED.memory_mib, healthy = EXCLUDED.healthy",
-        [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy) for g in node.gpus])
+        " memory_mib = EXCLUDED.memory_mib, healthy = EXCLUDED.healthy, mig_enabled = EXCLUDED.mig_enabled,"
+        " nvlink_domain = EXCLUDED.nvlink_domain",
+        [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain)
+         for g in node.gpus])
     # Under the cycle lock, the list holds every placement committed so far, and any later one commits
     # (and so is published) after this answer: the agent never sees a StartJob its ReconcileJobs denies.
     await lock_cycle(conn)

@@ -17,7 +17,7 @@ from gpusched_common.tracing import current_traceparent
 
 from services.placement import engine
 from services.placement.core import Deferral, PendingJob, Placement
-from services.placement.cycle import GpuRow, NodeRow, build_cluster, plan_cycle
+from services.placement.cycle import GpuRow, Held, NodeRow, build_cluster, plan_cycle
 
 SERVICE = "placement"
 CYCLE_LOCK = 727_100  # one placer decides at a time, whichever replica holds it
@@ -31,40 +31,41 @@ async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.
     """Ready nodes (a lost node takes no new work), their GPUs, allocations and nominations."""
     gpu_rows = await conn.fetch(
         "SELECT n.node_id, n.cpu_milli, n.memory_mib, n.labels, g.gpu_index, g.uuid, g.model, g.memory_mib AS gmem,"
-        " g.healthy FROM nodes n JOIN gpus g ON g.node_id = n.node_id WHERE n.status = 'Ready'"
-        " ORDER BY n.node_id, g.gpu_index")
+        " g.healthy, g.mig_enabled, g.nvlink_domain FROM nodes n JOIN gpus g ON g.node_id = n.node_id"
+        " WHERE n.status = 'Ready' ORDER BY n.node_id, g.gpu_index")
     nodes: dict[str, NodeRow] = {}
     for r in gpu_rows:
         node = nodes.get(r["node_id"]) or NodeRow(r["node_id"], r["cpu_milli"], r["memory_mib"], (),
                                                    {engine.MODEL_LABEL: r["model"], **(r["labels"] or {})})
-        gpu = GpuRow(r["gpu_index"], r["uuid"], r["model"], r["gmem"], r["healthy"])
+        gpu = GpuRow(r["gpu_index"], r["uuid"], r["model"], r["gmem"], r["healthy"], r["mig_enabled"],
+                     r["nvlink_domain"])
         nodes[r["node_id"]] = NodeRow(node.node_id, node.cpu_milli, node.memory_mib, (*node.gpus, gpu), node.labels)
     ready = set(nodes)
-    allocations = await _held(conn, "gpu_allocations", ready)
-    busy = {gpu for gpus in allocations.values() for gpu in gpus}
-    # a nomination counts once its victim has let go of the GPU; until then the victim's allocation holds it
-    nominations = {job: free for job, gpus in (await _held(conn, "gpu_nominations", ready)).items()
-                   if (free := [g for g in gpus if g not in busy])}
-    rows = list(nodes.values())
-    return rows, build_cluster(rows, allocations, nominations)
-
-
-async def _held(conn: asyncpg.Connection, table: str, ready: set[str]) -> dict[str, list[tuple[str, int]]]:
-    held: dict[str, list[tuple[str, int]]] = {}
-    for r in await conn.fetch(f"SELECT job_id, node_id, gpu_index FROM {table} ORDER BY job_id"):  # noqa: S608
+    allocations: dict[str, list[Held]] = {}
+    for r in await conn.fetch("SELECT job_id, node_id, gpu_index, milli, memory_mib, mig_profile, mig_start"
+                              " FROM gpu_allocations ORDER BY job_id, node_id, gpu_index"):
         if r["node_id"] in ready:
-            held.setdefault(r["job_id"], []).append((r["node_id"], r["gpu_index"]))
-    return held
+            allocations.setdefault(r["job_id"], []).append(
+                Held(r["node_id"], r["gpu_index"], r["milli"], r["memory_mib"], r["mig_profile"], r["mig_start"]))
+    busy = {(h.node_id, h.gpu_index) for held in allocations.values() for h in held}
+    # a nomination counts once its victim has let go of the GPU; until then the victim's allocation holds it
+    nominated: dict[str, list[tuple[str, int]]] = {}
+    for r in await conn.fetch("SELECT job_id, node_id, gpu_index FROM gpu_nominations ORDER BY job_id"):
+        if r["node_id"] in ready and (r["node_id"], r["gpu_index"]) not in busy:
+            nominated.setdefault(r["job_id"], []).append((r["node_id"], r["gpu_index"]))
+    rows = list(nodes.values())
+    return rows, build_cluster(rows, allocations, nominated)
 
 
 async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy) -> None:
     await lock_cycle(conn)
     rows = await conn.fetch(
-        "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons FROM placement_pending")
+        "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons, nodes, share_milli,"
+        " share_memory_mib, mig_profile FROM placement_pending")
     if not rows:
         return
-    pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"])
-               for r in rows]
+    pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
+                          r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"]) for r in rows]
     last_reasons = {r["job_id"]: r["last_reasons"] for r in rows}
     nodes, snapshot = await load_cluster(conn)
     placements, deferrals = plan_cycle(snapshot, pending, policy, nodes)
@@ -87,25 +88,63 @@ async def record_deferral(conn: asyncpg.Connection, deferral: Deferral, last: li
 
 async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: datetime, policy: str) -> None:
     state = await load_job(conn, placement.job_id)
+    members = tuple(decider.Member(m.node_id, m.gpu_indices, m.gpu_uuids) for m in placement.members)
     command = decider.Place(placement.node_id, placement.gpu_indices, placement.gpu_uuids, placement.gpu_model,
-                            policy, placement.reason)
+                            policy, placement.reason, members=members, share_milli=placement.share_milli,
+                            share_memory_mib=placement.share_memory_mib, mig_profile=placement.mig_profile,
+                            mig_start=placement.mig_start)
     events = decider.decide(state, command, now)
     await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", placement.job_id)
     await conn.execute("DELETE FROM gpu_nominations WHERE job_id = $1", placement.job_id)
     if not events:
         return
-    # the primary key on (node_id, gpu_index) makes a double allocation fail the whole transaction
+    # PostgreSQL refuses an allocation beyond capacity and fails the whole transaction: the primary key and
+    # the gpu_usage / mig_slices guards kept by a trigger (migration 009)
     await conn.executemany(
-        "INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at) VALUES ($1, $2, $3, $4)",
-        [(placement.node_id, i, placement.job_id, now) for i in placement.gpu_indices])
+        "INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at, milli, memory_mib, mig_profile,"
+        " mig_start, mig_memory_slices) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        allocation_rows(placement, now))
     placed = await append_job_events(conn, state, events, producer=SERVICE, now=now)
     spec = state.spec
     assert spec is not None
-    start = ev.StartJob(job_id=placement.job_id, node_id=placement.node_id, tenant=spec.tenant,
-                        gpu_indices=list(placement.gpu_indices), gpu_uuids=list(placement.gpu_uuids),
-                        command=spec.command, env=resume_env(state), attempt=placed.runs)
-    # the agent continues the job's trace from the JobPlaced event
-    await send_command(conn, start, placement.node_id, now, traceparent=placed.trace_parent)
+    hostnames = dict(await conn.fetch("SELECT node_id, hostname FROM nodes WHERE node_id = ANY($1::text[])",
+                                      [m.node_id for m in placement.all_members]))
+    for rank, member in enumerate(placement.all_members):
+        start = ev.StartJob(job_id=placement.job_id, node_id=member.node_id, tenant=spec.tenant,
+                            gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
+                            command=spec.command, env={**resume_env(state), **gang_env(placement, rank, hostnames)},
+                            attempt=placed.runs, gpu_share_milli=placement.share_milli,
+                            gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
+                            mig_start=placement.mig_start)
+        # the agent continues the job's trace from the JobPlaced event
+        await send_command(conn, start, member.node_id, now, traceparent=placed.trace_parent)
+
+
+def allocation_rows(placement: Placement, now: datetime) -> list[tuple]:
+    """gpu_allocations rows: one per whole GPU of every member, or the one share / MIG instance. A MIG
+    instance charges its part of the GPU's 8 memory slices (at least 1 milli), so no whole GPU or share
+    can join it on that GPU."""
+    job = placement.job_id
+    if placement.mig_profile is not None:
+        slices = placement.mig_memory_slices or 1
+        milli = max(1, slices * engine.MILLI_PER_GPU // 8)
+        return [(placement.node_id, placement.gpu_indices[0], job, now, milli, 0, placement.mig_profile,
+                 placement.mig_start, slices)]
+    if placement.share_milli is not None:
+        return [(placement.node_id, placement.gpu_indices[0], job, now, placement.share_milli,
+                 placement.share_memory_mib or 0, None, None, None)]
+    return [(m.node_id, i, job, now, engine.MILLI_PER_GPU, 0, None, None, None)
+            for m in placement.all_members for i in m.gpu_indices]
+
+
+def gang_env(placement: Placement, rank: int, hostnames: dict[str, str]) -> dict[str, str]:
+    """What each member of a gang learns about the others (the names torchrun and MPI launchers read)."""
+    if not placement.members:
+        return {}
+    nodes = [m.node_id for m in placement.members]
+    return {"GPUSCHED_GANG_SIZE": str(len(nodes)), "GPUSCHED_GANG_RANK": str(rank),
+            "GPUSCHED_GANG_NODES": ",".join(nodes), "NNODES": str(len(nodes)), "NODE_RANK": str(rank),
+            "MASTER_ADDR": hostnames.get(nodes[0], nodes[0])}
 
 
 def resume_env(state: decider.JobState) -> dict[str, str]:

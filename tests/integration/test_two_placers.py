@@ -1,5 +1,6 @@
-"""Two placement processes deciding at once on real PostgreSQL never hand out a GPU twice: the cycle lock
-serialises them, and the allocation primary key refuses a double allocation even without it."""
+"""Two placement processes deciding at once on real PostgreSQL never hand out a GPU (or a share of one, or a
+MIG slice) beyond capacity: the cycle lock serialises them, and PostgreSQL's guards (allocation key,
+gpu_usage CHECKs, mig_slices key) refuse an over-allocation even without it."""
 
 from __future__ import annotations
 
@@ -56,13 +57,67 @@ async def test_two_placers_at_once_never_allocate_a_gpu_twice(database_url):
         await second.close()
 
 
-async def test_the_allocation_key_refuses_a_gpu_given_twice(database_url):
+INSERT = ("INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at, milli, memory_mib, mig_profile,"
+          " mig_start, mig_memory_slices) VALUES ('n1', 0, $1, now(), $2, $3, $4, $5, $6)")
+
+
+@pytest.mark.parametrize(("held", "refused"), [
+    pytest.param((1000, 0, None, None, None), (1000, 0, None, None, None), id="whole-then-whole"),
+    pytest.param((600, 0, None, None, None), (500, 0, None, None, None), id="shares-beyond-1000-milli"),
+    pytest.param((300, 60_000, None, None, None), (300, 30_000, None, None, None), id="shares-beyond-the-memory"),
+    pytest.param((300, 0, None, None, None), (1000, 0, None, None, None), id="whole-on-a-shared-gpu"),
+    pytest.param((500, 0, "3g.40gb", 0, 4), (250, 0, "2g.20gb", 2, 2), id="overlapping-mig-slices"),
+    pytest.param((125, 0, "1g.10gb", 0, 1), (1000, 0, None, None, None), id="whole-on-a-gpu-with-a-mig-slice"),
+])
+async def test_postgresql_refuses_any_allocation_beyond_a_gpu(database_url, held, refused):
     conn = await connect(database_url)
     try:
         async with conn.transaction():
             await process(conn, registered("n1", gpus=1), T0, POLICY)
-        await conn.execute("INSERT INTO gpu_allocations VALUES ('n1', 0, 'a', now())")
-        with pytest.raises(asyncpg.UniqueViolationError):
-            await conn.execute("INSERT INTO gpu_allocations VALUES ('n1', 0, 'b', now())")
+        await conn.execute(INSERT, "a", *held)
+        with pytest.raises(asyncpg.IntegrityConstraintViolationError):
+            await conn.execute(INSERT, "b", *refused)
+        await conn.execute("DELETE FROM gpu_allocations WHERE job_id = 'a'")
+        await conn.execute(INSERT, "b", *refused)  # released capacity is usable again
+        assert await conn.fetchval("SELECT milli FROM gpu_usage") == refused[0]
     finally:
         await conn.close()
+
+
+async def test_shares_and_mig_slices_that_fit_together_are_allowed(database_url):
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await process(conn, registered("n1", gpus=1), T0, POLICY)
+        await conn.execute(INSERT, "a", 500, 0, "3g.40gb", 0, 4)
+        await conn.execute(INSERT, "b", 250, 0, "2g.20gb", 4, 2)
+        await conn.execute(INSERT, "c", 125, 0, "1g.10gb", 6, 1)
+        assert await conn.fetchval("SELECT count(*) FROM mig_slices") == 7
+    finally:
+        await conn.close()
+
+
+async def test_two_placers_at_once_never_share_a_gpu_beyond_it(database_url):
+    """Bypassing the cycle lock on purpose: both decide on the same free GPU; PostgreSQL lets one commit."""
+    setup = await connect(database_url)
+    async with setup.transaction():
+        await process(setup, registered("n1", gpus=1), T0, POLICY)
+    await setup.close()
+    first, second = await connect(database_url), await connect(database_url)
+
+    async def claim(conn, job_id: str) -> bool:
+        try:
+            async with conn.transaction():
+                await conn.execute(INSERT, job_id, 600, 0, None, None, None)
+                await asyncio.sleep(0.2)
+            return True
+        except asyncpg.IntegrityConstraintViolationError:
+            return False
+
+    try:
+        outcomes = await asyncio.gather(claim(first, "a"), claim(second, "b"))
+        assert sorted(outcomes) == [False, True]
+        assert await first.fetchval("SELECT milli FROM gpu_usage") == 600
+    finally:
+        await first.close()
+        await second.close()

@@ -25,16 +25,47 @@ def test_a_valid_submission_has_no_reasons_and_a_canonical_model():
 @pytest.mark.parametrize(("job", "reason"), [
     pytest.param(a_job("j").gpus(0), "gpus must be at least 1, got 0", id="zero-gpus"),
     pytest.param(a_job("j").gpus(-3), "gpus must be at least 1, got -3", id="negative-gpus"),
-    pytest.param(a_job("j").gpus(10_000), "gpus 10000 exceeds the limit of 8 GPUs per job (one node)",
+    pytest.param(a_job("j").gpus(10_000), "gpus 10000 exceeds the limit of 8 GPUs per node",
                  id="absurd-gpus"),
     pytest.param(a_job("j").model("B9000"), "unknown GPU model 'B9000'", id="unknown-model"),
     pytest.param(a_job("j").priority(-1), "priority -1 is outside 0..1000", id="negative-priority"),
     pytest.param(a_job("j").command(), "command is empty", id="empty-command"),
+    pytest.param(a_job("j").gpus(8).gang(0), "nodes 0 is outside 1..64 (nodes per gang)", id="gang-of-none"),
+    pytest.param(a_job("j").gpus(8).gang(65), "nodes 65 is outside 1..64 (nodes per gang)", id="gang-too-big"),
+    pytest.param(a_job("j").share(0), "gpu_share.milli 0 is outside 1..999 (use gpus for whole GPUs)",
+                 id="share-of-nothing"),
+    pytest.param(a_job("j").share(1000), "gpu_share.milli 1000 is outside 1..999 (use gpus for whole GPUs)",
+                 id="share-of-everything"),
+    pytest.param(a_job("j").share(500, 50_000).model("L4-24GB"), "gpu_share.memory_mib 50000 is outside 0..23034",
+                 id="share-memory-beyond-the-model"),
+    pytest.param(a_job("j").share(500).gpus(2), "a gpu_share is part of one GPU on one node: gpus and nodes must be 1",
+                 id="share-of-two-gpus"),
+    pytest.param(a_job("j").share(500).mig("1g.10gb"), "a job asks for a gpu_share or a mig_profile, not both",
+                 id="share-and-mig"),
+    pytest.param(a_job("j").mig("9g.90gb"), "MIG profile '9g.90gb' does not exist on any MIG-capable GPU model (known: 1g.10gb, 1g.20gb, "
+                 "1g.5gb, 2g.10gb, 2g.20gb, 3g.20gb, 3g.40gb, 4g.20gb, 4g.40gb, 7g.40gb, 7g.80gb)",
+                 id="unknown-mig-profile"),
+    pytest.param(a_job("j").mig("1g.5gb").model("H100-80GB"), "MIG profile '1g.5gb' does not exist on a H100-80GB (known: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, "
+                 "4g.40gb, 7g.80gb)",
+                 id="mig-profile-of-another-model"),
+    pytest.param(a_job("j").mig("1g.10gb").model("L4-24GB"), "MIG profile '1g.10gb' does not exist on a L4-24GB",
+                 id="mig-on-a-model-without-mig"),
 ])
 def test_limits_are_reported_as_reasons(job, reason):
     sub = parse_submission(raw(job.spec()), LIMITS)
     assert sub.spec is None
     assert reason in sub.reasons
+
+
+@pytest.mark.parametrize("job", [
+    pytest.param(a_job("j").gpus(8).gang(4), id="gang"),
+    pytest.param(a_job("j").share(250, 10_000), id="share"),
+    pytest.param(a_job("j").mig("3g.40gb").model("A100-80GB"), id="mig-of-a-model"),
+    pytest.param(a_job("j").mig("1g.5gb"), id="mig-of-any-model"),
+])
+def test_gangs_shares_and_mig_slices_are_admitted(job):
+    sub = parse_submission(raw(job.spec()), LIMITS)
+    assert sub.reasons == () and sub.spec == job.spec()
 
 
 def test_every_reason_is_reported_at_once():

@@ -138,3 +138,49 @@ def test_a_job_on_a_lost_node_is_requeued_once_and_keeps_its_quota():
 
 def test_a_requeue_from_another_node_is_ignored():
     assert d.decide(running(), d.Requeue("n2", "node lost"), T0) == ()
+
+
+# --- gangs ---------------------------------------------------------------------------------------------------
+
+
+def gang_running(nodes: tuple[str, ...] = ("n1", "n2", "n3")) -> d.JobState:
+    members = tuple(d.Member(n, (0, 1), (f"{n}-u0", f"{n}-u1")) for n in nodes)
+    state = _apply(queued(), d.Place(nodes[0], (0, 1), members[0].gpu_uuids, "H100-80GB", "bestfit", "fits",
+                                     members=members))
+    assert state.node_ids == nodes
+    return _apply(state, d.RecordStart(nodes[0], 42, T0))
+
+
+def test_a_gang_succeeds_when_its_last_member_does():
+    state = gang_running()
+    state = _apply(state, d.RecordExit("n2", 0, 10.0))
+    assert state.status is d.JobStatus.RUNNING and state.exited_nodes == ("n2",)
+    assert d.decide(state, d.RecordExit("n2", 0, 10.0), T0) == ()  # a repeated report changes nothing
+    state = _apply(state, d.RecordExit("n1", 0, 11.0))
+    events = d.decide(state, d.RecordExit("n3", 0, 12.0), T0)
+    assert [type(e) for e in events] == [ev.JobSucceeded]
+
+
+def test_a_gang_fails_when_any_member_fails_and_says_which():
+    state = _apply(gang_running(), d.RecordExit("n1", 0, 10.0))
+    (failed,) = d.decide(state, d.RecordExit("n3", 2, 11.0), T0)
+    assert isinstance(failed, ev.JobFailed)
+    assert failed.reason == "gang member 2 on n3: command exited with code 2; the other members are stopped"
+
+
+def test_a_gang_is_preempted_once_every_member_stopped():
+    state = _apply(gang_running(("n1", "n2")), d.RequestPreemption("hp", 100, "t", "for hp", 30.0, T0))
+    state = _apply(state, d.RecordExit("n2", 143, 5.0))
+    assert state.status is d.JobStatus.PREEMPTING
+    (preempted,) = d.decide(state, d.RecordExit("n1", 143, 5.0), T0)
+    assert isinstance(preempted, ev.JobPreempted)
+    assert d.evolve(state, preempted).node_ids == ()
+
+
+def test_a_lost_member_node_requeues_the_whole_gang_and_reports_from_elsewhere_are_ignored():
+    state = gang_running()
+    assert d.decide(state, d.RecordExit("n9", 0, 1.0), T0) == ()
+    (requeued,) = d.decide(state, d.Requeue("n2", "node lost"), T0)
+    assert isinstance(requeued, ev.JobRequeued)
+    state = d.evolve(state, requeued)
+    assert state.status is d.JobStatus.QUEUED and state.node_ids == ()

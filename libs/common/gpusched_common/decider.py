@@ -91,6 +91,13 @@ class ReserveQuota:
 
 
 @dataclass(frozen=True)
+class Member:
+    node_id: str
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Place:
     node_id: str
     gpu_indices: tuple[int, ...]
@@ -98,6 +105,11 @@ class Place:
     gpu_model: str
     policy: str
     reason: str
+    members: tuple[Member, ...] = ()  # every node of a gang, rank order (node_id is members[0])
+    share_milli: int | None = None
+    share_memory_mib: int | None = None
+    mig_profile: str | None = None
+    mig_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -200,10 +212,13 @@ def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload
             if state.status in HOLDS_GPUS and state.node_id == command.node_id:
                 return ()
             _require(state, command, JobStatus.QUEUED)
+            members = [ev.GangMember(rank=rank, node_id=m.node_id, gpu_indices=list(m.gpu_indices),
+                                     gpu_uuids=list(m.gpu_uuids)) for rank, m in enumerate(command.members)]
             return (ev.JobPlaced(
                 job_id=job, node_id=command.node_id, gpu_indices=list(command.gpu_indices),
                 gpu_uuids=list(command.gpu_uuids), gpu_model=command.gpu_model, policy=command.policy,
-                reason=command.reason,
+                reason=command.reason, members=members, gpu_share_milli=command.share_milli,
+                gpu_memory_mib=command.share_memory_mib, mig_profile=command.mig_profile, mig_start=command.mig_start,
             ),)
         case DeferPlacement():
             _require(state, command, JobStatus.QUEUED)
@@ -216,18 +231,28 @@ def decide(state: JobState, command: Command, now: datetime) -> tuple[ev.Payload
             return (ev.JobStarted(job_id=job, node_id=command.node_id, pid=command.pid,
                                   started_at=command.started_at),)
         case RecordExit():
-            if state.status not in HOLDS_GPUS or state.node_id != command.node_id:
+            if state.status not in HOLDS_GPUS or not _runs_on(state, command.node_id):
                 return ()
+            if command.node_id in state.exited_nodes:
+                return ()  # this member's exit was recorded already
+            if len(state.node_ids) > 1 and len(state.exited_nodes) + 1 < len(state.node_ids) and (
+                    state.status is JobStatus.PREEMPTING or (command.exit_code == 0 and command.error is None)):
+                # a gang member done (or stopped for a preemption) while others still run: the job goes on
+                return (ev.GangMemberExited(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
+                                            runtime_s=command.runtime_s),)
             if state.status is JobStatus.PREEMPTING:
                 return (ev.JobPreempted(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
                                         checkpoint_ref=state.checkpoint_ref, lost_s=_lost_s(state, now)),)
             if command.exit_code == 0 and command.error is None:
                 return (ev.JobSucceeded(job_id=job, node_id=command.node_id, runtime_s=command.runtime_s),)
             reason = command.error or f"command exited with code {command.exit_code}"
+            if len(state.node_ids) > 1:
+                rank = state.node_ids.index(command.node_id)
+                reason = f"gang member {rank} on {command.node_id}: {reason}; the other members are stopped"
             return (ev.JobFailed(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
                                  reason=reason),)
         case Requeue():
-            if state.status not in HOLDS_GPUS or state.node_id != command.node_id:
+            if state.status not in HOLDS_GPUS or not _runs_on(state, command.node_id):
                 return ()  # already requeued, finished, or placed elsewhere since
             return (ev.JobRequeued(job_id=job, node_id=command.node_id, reason=command.reason),)
         case RequestPreemption():
@@ -281,6 +306,8 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
                            last_reasons=(), runs=state.runs + 1)
         case ev.PlacementDeferred():
             return replace(state, version=version, last_reasons=tuple(event.reasons))
+        case ev.GangMemberExited():
+            return replace(state, version=version, exited_nodes=(*state.exited_nodes, event.node_id))
         case ev.JobStarted():
             return replace(state, version=version, status=JobStatus.RUNNING, started_at=event.started_at)
         case ev.PreemptionRequested():
@@ -316,6 +343,10 @@ def fold(job_id: str, history: list[ev.Payload] | tuple[ev.Payload, ...]) -> Job
     for event in history:
         state = evolve(state, event)
     return state
+
+
+def _runs_on(state: JobState, node_id: str) -> bool:
+    return node_id in state.node_ids if state.node_ids else state.node_id == node_id
 
 
 def _lost_s(state: JobState, now: datetime) -> float:

@@ -28,7 +28,9 @@ for _model in GPU_MODELS:
     for _name in (_model.name, *_model.aliases):
         _BY_NAME[_name.lower()] = _model.name
 
-MAX_GPUS_PER_JOB = 8
+MAX_GPUS_PER_JOB = 8  # whole GPUs per node (per gang member)
+MAX_GANG_NODES = 64
+
 MAX_PRIORITY = 1000
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_SUBMISSION_BYTES = 1024 * 1024

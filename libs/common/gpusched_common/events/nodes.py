@@ -26,7 +26,10 @@ class StartJob(Payload):
     # a fraction of one GPU (DESIGN.md section 5): enforced through MPS where the node runs it
     gpu_share_milli: int | None = None
     gpu_memory_mib: int | None = None
-    mig_profile: str | None = None  # with MIG, gpu_uuids are the MIG devices' UUIDs
+    # a MIG instance of this profile at memory slice mig_start of the (one) listed GPU; the agent finds or
+    # creates it and gives the job its MIG device UUID
+    mig_profile: str | None = None
+    mig_start: int | None = None
 
 
 class PreemptJob(Payload):
