@@ -63,8 +63,13 @@ def build_spec(args: argparse.Namespace) -> ev.JobSpec:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not args.tenant:
         raise ValueError("--tenant is required")
+    share = None
+    if args.gpu_share is not None:
+        share = ev.GpuShareSpec(milli=round(args.gpu_share * 1000), memory_mib=args.gpu_memory_mib or 0)
+    elif args.gpu_memory_mib is not None:
+        raise ValueError("--gpu-memory-mib goes with --gpu-share")
     return ev.JobSpec(tenant=args.tenant, gpus=args.gpus, gpu_model=args.gpu_model, priority=args.priority or 0,
-                      command=command, name=args.name)
+                      command=command, name=args.name, nodes=args.nodes, gpu_share=share, mig_profile=args.mig)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -141,10 +146,23 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def where(placed: dict) -> str:
+    """``n1 GPUs [0, 1]``; a gang ``n1 GPUs [0..7] + n2 GPUs [0..7]``; ``n1 GPU 3 (250 milli, 8192 MiB)``;
+    ``n1 GPU 0 MIG 3g.40gb@4``."""
+    members = placed.get("members") or [placed]
+    text = " + ".join(f"{m['node_id']} GPUs {m['gpu_indices']}" for m in members)
+    if placed.get("gpu_share_milli"):
+        memory = f", {placed['gpu_memory_mib']} MiB" if placed.get("gpu_memory_mib") else ""
+        return f"{placed['node_id']} GPU {placed['gpu_indices'][0]} ({placed['gpu_share_milli']} milli{memory})"
+    if placed.get("mig_profile"):
+        return f"{placed['node_id']} GPU {placed['gpu_indices'][0]} MIG {placed['mig_profile']}@{placed['mig_start']}"
+    return text
+
+
 def _detail(event: dict) -> str:
     payload = event["payload"]
     if "gpu_indices" in payload and payload.get("node_id"):  # where it runs first, then why
-        return f"{payload['node_id']} GPUs {payload['gpu_indices']}: {payload.get('reason', '')}"[:100]
+        return f"{where(payload)}: {payload.get('reason', '')}"[:100]
     for key in ("reasons", "reason", "node_id", "exit_code"):
         if key in payload and payload[key] not in (None, []):
             value = payload[key]
@@ -205,8 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="submit a job: flags and `-- command...`, or -f pod.yaml")
     p.add_argument("--tenant")
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=1, help="whole GPUs (per node for a gang)")
     p.add_argument("--gpu-model")
+    p.add_argument("--nodes", type=int, default=1, help="a gang: this many nodes of --gpus each, all or nothing")
+    p.add_argument("--gpu-share", type=float, metavar="FRACTION", help="a fraction of one GPU, e.g. 0.25")
+    p.add_argument("--gpu-memory-mib", type=int, help="GPU memory reserved with --gpu-share")
+    p.add_argument("--mig", metavar="PROFILE", help="one MIG slice, e.g. 3g.40gb")
     p.add_argument("--priority", type=int)
     p.add_argument("--name")
     p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")
@@ -258,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_agent_parser(sub)
     add_logs_parser(sub)
+
+    from services.cli.tenants import add_tenants_parser
+
+    add_tenants_parser(sub)
 
     from services.preemption_sim.cli import add_simulate_preemption_parser
     from services.queue_sim.cli import add_simulate_queue_parser

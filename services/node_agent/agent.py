@@ -223,11 +223,22 @@ class Agent:
                                                     runtime_s=0.0, error=error, lease_epoch=self.lease.epoch,
                                                     reason_code=reason_code))
             return
-        job_env = job_environment(gpu_indices=tuple(command.gpu_indices), gpu_uuids=tuple(command.gpu_uuids),
+        uuids = tuple(command.gpu_uuids)
+        if command.mig_profile is not None:
+            try:
+                uuids = (self.backend.mig_device_for(command.job_id, command.gpu_indices[0], command.mig_profile,
+                                                     command.mig_start or 0),)
+            except ValueError as exc:
+                error = f"MIG {command.mig_profile} on GPU {command.gpu_indices[0]} of {self.node_id}: {exc}"
+                self.report_in_order(ev.JobExitReported(job_id=command.job_id, node_id=self.node_id, exit_code=137,
+                                                        runtime_s=0.0, error=error, lease_epoch=self.lease.epoch))
+                return
+        job_env = job_environment(gpu_indices=tuple(command.gpu_indices), gpu_uuids=uuids,
                                   share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
                                   mps_pipe_dir=self._mps_dir())
         result = await self.runner.start(command.job_id, command.command, tuple(command.gpu_indices),
-                                         {**command.env, **job_env.env}, lease_epoch=self.lease.epoch,
+                                         {**command.env, **job_env.env, **mig_env(command)},
+                                         lease_epoch=self.lease.epoch,
                                          share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
                                          attempt=command.attempt)
         if isinstance(result, JobExit):
@@ -398,3 +409,9 @@ class Agent:
             node_id=self.node_id, gpu_index=gpu.index, gpu_uuid=gpu.uuid, healthy=gpu.healthy, status=gpu.status,
             reasons=list(gpu.reasons), observed_at=utcnow(), lease_epoch=self.lease.epoch, xid=gpu.xid,
             job_ids=jobs, job_action=action))
+
+
+def mig_env(command: ev.StartJob) -> dict[str, str]:
+    if command.mig_profile is None:
+        return {}
+    return {"GPUSCHED_MIG_PROFILE": command.mig_profile, "GPUSCHED_MIG_START": str(command.mig_start or 0)}

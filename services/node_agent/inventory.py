@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample
+from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, MigDeviceInventory
 
 # Throttle reasons as NVML names them (nvmlClocksEventReason*), in our spelling.
 THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
@@ -133,3 +133,21 @@ def attribute_processes(samples: list[GpuSample], job_of_pid: Mapping[int, str])
                                       job_id=p.job_id or job_of_pid.get(p.pid)) for p in sample.processes]
         out.append(sample.model_copy(update={"processes": processes}))
     return out
+
+
+def mig_device_slices(device: MigDeviceInventory, slice_mib: int) -> range:
+    """The memory slices a MIG device occupies (from its start and its memory)."""
+    start = device.start_slice or 0
+    return range(start, start + max(1, round(device.memory_mib / max(1, slice_mib))))
+
+
+def pick_mig_device(devices: Iterable[MigDeviceInventory], profile: str, start: int | None,
+                    busy: Iterable[str]) -> MigDeviceInventory | None:
+    """A free MIG device of ``profile`` at memory slice ``start`` (any start when the device's own is
+    unknown, as NVML reports it only through the GPU instance), or None."""
+    taken = set(busy)
+    for device in devices:
+        if device.profile == profile and device.uuid not in taken and \
+                (start is None or device.start_slice is None or device.start_slice == start):
+            return device
+    return None

@@ -15,7 +15,7 @@ from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, Mi
 from gpusched_common.resources import canonical_model
 
 from services.node_agent.faults import Fault
-from services.node_agent.inventory import HealthObservation, NodeInfo, mig_profile_name, nvlink_domains
+from services.node_agent.inventory import HealthObservation, NodeInfo, mig_profile_name, nvlink_domains, pick_mig_device
 
 T = TypeVar("T")
 
@@ -42,6 +42,7 @@ class RealNvml:
         import pynvml
 
         self._nv = pynvml
+        self._mig_jobs: dict[str, str] = {}  # job -> the MIG device UUID it runs on
         try:
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
@@ -210,7 +211,21 @@ class RealNvml:
         return None
 
     def detach(self, job_id: str) -> None:
-        return None
+        self._mig_jobs.pop(job_id, None)
+
+    def mig_device_for(self, job_id: str, gpu_index: int, profile: str, start: int) -> str:
+        """A free MIG instance of ``profile`` that exists on the GPU (created by the operator's MIG manager).
+        Creating instances on demand needs root and is not done here; raises ValueError with the reason."""
+        gpu = next((g for g in self.node_info().gpus if g.index == gpu_index), None)
+        if gpu is None or not gpu.mig_enabled:
+            raise ValueError(f"GPU {gpu_index} is not in MIG mode")
+        busy = {uuid for job, uuid in self._mig_jobs.items() if job != job_id}
+        found = pick_mig_device(gpu.mig_devices, profile, start, busy)
+        if found is None:
+            raise ValueError(f"no free MIG {profile} instance on GPU {gpu_index}; create one with the MIG manager "
+                             f"(nvidia-smi mig -cgi {profile} -C)")
+        self._mig_jobs[job_id] = found.uuid
+        return found.uuid
 
     def inject(self, fault: Fault) -> None:
         raise ValueError("faults can only be injected into the simulated backend")

@@ -15,7 +15,14 @@ from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, Mi
 from gpusched_common.resources import canonical_model, model_memory_mib
 
 from services.node_agent.faults import Fault
-from services.node_agent.inventory import MIG_SLICE_GB, HealthObservation, NodeInfo, parse_mig_profile
+from services.node_agent.inventory import (
+    MIG_SLICE_GB,
+    HealthObservation,
+    NodeInfo,
+    mig_device_slices,
+    parse_mig_profile,
+    pick_mig_device,
+)
 
 MIG_COMPUTE_SLICES = 7
 MIG_MEMORY_SLICES = 8
@@ -26,10 +33,12 @@ class GpuGroup:
     model: str
     count: int
     mig_profiles: tuple[str, ...] = ()
+    mig_mode: bool = False  # MIG enabled; instances beyond mig_profiles are created when jobs need them
 
 
 def parse_gpu_spec(spec: str) -> list[GpuGroup]:
-    """`H100-80GB:8` or `A100-80GB:2:mig=3g.40gb+3g.40gb,L4-24GB:2` -> groups; raises ValueError."""
+    """`H100-80GB:8`, `A100-80GB:2:mig=3g.40gb+3g.40gb,L4-24GB:2` (fixed MIG instances) or
+    `A100-80GB:4:mig` (MIG mode, instances created for each job) -> groups; raises ValueError."""
     groups = []
     for part in spec.split(","):
         fields = part.strip().split(":")
@@ -40,14 +49,18 @@ def parse_gpu_spec(spec: str) -> list[GpuGroup]:
         if not 0 < count <= 16:
             raise ValueError(f"GPU count {count} in {spec!r} is outside 1..16")
         profiles: tuple[str, ...] = ()
+        mig_mode = False
         for extra in fields[2:]:
             key, _, value = extra.partition("=")
             if key != "mig":
-                raise ValueError(f"unknown option {extra!r} in {spec!r} (expected mig=PROFILE+PROFILE)")
+                raise ValueError(f"unknown option {extra!r} in {spec!r} (expected mig or mig=PROFILE+PROFILE)")
+            mig_mode = True
             profiles = tuple(p.strip().lower() for p in value.split("+") if p.strip())
+        if mig_mode and model not in MIG_SLICE_GB:
+            raise ValueError(f"{model} does not support MIG")
         if profiles:
             mig_layout(model, profiles)  # validates
-        groups.append(GpuGroup(model, count, profiles))
+        groups.append(GpuGroup(model, count, profiles, mig_mode))
     return groups
 
 
@@ -108,6 +121,7 @@ class SimulatedNvml:
         self._gpus = tuple(gpus)
         self._faults = {g.index: _GpuFaults() for g in self._gpus}
         self._loads: dict[str, _Load] = {}
+        self._mig_jobs: dict[str, str] = {}  # job -> the MIG device UUID it runs on
         self._tick = 0
 
     def _gpu(self, index: int, group: GpuGroup) -> GpuInventory:
@@ -120,7 +134,7 @@ class SimulatedNvml:
                                               gpu_instance_id=gi + 1, start_slice=start,
                                               memory_mib=memory * mem // MIG_MEMORY_SLICES))
         return GpuInventory(index=index, uuid=_uuid("GPU", seed), model=group.model, memory_mib=memory,
-                            mig_enabled=bool(mig), mig_devices=mig, nvlink_domain=f"{self._node_id}/nvswitch-0",
+                            mig_enabled=group.mig_mode, mig_devices=mig, nvlink_domain=f"{self._node_id}/nvswitch-0",
                             pci_bus_id=f"00000000:{0x10 + index:02X}:00.0")
 
     def node_info(self) -> NodeInfo:
@@ -139,6 +153,40 @@ class SimulatedNvml:
 
     def detach(self, job_id: str) -> None:
         self._loads.pop(job_id, None)
+        self._mig_jobs.pop(job_id, None)
+
+    def mig_device_for(self, job_id: str, gpu_index: int, profile: str, start: int) -> str:
+        """The MIG device a job runs on: a free instance of ``profile`` at slice ``start``, else one created
+        there (what a dynamic MIG manager does with nvidia-smi mig -cgi/-cci; idle instances in the way are
+        destroyed first). Raises ValueError with the reason when neither is possible."""
+        gpu = self._gpus[gpu_index]
+        if not gpu.mig_enabled:
+            raise ValueError(f"GPU {gpu_index} is not in MIG mode")
+        busy = {uuid for job, uuid in self._mig_jobs.items() if job != job_id}
+        found = pick_mig_device(gpu.mig_devices, profile, start, busy)
+        if found is None:
+            found = self._create_mig_device(gpu, profile, start, busy)
+        self._mig_jobs[job_id] = found.uuid
+        return found.uuid
+
+    def _create_mig_device(self, gpu: GpuInventory, profile: str, start: int, busy: set[str]) -> MigDeviceInventory:
+        slice_mib = gpu.memory_mib // MIG_MEMORY_SLICES
+        _, gb = parse_mig_profile(profile)
+        size = max(1, round(gb / MIG_SLICE_GB[gpu.model]))
+        if start + size > MIG_MEMORY_SLICES:
+            raise ValueError(f"MIG {profile} does not fit at memory slice {start}")
+        wanted = set(range(start, start + size))
+        in_the_way = [d for d in gpu.mig_devices if wanted & set(mig_device_slices(d, slice_mib))]
+        if any(d.uuid in busy for d in in_the_way):
+            raise ValueError(f"memory slices {sorted(wanted)} of GPU {gpu.index} are held by a running MIG instance")
+        kept = [d for d in gpu.mig_devices if d not in in_the_way]
+        device = MigDeviceInventory(uuid=_uuid("MIG", f"{self._node_id}/{gpu.index}/{profile}@{start}"),
+                                    profile=profile, start_slice=start, memory_mib=slice_mib * size,
+                                    gpu_instance_id=max((d.gpu_instance_id for d in kept), default=0) + 1)
+        devices = sorted([*kept, device], key=lambda d: d.start_slice or 0)
+        self._gpus = tuple(g.model_copy(update={"mig_devices": devices}) if g.index == gpu.index else g
+                           for g in self._gpus)
+        return device
 
     def sample(self) -> list[GpuSample]:
         self._tick += 1

@@ -111,7 +111,8 @@ async def _project(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev
             updated_at = EXCLUDED.updated_at
         """,
         state.job_id, spec.tenant if spec else _tenant(state, payloads), status, state.version,
-        spec.gpus if spec else None, spec.gpu_model if spec else None, spec.priority if spec else None,
+        (spec.whole_gpus or spec.gpus) if spec else None, spec.gpu_model if spec else None,
+        spec.priority if spec else None,
         state.node_id, list(state.gpu_indices) or None, state.exit_code, list(state.last_reasons),
         submitted_at, stamps.get("admitted_at"), stamps.get("queued_at"), stamps.get("placed_at"),
         stamps.get("started_at"), stamps.get("finished_at"), now,

@@ -117,3 +117,32 @@ def test_mig_devices_are_made_visible_by_uuid_and_whole_gpus_by_index():
     whole = job_environment(gpu_indices=(0, 1), gpu_uuids=("GPU-a", "GPU-b"), share_milli=1000, memory_mib=None,
                             mps_pipe_dir=None)
     assert whole.env == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"} and whole.unenforced == ()
+
+
+def test_a_mig_mode_gpu_creates_instances_where_placement_put_them():
+    backend = SimulatedNvml("n1", "A100-80GB:1:mig")
+    assert backend.node_info().gpus[0].mig_enabled and backend.node_info().gpus[0].mig_devices == []
+    three = backend.mig_device_for("a", 0, "3g.40gb", 4)
+    two = backend.mig_device_for("b", 0, "2g.20gb", 0)
+    devices = backend.node_info().gpus[0].mig_devices
+    assert [(d.profile, d.start_slice, d.uuid) for d in devices] == [("2g.20gb", 0, two), ("3g.40gb", 4, three)]
+    assert three.startswith("MIG-") and backend.mig_device_for("a", 0, "3g.40gb", 4) == three  # a repeat: same
+
+
+def test_a_running_mig_instance_is_never_taken_over_and_an_idle_one_is_reused_or_replaced():
+    backend = SimulatedNvml("n1", "A100-80GB:1:mig=3g.40gb+3g.40gb")
+    fixed = {d.start_slice: d.uuid for d in backend.node_info().gpus[0].mig_devices}
+    assert backend.mig_device_for("a", 0, "3g.40gb", 0) == fixed[0]  # the existing instance
+    with pytest.raises(ValueError, match="held by a running MIG instance"):
+        backend.mig_device_for("b", 0, "1g.10gb", 1)
+    backend.detach("a")
+    one = backend.mig_device_for("b", 0, "1g.10gb", 1)  # idle now: replaced by what placement chose
+    assert one not in fixed.values()
+    assert [d.profile for d in backend.node_info().gpus[0].mig_devices] == ["1g.10gb", "3g.40gb"]
+
+
+def test_mig_is_refused_on_a_gpu_not_in_mig_mode():
+    with pytest.raises(ValueError, match="not in MIG mode"):
+        SimulatedNvml("n1", "A100-80GB:1").mig_device_for("a", 0, "1g.10gb", 0)
+    with pytest.raises(ValueError, match="does not support MIG"):
+        parse_gpu_spec("L4:1:mig")
