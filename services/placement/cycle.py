@@ -60,10 +60,8 @@ def build_cluster(nodes: list[NodeRow], allocations: Mapping[str, Sequence[Held 
         engine.Node(id=engine.NodeId(n.node_id), cpu_milli=n.cpu_milli, memory_mib=n.memory_mib,
                     labels=dict(n.labels), gpus=_engine_gpus(n))
         for n in sorted(nodes, key=lambda n: n.node_id))
-    for allocation_id, held in [*sorted(allocations.items()),
-                                *((nomination_id(j), g) for j, g in sorted(nominations.items()))]:
-        snapshot = engine.apply_bindings(snapshot, engine.RequestId(allocation_id), bindings_of(held))
-    return snapshot
+    held = [*sorted(allocations.items()), *((nomination_id(j), g) for j, g in sorted(nominations.items()))]
+    return engine.apply_many(snapshot, ((engine.RequestId(i), bindings_of(h)) for i, h in held))
 
 
 def _engine_gpus(node: NodeRow) -> tuple[engine.Gpu, ...]:

@@ -29,17 +29,16 @@ async def lock_cycle(conn: asyncpg.Connection) -> None:
 
 async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
     """Ready nodes (a lost node takes no new work), their GPUs, allocations and nominations."""
-    gpu_rows = await conn.fetch(
-        "SELECT n.node_id, n.cpu_milli, n.memory_mib, n.labels, g.gpu_index, g.uuid, g.model, g.memory_mib AS gmem,"
-        " g.healthy, g.mig_enabled, g.nvlink_domain FROM nodes n JOIN gpus g ON g.node_id = n.node_id"
-        " WHERE n.status = 'Ready' ORDER BY n.node_id, g.gpu_index")
-    nodes: dict[str, NodeRow] = {}
-    for r in gpu_rows:
-        node = nodes.get(r["node_id"]) or NodeRow(r["node_id"], r["cpu_milli"], r["memory_mib"], (),
-                                                   {engine.MODEL_LABEL: r["model"], **(r["labels"] or {})})
-        gpu = GpuRow(r["gpu_index"], r["uuid"], r["model"], r["gmem"], r["healthy"], r["mig_enabled"],
-                     r["nvlink_domain"])
-        nodes[r["node_id"]] = NodeRow(node.node_id, node.cpu_milli, node.memory_mib, (*node.gpus, gpu), node.labels)
+    node_rows = await conn.fetch("SELECT node_id, cpu_milli, memory_mib, labels FROM nodes WHERE status = 'Ready'")
+    gpus_of: dict[str, list[GpuRow]] = {r["node_id"]: [] for r in node_rows}
+    for r in await conn.fetch(
+            "SELECT g.node_id, g.gpu_index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain"
+            " FROM gpus g JOIN nodes n USING (node_id) WHERE n.status = 'Ready' ORDER BY g.node_id, g.gpu_index"):
+        gpus_of[r["node_id"]].append(GpuRow(r["gpu_index"], r["uuid"], r["model"], r["memory_mib"], r["healthy"],
+                                            r["mig_enabled"], r["nvlink_domain"]))
+    nodes = {r["node_id"]: NodeRow(r["node_id"], r["cpu_milli"], r["memory_mib"], tuple(gpus_of[r["node_id"]]),
+                                   {engine.MODEL_LABEL: gpus_of[r["node_id"]][0].model, **(r["labels"] or {})})
+             for r in node_rows if gpus_of[r["node_id"]]}
     ready = set(nodes)
     allocations: dict[str, list[Held]] = {}
     for r in await conn.fetch("SELECT job_id, node_id, gpu_index, milli, memory_mib, mig_profile, mig_start"

@@ -128,8 +128,9 @@ class _Draft:
         self.base = snapshot
         self.touched: set[int] = set()
 
-    def grant(self, binding: Binding, sign: int) -> None:
-        """Take (sign=+1) or give back (sign=-1) one binding's resources, checking capacity."""
+    def grant(self, binding: Binding, sign: int, check: bool = True) -> None:
+        """Take (sign=+1) or give back (sign=-1) one binding's resources, checking capacity (unless the
+        caller checks every touched row once at the end, which for grants alone finds the same)."""
         layout = self.layout
         row = layout.index_of.get(binding.node_id)
         if row is None:
@@ -147,7 +148,8 @@ class _Draft:
             # A whole GPU takes all of its memory; a share takes what it asked for.
             whole = binding.gpu_milli == MILLI_PER_GPU
             self.gmem[row, gpu] -= sign * (layout.gpu_memory_mib[row, gpu] if whole else binding.gpu_memory_mib)
-        self._check_row(row, binding.node_id)
+        if check:
+            self._check_row(row, binding.node_id)
 
     def _grant_mig(self, row: int, gpu: int, binding: Binding, sign: int) -> None:
         assert binding.mig is not None
@@ -209,6 +211,29 @@ def apply_bindings(
             raise PlacementError(f"node {binding.node_id}: whole/shared GPU request on a MIG GPU")
         draft.grant(binding, +1)
     draft.allocations[allocation_id] = binding_tuple
+    return draft.freeze()
+
+
+def apply_many(
+    snapshot: ClusterSnapshot, allocations: Iterable[tuple[RequestId, Iterable[Binding]]]
+) -> ClusterSnapshot:
+    """Grant many allocations at once (loading a cluster's state): the same checks as ``apply_bindings``
+    one by one, with one copy of the arrays instead of one per allocation and each node's capacity
+    checked once at the end (free capacity only falls while granting, so the end is the low point)."""
+    draft = _Draft(snapshot)
+    for allocation_id, bindings in allocations:
+        if allocation_id in draft.allocations:
+            raise PlacementError(f"allocation {allocation_id} already exists")
+        binding_tuple = tuple(bindings)
+        for binding in binding_tuple:
+            if binding.mig is None and binding.gpu_milli and snapshot.gpu_mig_mode[
+                snapshot.node_index(binding.node_id), list(binding.gpu_indices)
+            ].any():
+                raise PlacementError(f"node {binding.node_id}: whole/shared GPU request on a MIG GPU")
+            draft.grant(binding, +1, check=False)
+        draft.allocations[allocation_id] = binding_tuple
+    for row in sorted(draft.touched):
+        draft._check_row(row, snapshot.layout.nodes[row].id)
     return draft.freeze()
 
 

@@ -12,6 +12,7 @@ from services.placement.engine import (
     PlacementError,
     RequestId,
     apply_bindings,
+    apply_many,
     release,
     with_gpu_state,
 )
@@ -78,3 +79,22 @@ def test_an_unhealthy_gpu_leaves_the_free_pool_and_mig_mode_needs_an_idle_gpu() 
         with_gpu_state(busy, NodeId("n1"), 0, mig_enabled=True)
     mig = with_gpu_state(busy, NodeId("n1"), 1, mig_enabled=True)
     assert mig.share_free[0].tolist() == [900, 0]
+
+
+def test_many_allocations_at_once_equal_one_by_one_and_are_checked_the_same() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(4), a_node("n2").gpus(2, "H100-80GB").mig())
+    items = [(RequestId("a"), [Binding(NodeId("n1"), (0, 1), gpu_milli=1000)]),
+             (RequestId("b"), [Binding(NodeId("n1"), (2,), gpu_milli=300, gpu_memory_mib=1_000)]),
+             (RequestId("c"), [Binding(NodeId("n2"), (0,), mig=MigPlacement("3g.40gb", 4))])]
+    one_by_one = snapshot
+    for allocation_id, bindings in items:
+        one_by_one = apply_bindings(one_by_one, allocation_id, bindings)
+    at_once = apply_many(snapshot, items)
+    for name in ("cpu_free", "gpu_milli_free", "gpu_memory_free", "mig_used", "share_free", "full_free_count",
+                 "max_share_free"):
+        assert np.array_equal(getattr(at_once, name), getattr(one_by_one, name)), name
+    assert at_once.allocations == one_by_one.allocations
+    with pytest.raises(PlacementError, match="over capacity"):
+        apply_many(snapshot, [*items, (RequestId("d"), [Binding(NodeId("n1"), (2,), gpu_milli=800)])])
+    with pytest.raises(PlacementError, match="already exists"):
+        apply_many(snapshot, [items[0], items[0]])
