@@ -112,6 +112,13 @@ def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], poli
     """Place pending jobs in order (priority, arrival, id); one that does not fit does not stop smaller
     ones behind it. GPUs nominated for a job are offered to that job only. A gang is placed whole or
     not at all."""
+    placements, deferrals, _ = run_plan(snapshot, pending, policy, nodes)
+    return placements, deferrals
+
+
+def run_plan(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], policy: engine.PlacementPolicy,
+             nodes: list[NodeRow]) -> tuple[list[Placement], list[Deferral], engine.ClusterSnapshot]:
+    """``plan_cycle``, also returning the snapshot with every placement applied."""
     gpus = {(n.node_id, g.index): g for n in nodes for g in n.gpus}
     placements: list[Placement] = []
     deferrals: list[Deferral] = []
@@ -127,7 +134,7 @@ def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], poli
             continue
         snapshot = engine.apply(view, decision)
         placements.append(placement_of(job, decision, gpus))
-    return placements, deferrals
+    return placements, deferrals, snapshot
 
 
 def placement_of(job: PendingJob, decision: engine.Decision, gpus: Mapping[tuple[str, int], GpuRow]) -> Placement:

@@ -46,8 +46,14 @@ async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime,
         await run_cycle(conn, now, policy)
 
 
+# messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
+_WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
+
+
 async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> bool:
     """Record one message's effect; True when free capacity or pending work may have changed."""
+    if isinstance(payload, _WRITES_CLUSTER):
+        await lock_cycle(conn)
     match payload:
         case ev.QuotaReserved():
             # a reservation charged to one GPU model binds the job to it (flavors that are not a model,

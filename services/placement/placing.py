@@ -17,7 +17,7 @@ from gpusched_common.tracing import current_traceparent
 
 from services.placement import engine
 from services.placement.core import Deferral, PendingJob, Placement
-from services.placement.cycle import GpuRow, Held, NodeRow, build_cluster, plan_cycle
+from services.placement.cycle import GpuRow, Held, NodeRow, build_cluster, run_plan
 
 SERVICE = "placement"
 CYCLE_LOCK = 727_100  # one placer decides at a time, whichever replica holds it
@@ -56,7 +56,42 @@ async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.
     return rows, build_cluster(rows, allocations, nominated)
 
 
-async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy) -> None:
+class ClusterCache:
+    """The cluster as this process last loaded or placed onto it, tagged with the store's placement version
+    (migration 012). A cycle reuses it while nobody else changed nodes, GPUs, allocations or nominations,
+    and otherwise loads the cluster again; both are read under the cycle lock, which every writer of
+    those tables holds, so the version read at a cycle's end covers exactly that cycle's own writes."""
+
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._nodes: list[NodeRow] = []
+        self._snapshot: engine.ClusterSnapshot | None = None
+        self.hits = 0
+        self.loads = 0
+
+    async def load(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
+        version = await conn.fetchval("SELECT version FROM placement_version")
+        if self._snapshot is not None and version == self._version:
+            self.hits += 1
+            return self._nodes, self._snapshot
+        self.loads += 1
+        return await load_cluster(conn)
+
+    async def keep(self, conn: asyncpg.Connection, nodes: list[NodeRow], snapshot: engine.ClusterSnapshot) -> None:
+        """Remember the cluster as this transaction leaves it; should the transaction roll back, its
+        version is never seen again and the next cycle loads afresh."""
+        self._version = await conn.fetchval("SELECT version FROM placement_version")
+        self._nodes, self._snapshot = nodes, snapshot
+
+    def forget(self) -> None:
+        self._version, self._snapshot = None, None
+
+
+CACHE = ClusterCache()  # one per placement process
+
+
+async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy,
+                    cache: ClusterCache = CACHE) -> None:
     await lock_cycle(conn)
     rows = await conn.fetch(
         "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons, nodes, share_milli,"
@@ -66,12 +101,17 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
     pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
                           r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"]) for r in rows]
     last_reasons = {r["job_id"]: r["last_reasons"] for r in rows}
-    nodes, snapshot = await load_cluster(conn)
-    placements, deferrals = plan_cycle(snapshot, pending, policy, nodes)
+    nodes, snapshot = await cache.load(conn)
+    placements, deferrals, after = run_plan(snapshot, pending, policy, nodes)
+    exact = True
     for placement in placements:
-        await commit_placement(conn, placement, now, policy.name)
+        exact &= await commit_placement(conn, placement, now, policy.name)
     for deferral in deferrals:
         await record_deferral(conn, deferral, last_reasons[deferral.job_id], now)
+    if exact:
+        await cache.keep(conn, nodes, after)
+    else:  # a placement the job's stream refused: the store and the plan differ, so load it next time
+        cache.forget()
 
 
 async def record_deferral(conn: asyncpg.Connection, deferral: Deferral, last: list[str] | None,
@@ -85,7 +125,8 @@ async def record_deferral(conn: asyncpg.Connection, deferral: Deferral, last: li
                        list(deferral.reasons))
 
 
-async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: datetime, policy: str) -> None:
+async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: datetime, policy: str) -> bool:
+    """Record one placement; False when the job's stream refused it (it was placed or ended meanwhile)."""
     state = await load_job(conn, placement.job_id)
     members = tuple(decider.Member(m.node_id, m.gpu_indices, m.gpu_uuids) for m in placement.members)
     command = decider.Place(placement.node_id, placement.gpu_indices, placement.gpu_uuids, placement.gpu_model,
@@ -96,7 +137,7 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
     await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", placement.job_id)
     await conn.execute("DELETE FROM gpu_nominations WHERE job_id = $1", placement.job_id)
     if not events:
-        return
+        return False
     # PostgreSQL refuses an allocation beyond capacity and fails the whole transaction: the primary key and
     # the gpu_usage / mig_slices guards kept by a trigger (migration 009)
     await conn.executemany(
@@ -117,6 +158,7 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
                             mig_start=placement.mig_start)
         # the agent continues the job's trace from the JobPlaced event
         await send_command(conn, start, member.node_id, now, traceparent=placed.trace_parent)
+    return True
 
 
 def allocation_rows(placement: Placement, now: datetime) -> list[tuple]:

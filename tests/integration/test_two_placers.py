@@ -13,8 +13,8 @@ from gpusched_common import decider
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
 from services.placement import engine
-from services.placement.handlers import process
-from services.placement.placing import run_cycle
+from services.placement.handlers import apply, process
+from services.placement.placing import ClusterCache, run_cycle
 from tests.builders import T0, a_job
 from tests.integration.test_placement_leases import registered
 
@@ -121,3 +121,38 @@ async def test_two_placers_at_once_never_share_a_gpu_beyond_it(database_url):
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_placer_keeps_its_snapshot_until_someone_else_changes_the_cluster(database_url):
+    conn = await connect(database_url)
+    cache = ClusterCache()
+    try:
+        async with conn.transaction():
+            await process(conn, registered("n1", gpus=2), T0, POLICY)
+        for job_id in ("a", "b"):
+            async with conn.transaction():
+                await apply(conn, await reserve(conn, job_id, 1), T0)
+                await run_cycle(conn, T0, POLICY, cache)
+        assert (cache.loads, cache.hits) == (1, 1)  # the second cycle placed onto the first one's snapshot
+        async with conn.transaction():  # another writer (here: a test, holding the cycle lock) frees a GPU
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", 727_100)
+            await conn.execute("DELETE FROM gpu_allocations WHERE job_id = 'a'")
+        async with conn.transaction():
+            await apply(conn, await reserve(conn, "c", 1), T0)
+            await run_cycle(conn, T0, POLICY, cache)
+        assert cache.loads == 2  # the change was seen, and the freed GPU used
+        rows = await conn.fetch("SELECT job_id FROM gpu_allocations ORDER BY job_id")
+        assert [r["job_id"] for r in rows] == ["b", "c"]
+        with pytest.raises(RuntimeError):  # a cycle whose transaction rolls back leaves no usable cache
+            async with conn.transaction():
+                await conn.execute("DELETE FROM gpu_allocations WHERE job_id = 'b'")
+                await apply(conn, await reserve(conn, "d", 2), T0)
+                await run_cycle(conn, T0, POLICY, cache)
+                raise RuntimeError("roll back")
+        async with conn.transaction():
+            await apply(conn, await reserve(conn, "e", 1), T0)
+            await run_cycle(conn, T0, POLICY, cache)
+        assert cache.loads == 4  # the rolled-back cycle loaded once, and its snapshot was not trusted after
+        assert await conn.fetchval("SELECT count(*) FROM gpu_allocations") == 2  # b and c: nothing left for e
+    finally:
+        await conn.close()
