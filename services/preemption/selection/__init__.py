@@ -24,6 +24,10 @@ Typical use, once per blocked job (time and ids are arguments)::
         case "none":     # record plan.reasons on the preemptor ("why is my job pending")
             ...
 
+For a quota reclaim request, ``plan_reclaim(snapshot, preemptor, sel.ReclaimAsk(...), running, freed,
+now_s)`` adds the flavor, the quota the victims must give back and stale or repeated requests on top of
+``select_victims`` (see ``reclaim``).
+
 Guarantees: victims are never protected (minimum run time per priority class), never of equal or
 higher priority for a priority trigger, and come only from borrowers for a reclaim; gangs go whole;
 releasing the victims lets the preemptor be placed (verified with the placement engine on a copy of
@@ -57,13 +61,14 @@ from .ordering import (
     victim_order,
 )
 from .reasons import format_duration
+from .reclaim import FreedFor, ReclaimAsk, of_flavor, plan_reclaim, quota_need_units, top_up
 from .select import reserve, select_victims
 
 __all__ = [
     "VICTIM_ORDERS",
-    "CandidateFacts", "DefaultVictimOrder", "Eligibility", "FairShareTrigger", "LeastLostWorkOrder", "Outcome",
-    "PreemptionPlan", "Preemptor", "PriorityTrigger", "ReclaimRequest", "RunningJob", "SelectionConfig",
-    "TenantLimit", "TenantQuota", "Trigger", "Victim", "VictimOrder",
-    "classify", "format_duration", "held_gpu_milli", "lost_work_s", "released", "reserve", "select_victims",
-    "set_cost", "victim_order",
+    "CandidateFacts", "DefaultVictimOrder", "Eligibility", "FairShareTrigger", "FreedFor", "LeastLostWorkOrder",
+    "Outcome", "PreemptionPlan", "Preemptor", "PriorityTrigger", "ReclaimAsk", "ReclaimRequest", "RunningJob",
+    "SelectionConfig", "TenantLimit", "TenantQuota", "Trigger", "Victim", "VictimOrder",
+    "classify", "format_duration", "held_gpu_milli", "lost_work_s", "of_flavor", "plan_reclaim", "quota_need_units",
+    "released", "reserve", "select_victims", "set_cost", "top_up", "victim_order",
 ]  # fmt: skip

@@ -25,7 +25,9 @@ class RunningJob:
     or its one id when it was placed with ``place_gang``). Preempting the job releases all of them, so a
     gang is always preempted whole. ``units``: what the quota ledger charges it (any one unit, used for
     reclaim and fair-share limits). ``preempting``: already asked to stop (its grace period runs); its
-    resources count as freed and it is never chosen again.
+    resources count as freed and it is never chosen again. ``flavor``: the quota flavor (GPU model) it
+    is charged to, and ``preempted_for``: the job it is stopping for, both used by reclaim
+    (``reclaim.plan_reclaim``) and optional elsewhere.
     """
 
     job_id: str
@@ -37,6 +39,8 @@ class RunningJob:
     units: int = 0
     last_checkpoint_at_s: float | None = None
     preempting: bool = False
+    flavor: str | None = None
+    preempted_for: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allocation_ids", tuple(self.allocation_ids))
@@ -83,11 +87,13 @@ class ReclaimRequest:
 
     ``borrowers``: (tenant, units borrowed above nominal), as the quota core's ``ReclaimRequest`` lists
     them. Victims come only from these tenants, and a tenant loses jobs only while it still borrows.
+    ``flavor``: the GPU model whose borrowed capacity is returned (for the victims' reasons).
     """
 
     tenant: str
     borrowers: tuple[tuple[str, int], ...]
     units: int = 0
+    flavor: str = ""
     kind: Literal["reclaim"] = "reclaim"
 
 

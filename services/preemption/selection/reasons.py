@@ -35,11 +35,14 @@ def _lost_text(facts: CandidateFacts) -> str:
 
 def victim_reason(facts: CandidateFacts, preemptor: Preemptor, trigger: Trigger) -> str:
     """What the victim's record says, e.g. ``preempted for job X of priority 100 in tenant T; lost 4
-    min since last checkpoint``."""
-    lead = f"preempted for job {preemptor.job_id} of priority {preemptor.priority} in tenant {preemptor.tenant}"
+    min since last checkpoint``, or for a reclaim ``preempted to return borrowed A100-80GB capacity to
+    tenant T (under its nominal quota) for its job X: tenant B borrowed it; lost ...``."""
     if isinstance(trigger, ReclaimRequest):
-        lead += f", to reclaim quota that tenant {facts.job.tenant} borrowed"
-    elif isinstance(trigger, FairShareTrigger):
+        what = f"borrowed {trigger.flavor} capacity" if trigger.flavor else "borrowed capacity"
+        return (f"preempted to return {what} to tenant {trigger.tenant} (under its nominal quota) for its job "
+                f"{preemptor.job_id}: tenant {facts.job.tenant} borrowed it; {_lost_text(facts)}")
+    lead = f"preempted for job {preemptor.job_id} of priority {preemptor.priority} in tenant {preemptor.tenant}"
+    if isinstance(trigger, FairShareTrigger):
         lead += f", because tenant {facts.job.tenant} is above its fair share"
     return f"{lead}; {_lost_text(facts)}"
 

@@ -63,13 +63,16 @@ class ClusterBuilder:
     def run(self, job_id: str, node: str, gpus: tuple[int, ...] = (), *, milli: int = 1000, cpu: int = 0,
             mig: tuple[str, int] | None = None, priority: int = 0, tenant: str = "t", started: float = 0.0,
             checkpoint: float | None = None, units: int | None = None, klass: str = "batch",
-            preempting: bool = False) -> ClusterBuilder:  # fmt: skip
-        """A job on ``node``: whole GPUs (milli 1000), a share (milli < 1000) or a MIG slice."""
+            preempting: bool = False, preempted_for: str | None = None) -> ClusterBuilder:  # fmt: skip
+        """A job on ``node``: whole GPUs (milli 1000), a share (milli < 1000) or a MIG slice. Its flavor is
+        the model of the node's GPUs."""
         placement = None if mig is None else MigPlacement(mig[0], mig[1])
         binding = Binding(NodeId(node), gpus, 0 if mig else milli, 0, placement, cpu, 0)
         self.snapshot = apply_bindings(self.snapshot, RequestId(job_id), (binding,))
         held = units if units is not None else (len(gpus) * milli if not mig else 1000)
-        self.jobs.append(RunningJob(job_id, tenant, priority, started, (job_id,), klass, held, checkpoint, preempting))
+        flavor = self.snapshot.nodes[self.snapshot.node_index(node)].gpus[0].model
+        self.jobs.append(RunningJob(job_id, tenant, priority, started, (job_id,), klass, held, checkpoint, preempting,
+                                    flavor, preempted_for))
         return self
 
     def gang(self, job_id: str, members: list[tuple[str, tuple[int, ...]]], *, priority: int = 0,

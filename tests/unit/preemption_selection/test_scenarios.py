@@ -184,11 +184,12 @@ def tenants():
 
 def test_reclaim_takes_borrowed_usage_of_any_priority_and_never_the_reclaimer_or_tenants_within_quota():
     built = tenants()
-    trigger = ReclaimRequest("a", (("b", 4000),), 4000)
+    trigger = ReclaimRequest("a", (("b", 4000),), 4000, flavor="A10")
     plan = select_victims(built.snapshot, whole("ra", 4, tenant="a", priority=0), built.jobs, NOW, trigger=trigger)
     assert plan.outcome == "preempt"
     assert victims(plan) <= {"borrowed", "b2"} and len(plan.victims) == 1
-    assert "reclaim quota that tenant b borrowed" in plan.victims[0].reason
+    assert plan.victims[0].reason.startswith("preempted to return borrowed A10 capacity to tenant a (under its "
+                                             "nominal quota) for its job ra: tenant b borrowed it; lost ")
 
 
 def test_reclaim_stops_once_the_borrower_no_longer_borrows():

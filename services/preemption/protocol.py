@@ -1,0 +1,111 @@
+"""The preemption service's store side, shared by the priority and the reclaim path: load who runs where,
+ask victims to stop (their stream, then ``PreemptJob`` to every node of their run), hold the freed GPUs
+for the preemptor, and record what an evaluation decided."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from gpusched_common import decider
+from gpusched_common import events as ev
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.store import enqueue
+from gpusched_common.topics import NODES_COMMANDS
+from gpusched_common.tracing import current_traceparent
+
+from services.placement.engine import Decision
+from services.preemption import selection as sel
+from services.preemption.requests import member_nodes, preempt_commands
+from services.quota.policy.units import UNITS_PER_GPU
+
+SERVICE = "preemption"
+
+
+@dataclass(frozen=True)
+class PreemptionSettings:
+    grace_s: float
+    config: sel.SelectionConfig
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A victim asked to stop: its state after ``PreemptionRequested`` and the nodes told to stop it."""
+
+    state: decider.JobState
+    node_ids: tuple[str, ...]
+
+
+async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
+    """Jobs holding GPUs, with what quota charges them (the policy ledger's reservation when there is
+    one, else whole GPUs held) and, while they stop, the job they stop for."""
+    rows = await conn.fetch(
+        "SELECT j.job_id, j.tenant, j.priority, j.status, coalesce(j.started_at, j.placed_at) AS since,"
+        " (SELECT max(e.occurred_at) FROM events e WHERE e.stream_id = 'job-' || j.job_id"
+        "   AND e.type = 'JobCheckpointed' AND e.occurred_at >= coalesce(j.started_at, j.placed_at)) AS ckpt,"
+        " r.flavor AS reserved_flavor, r.units AS reserved_units,"
+        " (SELECT array_agg(DISTINCT g.model) FROM gpu_allocations a JOIN gpus g"
+        "   ON g.node_id = a.node_id AND g.gpu_index = a.gpu_index WHERE a.job_id = j.job_id) AS models,"
+        " (SELECT count(*) FROM gpu_allocations a WHERE a.job_id = j.job_id) AS held,"
+        " CASE WHEN j.status = 'Preempting' THEN (SELECT e.payload->>'preemptor_job_id' FROM events e"
+        "   WHERE e.stream_id = 'job-' || j.job_id AND e.type = 'PreemptionRequested'"
+        "   ORDER BY e.version DESC LIMIT 1) END AS preempted_for"
+        " FROM jobs j LEFT JOIN quota_policy_reservations r ON r.job_id = j.job_id"
+        " WHERE j.status IN ('Placed', 'Running', 'Preempting')"
+        "   AND EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id) ORDER BY j.job_id")
+    return [sel.RunningJob(r["job_id"], r["tenant"], r["priority"], r["since"].timestamp(), (r["job_id"],),
+                           units=r["reserved_units"] or r["held"] * UNITS_PER_GPU,
+                           last_checkpoint_at_s=r["ckpt"].timestamp() if r["ckpt"] else None,
+                           preempting=r["status"] == "Preempting",
+                           flavor=r["reserved_flavor"] or (r["models"][0] if len(r["models"] or ()) == 1 else None),
+                           preempted_for=r["preempted_for"]) for r in rows]
+
+
+async def stop_victims(conn: asyncpg.Connection, preemptor: sel.Preemptor, victims: Sequence[sel.Victim],
+                       settings: PreemptionSettings, now: datetime) -> list[Stopped]:
+    """``PreemptionRequested`` on each victim's stream and ``PreemptJob`` to every node of its run (all
+    members of a gang); a victim that stopped or was asked already is skipped."""
+    deadline = now + timedelta(seconds=settings.grace_s)
+    stopped = []
+    for victim in victims:
+        state = await load_job(conn, victim.job_id)
+        command = decider.RequestPreemption(preemptor.job_id, preemptor.priority, preemptor.tenant, victim.reason,
+                                            settings.grace_s, deadline)
+        events = decider.decide(state, command, now)
+        if not events or not member_nodes(state):
+            continue
+        after = await append_job_events(conn, state, events, producer=SERVICE, now=now)
+        commands = preempt_commands(state, settings.grace_s, deadline, victim.reason)
+        for payload in commands:
+            await send_command(conn, payload, now)
+        stopped.append(Stopped(after, tuple(c.node_id for c in commands)))
+    return stopped
+
+
+async def send_command(conn: asyncpg.Connection, payload: ev.PreemptJob, now: datetime) -> None:
+    """To the node's agent, through this service's own outbox (its relay publishes it)."""
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
+                                occurred_at=now, producer=SERVICE, traceparent=current_traceparent())
+    await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=payload.node_id, envelopes=[envelope])
+
+
+async def nominate(conn: asyncpg.Connection, job_id: str, placement: Decision | None, now: datetime) -> None:
+    """Hold the GPUs of the preemptor's verified slot: placement offers them to no other job meanwhile."""
+    if placement is None:
+        return
+    await conn.executemany(
+        "INSERT INTO gpu_nominations (node_id, gpu_index, job_id, nominated_at) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT DO NOTHING",
+        [(str(b.node_id), i, job_id, now) for b in placement.bindings for i in b.gpu_indices])
+
+
+async def record_evaluation(conn: asyncpg.Connection, plan: sel.PreemptionPlan, now: datetime) -> None:
+    await conn.execute(
+        "INSERT INTO preemption_evaluations (job_id, evaluated_at, outcome, reasons) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT (job_id) DO UPDATE SET evaluated_at = EXCLUDED.evaluated_at,"
+        " outcome = EXCLUDED.outcome, reasons = EXCLUDED.reasons",
+        plan.preemptor_id, now, plan.outcome, list(plan.reasons))

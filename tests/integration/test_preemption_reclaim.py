@@ -1,0 +1,240 @@
+"""The live reclaim path on the real broker and PostgreSQL: quota's ReclaimRequested on
+gpusched.quota.reclaims makes the preemption service stop the fewest borrower jobs of the flavor, and
+neither a redelivery nor a repeated request preempts anything more. A gang victim, of a reclaim or of a
+priority preemption, is told to stop on every node it runs on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import asyncpg
+
+from gpusched_common import decider
+from gpusched_common import events as ev
+from gpusched_common.db import connect
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.messaging import build_broker, publish
+from gpusched_common.runtime import running
+from gpusched_common.topics import NODES_COMMANDS, QUOTA_RECLAIMS
+from services.placement import engine
+from services.placement.handlers import process
+from services.preemption.app import preemption_settings, setup
+from services.preemption.handlers import SERVICE, consider
+from services.preemption.reclaiming import reclaim
+from tests.builders import a_job
+from tests.integration.kafka_helpers import read_topic
+
+GPU = 7000  # quota units per GPU
+NOW = datetime.now(timezone.utc)
+STARTED = NOW - timedelta(hours=1)  # past the minimum run time that protects a fresh run
+POLICY = engine.make_policy("bestfit")
+
+
+def node(node_id: str, model: str, gpus: int = 8) -> ev.NodeRegistered:
+    return ev.NodeRegistered(
+        node_id=node_id, hostname=node_id, cpu_milli=64_000, memory_mib=512_000, nvml_backend="simulated",
+        lease_epoch=1, gpus=[ev.GpuInventory(index=i, uuid=f"{node_id}-{i}", model=model, memory_mib=81920)
+                             for i in range(gpus)])
+
+
+async def submit(conn: asyncpg.Connection, job_id: str, tenant: str, gpus: int, model: str,
+                 nodes: int = 1) -> decider.JobState:
+    spec = a_job(job_id).tenant(tenant).gpus(gpus).model(model).gang(nodes).spec()
+    state = await load_job(conn, job_id)
+    return await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, STARTED),
+                                                                STARTED), producer="test", now=STARTED)
+
+
+async def run(conn: asyncpg.Connection, job_id: str, tenant: str, model: str,
+              members: list[tuple[str, tuple[int, ...]]]) -> None:
+    """A job running since an hour ago on ``members`` (one node, or each node of a gang), charged to
+    the quota policy's ledger as the live quota service would."""
+    gpus = len(members[0][1])
+    state = await submit(conn, job_id, tenant, gpus, model, nodes=len(members))
+    state = await append_job_events(conn, state, decider.decide(state, decider.ReserveQuota(gpus, 64, model),
+                                                                STARTED), producer="test", now=STARTED)
+    placed = ev.JobPlaced(job_id=job_id, node_id=members[0][0], gpu_indices=list(members[0][1]),
+                          gpu_uuids=[f"{members[0][0]}-{i}" for i in members[0][1]], gpu_model=model,
+                          policy="test", reason="test",
+                          members=[ev.GangMember(rank=r, node_id=n, gpu_indices=list(g),
+                                                 gpu_uuids=[f"{n}-{i}" for i in g])
+                                   for r, (n, g) in enumerate(members)] if len(members) > 1 else [])
+    state = await append_job_events(conn, state, (placed,), producer="test", now=STARTED)
+    await conn.executemany("INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at)"
+                           " VALUES ($1, $2, $3, $4)", [(n, i, job_id, STARTED) for n, g in members for i in g])
+    state = await append_job_events(conn, state, decider.decide(state, decider.RecordStart(members[0][0], 1, STARTED),
+                                                                STARTED), producer="test", now=STARTED)
+    await conn.execute("INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units) VALUES ($1, $2, $3, $4)",
+                       job_id, tenant, model, gpus * len(members) * GPU)
+
+
+def reclaim_request(gpus: float, borrowers: list[tuple[str, float]], at: datetime,
+                    flavor: str = "A100-80GB") -> ev.ReclaimRequested:
+    return ev.ReclaimRequested(
+        tenant="team-a", cohort="acme", flavor=flavor, gpus=gpus, for_jobs=["a1"],
+        borrowers=[ev.ReclaimBorrower(tenant=t, borrowed_gpus=g) for t, g in borrowers],
+        reason="team-a is under its nominal A100-80GB quota", requested_at=at)
+
+
+async def send(settings, request: ev.ReclaimRequested, event_id: str) -> None:
+    broker = build_broker(settings, "test-quota")
+    await broker.connect()
+    try:
+        envelope = ev.make_envelope(request, event_id=event_id, stream_id=f"tenant-{request.tenant}",
+                                    occurred_at=request.requested_at, producer="quota", tenant=request.tenant)
+        await publish(broker, QUOTA_RECLAIMS.name, request.tenant, envelope.model_dump_json().encode(),
+                      {"event-type": request.TYPE})
+    finally:
+        await broker.stop()
+
+
+async def until(check, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
+async def preemptions(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch("SELECT stream_id, payload FROM events WHERE type = 'PreemptionRequested'"
+                            " ORDER BY global_position")
+
+
+async def cluster(conn: asyncpg.Connection) -> None:
+    """n1 and n3: A100s, n2: H100s. team-b borrows A100s (b4, b2) and runs H100s (bh); team-c runs c2
+    within its quota; team-a's job a1 (4 A100) waits for the quota team-b borrowed."""
+    async with conn.transaction():
+        for registered in (node("n1", "A100-80GB"), node("n2", "H100-80GB"), node("n3", "A100-80GB", gpus=4)):
+            await process(conn, registered, NOW, POLICY)
+        await run(conn, "b4", "team-b", "A100-80GB", [("n1", (0, 1, 2, 3))])
+        await run(conn, "b2", "team-b", "A100-80GB", [("n1", (4, 5))])
+        await run(conn, "c2", "team-c", "A100-80GB", [("n1", (6, 7))])
+        await run(conn, "c4", "team-c", "A100-80GB", [("n3", (0, 1, 2, 3))])
+        await run(conn, "bh", "team-b", "H100-80GB", [("n2", tuple(range(8)))])
+        await submit(conn, "a1", "team-a", 4, "A100-80GB")  # Admitted: quota holds it back
+
+
+async def test_a_reclaim_request_preempts_the_fewest_borrower_jobs_of_the_flavor_and_a_repeat_nothing_more(
+        settings):
+    conn = await connect(settings.database_url)
+    try:
+        await cluster(conn)
+        first = reclaim_request(4, [("team-b", 6)], NOW)
+        first_id = str(uuid.uuid4())
+        async with running(SERVICE, settings, setup):
+            await send(settings, first, first_id)
+            await until(lambda: preemptions(conn))
+            [requested] = await preemptions(conn)
+            assert requested["stream_id"] == "job-b4"  # 4 GPUs of one borrower job, not b2, c2, c4 or bh
+            payload = requested["payload"]
+            assert payload["preemptor_job_id"] == "a1" and payload["preemptor_tenant"] == "team-a"
+            assert re.fullmatch(r"preempted to return borrowed A100-80GB capacity to tenant team-a \(under its nominal"
+                                r" quota\) for its job a1: tenant team-b borrowed it; lost 6\d min since it started"
+                                r" \(no checkpoint\)", payload["reason"]), payload["reason"]
+            commands = [json.loads(r.value) for r in await read_topic(settings.kafka_bootstrap, NODES_COMMANDS.name,
+                                                                        expect=1)]
+            assert [(c["payload"]["job_id"], c["payload"]["node_id"]) for c in commands
+                    if c["type"] == "PreemptJob"] == [("b4", "n1")]
+
+            # the same message again, then quota repeating the request while b4 stops
+            repeat_id = str(uuid.uuid4())
+            await send(settings, first, first_id)
+            await send(settings, reclaim_request(4, [("team-b", 6)], NOW + timedelta(seconds=2)), repeat_id)
+            await until(lambda: conn.fetchval("SELECT 1 FROM inbox WHERE consumer = $1 AND event_id = $2",
+                                              SERVICE, repeat_id))
+        assert len(await preemptions(conn)) == 1
+        evaluation = await conn.fetchrow("SELECT outcome, reasons FROM preemption_evaluations WHERE job_id = 'a1'")
+        assert evaluation["outcome"] == "await"
+        assert evaluation["reasons"][1].startswith("nothing more to reclaim: jobs already stopping for a1")
+        held = await conn.fetch("SELECT node_id, gpu_index FROM gpu_nominations WHERE job_id = 'a1' ORDER BY 2")
+        assert [(r["node_id"], r["gpu_index"]) for r in held] == [("n1", i) for i in range(4)]  # b4's GPUs, for a1
+        assert await conn.fetchval("SELECT count(*) FROM reclaim_victims WHERE for_job_id = 'a1'") == 1
+    finally:
+        await conn.close()
+
+
+async def test_a_gang_victim_is_told_to_stop_on_every_node_it_runs_on(settings):
+    conn = await connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            for registered in (node("n1", "A100-80GB", gpus=4), node("n2", "A100-80GB", gpus=4)):
+                await process(conn, registered, NOW, POLICY)
+            await run(conn, "gang", "team-b", "A100-80GB", [("n1", (0, 1, 2, 3)), ("n2", (0, 1, 2, 3))])
+            await submit(conn, "a1", "team-a", 4, "A100-80GB")
+        async with conn.transaction():
+            plan = await reclaim(conn, reclaim_request(4, [("team-b", 8)], NOW),
+                                 preemption_settings(settings), NOW)
+        assert plan is not None and plan.victim_ids == ("gang",)
+        commands = await conn.fetch("SELECT value FROM outbox WHERE topic = $1 AND producer = $2 ORDER BY id",
+                                    NODES_COMMANDS.name, SERVICE)
+        preempts = [m["payload"] for m in map(json.loads, (bytes(r["value"]) for r in commands))
+                    if m["type"] == "PreemptJob"]
+        assert sorted((p["job_id"], p["node_id"]) for p in preempts) == [("gang", "n1"), ("gang", "n2")]
+    finally:
+        await conn.close()
+
+
+async def test_nothing_to_reclaim_is_recorded_when_borrowers_hold_no_job_of_the_flavor(settings):
+    conn = await connect(settings.database_url)
+    try:
+        await cluster(conn)
+        async with conn.transaction():
+            plan = await reclaim(conn, reclaim_request(4, [("team-x", 4)], NOW), preemption_settings(settings), NOW)
+        assert plan is not None and plan.outcome == "none"
+        assert plan.reasons[1].startswith("nothing to reclaim: borrowers (team-x) hold no preemptible job of A100-80GB")
+        assert not await preemptions(conn)
+        assert await conn.fetchval("SELECT outcome FROM preemption_evaluations WHERE job_id = 'a1'") == "none"
+    finally:
+        await conn.close()
+
+
+async def test_a_request_made_before_earlier_victims_gave_their_quota_back_preempts_nothing(settings):
+    conn = await connect(settings.database_url)
+    try:
+        await cluster(conn)
+        async with conn.transaction():
+            await reclaim(conn, reclaim_request(4, [("team-b", 6)], NOW), preemption_settings(settings), NOW)
+        later = NOW + timedelta(seconds=40)
+        async with conn.transaction():  # b4 stops, placement frees its GPUs and quota takes its quota back
+            for command in (decider.RecordExit("n1", 143, 3600.0), decider.ReleaseQuota(0)):
+                state = await load_job(conn, "b4")
+                await append_job_events(conn, state, decider.decide(state, command, later), producer="test",
+                                        now=later)
+            await conn.execute("DELETE FROM gpu_allocations WHERE job_id = 'b4'")
+            await conn.execute("DELETE FROM quota_policy_reservations WHERE job_id = 'b4'")
+        async with conn.transaction():  # a request quota made before it saw b4's quota back
+            plan = await reclaim(conn, reclaim_request(4, [("team-b", 6)], NOW + timedelta(seconds=20)),
+                                 preemption_settings(settings), later)
+        assert plan is not None and plan.outcome == "await" and not plan.victims
+        assert [r["stream_id"] for r in await preemptions(conn)] == ["job-b4"]
+    finally:
+        await conn.close()
+
+
+async def test_a_gang_victim_of_a_priority_preemption_is_told_to_stop_on_every_node_too(settings):
+    conn = await connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            for registered in (node("n1", "A100-80GB", gpus=4), node("n2", "A100-80GB", gpus=4)):
+                await process(conn, registered, NOW, POLICY)
+            await run(conn, "gang", "team-b", "A100-80GB", [("n1", (0, 1, 2, 3)), ("n2", (0, 1, 2, 3))])
+            spec = a_job("h").tenant("team-b").gpus(4).model("A100-80GB").priority(100).spec()
+            state = await load_job(conn, "h")
+            for command in (decider.RegisterSubmission(spec, NOW), decider.ReserveQuota(4, 64, "A100-80GB")):
+                state = await append_job_events(conn, state, decider.decide(state, command, NOW), producer="test",
+                                                now=NOW)
+        async with conn.transaction():
+            await consider(conn, "h", preemption_settings(settings), NOW)
+        commands = await conn.fetch("SELECT value FROM outbox WHERE topic = $1 AND producer = $2 ORDER BY id",
+                                    NODES_COMMANDS.name, SERVICE)
+        preempts = [m["payload"] for m in map(json.loads, (bytes(r["value"]) for r in commands))
+                    if m["type"] == "PreemptJob"]
+        assert sorted((p["job_id"], p["node_id"]) for p in preempts) == [("gang", "n1"), ("gang", "n2")]
+        [selected] = await conn.fetch("SELECT payload FROM events WHERE type = 'VictimsSelected'")
+        assert selected["payload"]["victims"] == ["gang"] and selected["payload"]["node_ids"] == ["n1", "n2"]
+    finally:
+        await conn.close()
