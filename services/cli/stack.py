@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import asyncpg
+import yaml
 
 from gpusched_common.credentials import OPERATOR, TenantKey, write_keys
 from gpusched_common.db import drop_database, ensure_database, migrate
@@ -162,8 +163,13 @@ def start_service(state: StackState, name: str, module: str, extra_env: dict[str
 
 
 def node_specs(nodes: int, gpu_models: list[str], gpus_per_node: int) -> list[tuple[str, str]]:
-    """node id -> simulated GPU spec; models alternate across nodes."""
-    return [(f"node-{i + 1}", f"{gpu_models[i % len(gpu_models)]}:{gpus_per_node}") for i in range(nodes)]
+    """node id -> simulated GPU spec; models alternate across nodes. A model may carry agent options after
+    `+`: `A100-80GB+mig` is a node whose GPUs are in MIG mode."""
+    specs = []
+    for i in range(nodes):
+        model, *options = gpu_models[i % len(gpu_models)].split("+")
+        specs.append((f"node-{i + 1}", ":".join([model, str(gpus_per_node), *options])))
+    return specs
 
 
 async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_name: str = "gpusched_local",
@@ -187,7 +193,8 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
     metrics_port = free_port()
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
            "GPUSCHED_TENANT_KEYS_FILE": str(make_local_keys(home)), **(extra_env or {})}
-    env.setdefault("GPUSCHED_QUOTA_FILE", str(Path(__file__).resolve().parents[2] / "deploy" / "quotas.yaml"))
+    if "GPUSCHED_TENANTS_FILE" not in env and "GPUSCHED_TENANTS_FILE" not in os.environ:
+        env["GPUSCHED_TENANTS_FILE"] = str(make_local_tenancy(home, node_specs(nodes, gpu_models, gpus_per_node)))
     state.env = env
     for name in SERVICES:
         start_service(state, name, f"services.{name}")
@@ -204,6 +211,44 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
 
 
 LOCAL_TENANTS = ("research", "inference", "platform", "ml-eval")
+# Each local team's nominal quota of every GPU model, as a share of the GPUs of that model; `guests` is
+# charged for any tenant not named here (the operator key may submit for anyone). The shares add up to
+# twice the cluster, like entitlements on a cluster that scales out: work beyond the nodes reserves quota
+# and waits for capacity (where the scaler sees it). Platform may hold at most half of a model; the
+# others borrow whatever the cohort leaves idle.
+LOCAL_QUOTA_SHARES = {"research": 0.5, "inference": 0.5, "platform": 0.25, "ml-eval": 0.25, "guests": 0.5}
+LOCAL_PRIORITY_CLASSES = {"urgent": 100, "high": 50, "normal": 10, "batch": 0}
+
+
+def local_tenancy(specs: list[tuple[str, str]]) -> dict:
+    """The local stack's tenancy (see deploy/tenants.example.yaml): one cohort `local` whose teams share
+    the cluster, every model's nominal quota split by LOCAL_QUOTA_SHARES of the GPUs the nodes have."""
+    capacity: dict[str, int] = {}
+    for _, spec in specs:
+        model, count = spec.split(":")[:2]
+        capacity[model] = capacity.get(model, 0) + int(count)
+
+    def team(name: str) -> dict:
+        quota = {}
+        for model, gpus in capacity.items():
+            nominal = round(gpus * LOCAL_QUOTA_SHARES[name], 3)
+            quota[model] = {"nominal": nominal}
+            if name == "platform":
+                quota[model]["borrowing_limit"] = round(gpus / 2 - nominal, 3)
+        return {"name": name, "quota": quota}
+
+    return {"version": 1, "revision": 1, "flavors": list(capacity),
+            "priority_classes": LOCAL_PRIORITY_CLASSES, "default_priority_class": "batch",
+            "fair_share": {"half_life_s": 3600}, "guest_tenant": "guests",
+            "tenants": [{"name": "local", "children": [team(name) for name in LOCAL_QUOTA_SHARES]}]}
+
+
+def make_local_tenancy(home: Path, specs: list[tuple[str, str]]) -> Path:
+    """Write the local tenancy into the stack's home; `gpusched tenants apply` changes it at run time."""
+    path = home / "tenants.yaml"
+    header = "# The local stack's tenancy, written by `gpusched up` for its nodes (services/cli/stack.py).\n"
+    path.write_text(header + yaml.safe_dump(local_tenancy(specs), sort_keys=False))
+    return path
 
 
 def make_local_keys(home: Path) -> Path:

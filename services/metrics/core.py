@@ -53,9 +53,12 @@ class PendingJob:
 
 @dataclass(frozen=True)
 class TenantQuota:
+    """A tenant's nominal quota and the quota its jobs hold, in GPUs over every flavor (shares and MIG
+    slices make fractions)."""
+
     tenant: str
-    cap_gpus: int
-    reserved_gpus: int
+    cap_gpus: float
+    reserved_gpus: float
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,8 @@ class TenantView:
     tenant: str
     allocated_gpus: int
     busy_gpus: int
-    reserved_gpus: int
-    cap_gpus: int | None
+    reserved_gpus: float
+    cap_gpus: float | None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ Metric names and labels (every GPU metric: node, gpu, model, pool):
   gpusched_cluster_utilization_ratio, gpusched_gpu_allocation_ratio{scope, name}
   gpusched_queue_pending_gpus{model}, gpusched_queue_pending_jobs{model}, gpusched_queue_waiting_for_quota_gpus{model}
   gpusched_fragmentation_ratio{model}
-  gpusched_tenant_usage_gpus{tenant}, gpusched_tenant_busy_gpus{tenant}, gpusched_tenant_quota_gpus{tenant}
+  gpusched_tenant_usage_gpus{tenant}, gpusched_tenant_busy_gpus{tenant}, gpusched_tenant_quota_gpus{tenant},
+  gpusched_tenant_reserved_gpus{tenant}
   gpusched_job_idle_seconds{job, tenant, node} (allocations idle past the threshold)
   gpusched_job_gpu_memory_used_bytes{job, node}
   gpusched_telemetry_samples_total, gpusched_scale_decisions_total{direction, model}
@@ -79,7 +80,8 @@ class MetricsExporter:
               self._fragmentation)
         gauge("gpusched_tenant_usage_gpus", "GPUs allocated to the tenant's jobs", self._tenants("allocated"))
         gauge("gpusched_tenant_busy_gpus", "allocated GPUs of the tenant that are busy", self._tenants("busy"))
-        gauge("gpusched_tenant_quota_gpus", "the tenant's GPU quota", self._tenants("cap"))
+        gauge("gpusched_tenant_quota_gpus", "the tenant's nominal GPU quota", self._tenants("cap"))
+        gauge("gpusched_tenant_reserved_gpus", "GPUs of quota the tenant's jobs hold", self._tenants("reserved"))
         gauge("gpusched_job_idle_seconds", "how long an allocated job's GPUs have been idle", self._idle)
         gauge("gpusched_job_gpu_memory_used_bytes", "GPU memory used by a job's processes", self._job_memory)
         meter.create_observable_counter("gpusched_telemetry_samples_total", callbacks=[self._samples],
@@ -140,7 +142,8 @@ class MetricsExporter:
     def _tenants(self, what: str) -> Callable[[], Iterable[Observation]]:
         def observe() -> Iterable[Observation]:
             for t in self._latest.views.tenants if self._latest.views else ():
-                value = {"allocated": t.allocated_gpus, "busy": t.busy_gpus, "cap": t.cap_gpus}[what]
+                value = {"allocated": t.allocated_gpus, "busy": t.busy_gpus, "cap": t.cap_gpus,
+                         "reserved": t.reserved_gpus}[what]
                 if value is not None:
                     yield Observation(value, {"tenant": t.tenant})
         return observe

@@ -1,5 +1,5 @@
 """The metrics service's PostgreSQL edge: read the cluster snapshot (inventory and allocations owned by
-placement, the queue from the jobs read model, quota from the ledger), keep the scaler's state, and
+placement, the queue from the jobs read model, quota from the quota service's usage rows), keep the scaler's state, and
 record scale decisions with their outbox rows in one transaction."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from gpusched_common.topics import CLUSTER_SCALING
 
 from services.metrics.core import ClusterSnapshot, GpuSlot, PendingJob, TenantQuota
 from services.metrics.scaling import Decision, InFlight, ModelState, ScaleOut, ScalerState
+from services.quota.policy import units_to_gpus
 
 SERVICE = "metrics"
 _SCALER_LOCK = 727_300  # one metrics replica decides scaling at a time
@@ -27,17 +28,22 @@ async def load_snapshot(conn: asyncpg.Connection, pool_label: str) -> ClusterSna
         "SELECT g.node_id, g.gpu_index, g.model, g.healthy, n.labels ->> $1 AS pool, a.job_id, a.allocated_at"
         " FROM gpus g JOIN nodes n USING (node_id) LEFT JOIN gpu_allocations a USING (node_id, gpu_index)"
         " ORDER BY g.node_id, g.gpu_index", pool_label)
+    # a job that names no model runs on the one its quota was charged for, also when it is requeued
     jobs = await conn.fetch(
-        "SELECT job_id, tenant, status, gpus, gpu_model FROM jobs"
-        " WHERE status IN ('Admitted', 'Queued', 'Placed', 'Running')")
-    quotas = await conn.fetch("SELECT tenant, cap_gpus, reserved_gpus FROM quota_ledger ORDER BY tenant")
+        "SELECT j.job_id, j.tenant, j.status, j.gpus, coalesce(j.gpu_model, r.flavor) AS gpu_model FROM jobs j"
+        " LEFT JOIN quota_policy_reservations r USING (job_id)"
+        " WHERE j.status IN ('Admitted', 'Queued', 'Placed', 'Running')")
+    quotas = await conn.fetch(
+        "SELECT tenant, sum(nominal_units) AS nominal, sum(reserved_units) AS reserved FROM quota_policy_usage"
+        " GROUP BY tenant ORDER BY tenant")
     return ClusterSnapshot(
         gpus=tuple(GpuSlot(r["node_id"], r["gpu_index"], r["model"], r["pool"] or "default", r["healthy"],
                            r["job_id"], r["allocated_at"]) for r in gpus),
         pending=tuple(PendingJob(r["job_id"], r["tenant"] or "", r["gpus"] or 0, r["gpu_model"],
                                  quota_reserved=r["status"] == "Queued")
                       for r in jobs if r["status"] in ("Admitted", "Queued")),
-        quotas=tuple(TenantQuota(r["tenant"], r["cap_gpus"], r["reserved_gpus"]) for r in quotas),
+        quotas=tuple(TenantQuota(r["tenant"], units_to_gpus(r["nominal"]), units_to_gpus(r["reserved"]))
+                     for r in quotas),
         job_tenants={r["job_id"]: r["tenant"] for r in jobs if r["status"] in ("Placed", "Running")},
     )
 

@@ -1,88 +1,97 @@
-"""Quota service: reserves and releases quota for jobs. With ``GPUSCHED_TENANTS_FILE`` it enforces the
-tenancy tree (cohorts, borrowing, fair share; ``services.quota.policy``); without it, flat per-tenant GPU
-caps from the quota file."""
+"""Quota service: reserves and releases quota for jobs under the tenancy tree (cohorts, borrowing, fair
+share; ``services.quota.policy``), asks the preemption service to reclaim borrowed quota, and takes tenancy
+revisions from operators at run time.
+
+The tenancy in force is the newest revision in PostgreSQL. At start the file named by
+``GPUSCHED_TENANTS_FILE`` is put in force when it is newer than that (or when there is none); an operator's
+later revision (``gpusched tenants apply``) survives restarts with an older file.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+import asyncpg
+
+from gpusched_common.credentials import load_keys
 from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
-from gpusched_common.topics import GROUP_QUOTA, JOBS_EVENTS
+from gpusched_common.topics import GROUP_QUOTA, JOBS_EVENTS, TENANCY_UPDATES
 
-from services.quota.config import QuotaConfig, load_quota_config
-from services.quota.handlers import SERVICE, make_job_event_handler, reserve_for_tenant
-from services.quota.policy import Tenancy, load_tenancy
-from services.quota.policy_handlers import make_policy_job_event_handler, reserve_for_cohort
-from services.quota.policy_store import apply_limits
+from services.quota.admin import GROUP_QUOTA_ADMIN, make_tenancy_update_handler
+from services.quota.policy import load_tenancy
+from services.quota.policy_handlers import (
+    SERVICE,
+    CycleOptions,
+    make_policy_job_event_handler,
+    reconcile,
+    reserve_everywhere,
+)
+from services.quota.revisions import TenancyStore, install, lock_revisions
 
 log = logging.getLogger(__name__)
 
 
-
-async def apply_caps(runtime: Runtime, config: QuotaConfig) -> None:
-    """Write the configured caps; a cap below what a tenant already holds waits until usage drains."""
-    async with runtime.pool.acquire() as conn:
-        for tenant, quota in config.tenants.items():
-            async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO quota_ledger (tenant, cap_gpus) VALUES ($1, $2) ON CONFLICT (tenant) DO UPDATE"
-                    " SET cap_gpus = greatest(EXCLUDED.cap_gpus, quota_ledger.reserved_gpus)", tenant,
-                    quota.gpu_cap)
-                # work that waited under an old, smaller cap may fit now
-                await reserve_for_tenant(conn, tenant, quota.gpu_cap, utcnow())
-    runtime.wake_relay()
-
-
-async def apply_tenancy(runtime: Runtime, tenancy: Tenancy) -> None:
-    """Write the tenancy's limits, then run one cycle per cohort: waiting work may fit the new quotas."""
-    async with runtime.pool.acquire() as conn:
-        async with conn.transaction():
-            await apply_limits(conn, tenancy)
-        for cohort in sorted({tenancy.root_of(t) for t in tenancy.leaves()}):
-            async with conn.transaction():
-                await reserve_for_cohort(conn, tenancy, cohort, utcnow())
-    runtime.wake_relay()
+async def start_tenancy(pool: asyncpg.Pool, tenants_file: Path | None, tenancies: TenancyStore,
+                        options: CycleOptions) -> None:
+    """Put the file in force when it is newer than the revision in force; then a cycle per cohort (waiting
+    work may fit the quotas now in force). Raises when neither the file nor the database has a tenancy,
+    and on a file that is not valid (``TenancyError`` lists every problem)."""
+    document = tenants_file.read_text() if tenants_file is not None else None
+    tenancy = load_tenancy(document) if document is not None else None
+    now = utcnow()
+    async with pool.acquire() as conn, conn.transaction():
+        in_force = await lock_revisions(conn)
+        if tenancy is not None and (in_force is None or tenancy.revision > in_force):
+            await install(conn, tenancy, document or "", source=f"file {tenants_file}", event_id=None, now=now)
+            log.info("quota: tenancy revision %d from %s in force", tenancy.revision, tenants_file)
+        elif tenancy is not None and tenancy.revision < in_force:
+            log.info("quota: revision %d in force is newer than %s (revision %d); keeping it", in_force,
+                     tenants_file, tenancy.revision)
+    async with pool.acquire() as conn, conn.transaction():
+        current = await tenancies.current(conn)  # NoTenancy when there is none at all
+        await reserve_everywhere(conn, current, now, options)
+    log.info("quota: tenancy revision %d, %d tenants", current.revision, len(current.leaves()))
 
 
-async def reconcile_loop(runtime: Runtime, config: QuotaConfig) -> None:
-    """Every few seconds, a reservation pass for each tenant with waiting work, from the store alone, so a
-    lost or delayed message never strands a job."""
+async def reconcile_loop(runtime: Runtime, tenancies: TenancyStore, options: CycleOptions) -> None:
+    """Every few seconds, a cycle for each cohort with waiting work, from the store alone."""
+    assert runtime.pool is not None
     while True:
         await asyncio.sleep(runtime.settings.reconcile_interval_s)
         try:
-            async with runtime.pool.acquire() as conn:
-                tenants = [r["tenant"] for r in await conn.fetch("SELECT DISTINCT tenant FROM quota_pending ORDER BY 1")]
-                for tenant in tenants:
-                    async with conn.transaction():
-                        await reserve_for_tenant(conn, tenant, config.cap_for(tenant), utcnow())
+            cycles = await reconcile(runtime.pool, tenancies, utcnow(), options)
         except Exception:  # noqa: BLE001 - a database outage must not end the reconciliation
             log.exception("quota reconciliation failed; retrying")
             continue
-        if tenants:
+        if cycles:
             runtime.wake_relay()
+
+
+def quota_setup(settings: Settings) -> Callable[[Runtime], Awaitable[None]]:
+    """Everything the quota service runs, built from settings (the runtime starts it)."""
+    options = CycleOptions(reclaim_cooldown_s=settings.quota_reclaim_cooldown_s)
+    keys = load_keys(settings.tenant_keys_file) if settings.tenant_keys_file else None
+    tenancies = TenancyStore()
+
+    async def setup(runtime: Runtime) -> None:
+        assert runtime.pool is not None
+        await start_tenancy(runtime.pool, settings.tenants_file, tenancies, options)
+        runtime.wake_relay()
+        runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_QUOTA,
+                                        make_policy_job_event_handler(tenancies, utcnow, options))
+        runtime.subscribe_transactional(TENANCY_UPDATES.name, GROUP_QUOTA_ADMIN,
+                                        make_tenancy_update_handler(keys, utcnow, options))
+        runtime.background.append(lambda: reconcile_loop(runtime, tenancies, options))
+        if keys is None:
+            log.warning("quota: no GPUSCHED_TENANT_KEYS_FILE: every tenancy update will be refused")
+
+    return setup
 
 
 async def main(settings: Settings | None = None) -> None:
     settings = settings or Settings()
-    if settings.tenants_file is not None:
-        tenancy = load_tenancy(settings.tenants_file.read_text())
-
-        async def setup(runtime: Runtime) -> None:
-            await apply_tenancy(runtime, tenancy)
-            runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_QUOTA,
-                                            make_policy_job_event_handler(tenancy, utcnow))
-            log.info("quota policy: tenancy revision %d from %s, %d tenants", tenancy.revision,
-                     settings.tenants_file, len(tenancy.leaves()))
-    else:
-        config = load_quota_config(settings.quota_file, settings.default_tenant_gpu_cap)
-
-        async def setup(runtime: Runtime) -> None:
-            await apply_caps(runtime, config)
-            runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_QUOTA, make_job_event_handler(config, utcnow))
-            runtime.background.append(lambda: reconcile_loop(runtime, config))
-            log.info("quota caps: default %d GPUs, %s", config.default_gpu_cap,
-                     {t: q.gpu_cap for t, q in config.tenants.items()})
-
-    await run_service(SERVICE, settings, setup)
+    await run_service(SERVICE, settings, quota_setup(settings))

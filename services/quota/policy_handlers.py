@@ -1,9 +1,10 @@
-"""Quota's Kafka edge with the policy core (``GPUSCHED_TENANTS_FILE``): cohorts, borrowing, fair share.
+"""Quota's Kafka edge for job events: cohorts, borrowing, fair share and reclaims (``services.quota.policy``).
 
 Per batch, each touched cohort gets one reservation cycle (``reserve_for_cohort``): lock the cohort's usage
 rows, build a ``QuotaSnapshot``, ``plan_cycle``, append ``QuotaReserved`` / ``QuotaDeferred``, charge the
-rows. Releases lock the same rows first. Two quota processes therefore decide one cohort in turn, and the
-``quota_policy_usage`` CHECK refuses any charge above ``nominal + borrowing_limit`` should that ever fail.
+rows, and put the reclaim requests the plan needs in the outbox (``ReclaimRequested``). Releases lock the
+same rows first. Two quota processes therefore decide one cohort in turn, and the ``quota_policy_usage``
+CHECK refuses any charge above ``nominal + borrowing_limit`` should that ever fail.
 
 A release runs in the message's own handler, so a batch that releases in two cohorts takes their locks in
 message order; should two replicas cross that way, PostgreSQL aborts one and the batch is replayed message
@@ -13,7 +14,9 @@ by message (one cohort per transaction), which cannot deadlock.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
@@ -24,10 +27,11 @@ from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.decider import JobStatus
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, parse_event
-from gpusched_common.store import claim
+from gpusched_common.store import claim, enqueue
+from gpusched_common.topics import QUOTA_RECLAIMS
+from gpusched_common.tracing import current_traceparent
 
 from services.quota import policy_store as store
-from services.quota.handlers import SERVICE
 from services.quota.policy import (
     UNITS_PER_GPU,
     QuotaPlan,
@@ -39,60 +43,75 @@ from services.quota.policy import (
     plan_cycle,
     rate_geq,
 )
-from services.quota.tenancy import QueuedJob, cap_units, cohort_members, cohort_of, to_pending
+from services.quota.reclaims import reclaim_event, select_reclaims
+from services.quota.revisions import TenancyStore
+from services.quota.tenancy import (
+    as_guest,
+    cap_units,
+    cohort_members,
+    cohort_names,
+    cohort_of,
+    queued_job,
+    takes_guests,
+    to_pending,
+)
 
 log = logging.getLogger(__name__)
+SERVICE = "quota"
 _TERMINAL = (ev.JobSucceeded, ev.JobFailed, ev.JobCancelled)
 
 
-def make_policy_job_event_handler(tenancy: Tenancy, clock: Callable[[], datetime]) -> TxHandler:
+@dataclass(frozen=True)
+class CycleOptions:
+    reclaim_cooldown_s: float = 300.0  # a reclaim still needed is asked for again after this long
+
+
+def make_policy_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime],
+                                  options: CycleOptions = CycleOptions()) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, *_TERMINAL)):
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return
+        tenancy = await tenancies.current(conn)
         now = clock()
         if isinstance(payload, ev.JobAdmitted):
             tenant: str | None = payload.spec.tenant
-            await store.queue_job(conn, queued(payload.job_id, payload.spec, payload.submitted_at))
+            await store.queue_job(conn, queued_job(payload.job_id, payload.spec, payload.submitted_at.timestamp()))
         else:
             tenant = await release(conn, tenancy, payload.job_id, now)
             if tenant is not None and isinstance(payload, ev.JobPreempted):
                 # the preempted job gives its quota back and queues for it again, to resume later
                 spec = (await load_job(conn, payload.job_id)).spec
                 if spec is not None:
-                    await store.queue_job(conn, queued(payload.job_id, spec, now))
+                    await store.queue_job(conn, queued_job(payload.job_id, spec, now.timestamp()))
         if tenant is None:
             return
         cohort = cohort_of(tenancy, tenant)
 
         async def reserve(c: asyncpg.Connection) -> None:
-            await reserve_for_cohort(c, tenancy, cohort, clock())
+            await reserve_for_cohort(c, await tenancies.current(c), cohort, clock(), options)
 
         batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
 
     return on_job_event
 
 
-def queued(job_id: str, spec: ev.JobSpec, at: datetime) -> QueuedJob:
-    return QueuedJob(job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, at.timestamp())
-
-
 async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:
-    """Give a finished (or preempted) job's units back; its tenant, or None when it held no quota."""
+    """Give a finished (or preempted) job's units back; the tenant charged, or None when it held no quota."""
     await store.unqueue_job(conn, job_id)
     state = await load_job(conn, job_id)
     if not state.quota_held or state.spec is None:
         return None
     held = await store.load_reservation(conn, job_id)
-    if held is None:  # reserved under flat caps before the switch: give it back there
-        left = await conn.fetchval("UPDATE quota_ledger SET reserved_gpus = greatest(0, reserved_gpus - $2)"
-                                   " WHERE tenant = $1 RETURNING reserved_gpus", state.spec.tenant, state.spec.gpus)
-        await _append(conn, job_id, decider.ReleaseQuota(left or 0), now)
+    if held is None:  # reserved without a charge on record (under the retired flat caps): nothing to give back
+        await _append(conn, job_id, decider.ReleaseQuota(0), now)
         return state.spec.tenant
     tenant, flavor, units = held["tenant"], held["flavor"], held["units"]
-    usage = await store.lock_usage(conn, tenancy, cohort_members(tenancy, cohort_of(tenancy, tenant)))
+    # a tenant removed from the tenancy since it reserved is a cohort of its own: it shares nothing now
+    cohort = tenancy.root_of(tenant) if tenant in tenancy.tenants else tenant
+    usage = await store.lock_usage(conn, tenancy, cohort_members(tenancy, cohort))
     await _advance_history(conn, tenancy, tenant, usage.get(tenant, {}), now)
     left = await store.charge(conn, tenant, flavor, -units)
     await store.forget_reservation(conn, job_id)
@@ -100,30 +119,51 @@ async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: 
     return tenant
 
 
-async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str,
-                             now: datetime) -> QuotaPlan | None:
+async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, now: datetime,
+                             options: CycleOptions = CycleOptions()) -> QuotaPlan | None:
     """One reservation cycle for a cohort, inside the caller's transaction; the plan (None: nothing waits)."""
     members = cohort_members(tenancy, cohort)
     usage = await store.lock_usage(conn, tenancy, members)  # FOR UPDATE: one decider per cohort at a time
-    jobs = await store.load_queued(conn, members)
+    guests = tuple(tenancy.tenants) if takes_guests(tenancy, cohort) else None
+    jobs = {job.job_id: job for job in await store.load_queued(conn, cohort_names(tenancy, cohort), guests)}
     if not jobs:
         return None
-    last_reason = {job.job_id: job.last_reason for job in jobs}
     pending, unchargeable = [], []
-    for job in jobs:
+    for job in jobs.values():
         charge = to_pending(tenancy, job)
         (unchargeable.append((job.job_id, charge)) if isinstance(charge, str) else pending.append(charge))
     history = await store.load_history(conn, members)
     plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending)
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
     await _reserve(conn, tenancy, plan.reservations, held, now)
-    reasons = [(w.job_id, w.reason) for w in plan.waiting] + unchargeable
-    for job_id, reason in reasons:
-        if last_reason[job_id] != reason:
+    for job_id, reason in [(w.job_id, w.reason) for w in plan.waiting] + unchargeable:
+        reason = as_guest(tenancy, jobs[job_id], reason)
+        if jobs[job_id].last_reason != reason:
             await _defer(conn, job_id, reason, now)
-    if plan.reclaims:
-        log.info("quota: cohort %s needs reclaims (not yet sent to preemption): %s", cohort, plan.reclaims)
+    await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
     return plan
+
+
+async def reserve_everywhere(conn: asyncpg.Connection, tenancy: Tenancy, now: datetime,
+                             options: CycleOptions = CycleOptions()) -> int:
+    """A cycle for every cohort with waiting work, inside the caller's transaction; how many ran."""
+    cohorts = sorted({cohort_of(tenancy, t) for t in await store.queued_tenants(conn)})
+    for cohort in cohorts:
+        await reserve_for_cohort(conn, tenancy, cohort, now, options)
+    return len(cohorts)
+
+
+async def reconcile(pool: asyncpg.Pool, tenancies: TenancyStore, now: datetime, options: CycleOptions) -> int:
+    """A cycle for every cohort with waiting work, one transaction each, from the store alone (a lost or
+    delayed message never strands a job; a reclaim still needed is asked for again); how many ran."""
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            tenancy = await tenancies.current(conn)
+            cohorts = sorted({cohort_of(tenancy, t) for t in await store.queued_tenants(conn)})
+        for cohort in cohorts:
+            async with conn.transaction():
+                await reserve_for_cohort(conn, await tenancies.current(conn), cohort, now, options)
+    return len(cohorts)
 
 
 async def _reserve(conn: asyncpg.Connection, tenancy: Tenancy, reservations: tuple[Reservation, ...],
@@ -151,6 +191,23 @@ async def _defer(conn: asyncpg.Connection, job_id: str, reason: str, now: dateti
     await append_job_events(conn, state, decider.decide(state, decider.DeferQuota(reason), now),
                             producer=SERVICE, now=now)
     await store.set_last_reason(conn, job_id, reason)
+
+
+async def _send_reclaims(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, plan: QuotaPlan, now: datetime,
+                         cooldown_s: float) -> None:
+    """Publish, through the outbox, the plan's reclaim requests not already asked for (``reclaims``)."""
+    if not plan.reclaims:
+        return
+    sent = await store.load_sent_reclaims(conn, tuple(sorted({r.tenant for r in plan.reclaims})))
+    for request in select_reclaims(plan.reclaims, sent, now.timestamp(), cooldown_s):
+        used = plan.usage.get(request.tenant, {}).get(request.flavor, 0)
+        payload = reclaim_event(request, tenancy, cohort, used, now)
+        event_id = str(uuid.uuid4())
+        await store.record_reclaim(conn, event_id, payload, request.units)
+        envelope = ev.make_envelope(payload, event_id=event_id, stream_id=f"tenant-{request.tenant}", occurred_at=now,
+                                    producer=SERVICE, tenant=request.tenant, traceparent=current_traceparent())
+        await enqueue(conn, producer=SERVICE, topic=QUOTA_RECLAIMS.name, key=request.tenant, envelopes=[envelope])
+        log.info("quota: reclaim requested: %s", payload.reason)
 
 
 async def _advance_history(conn: asyncpg.Connection, tenancy: Tenancy, tenant: str, held: dict[str, int],

@@ -12,7 +12,10 @@ from types import MappingProxyType
 
 import asyncpg
 
+from gpusched_common import events as ev
+
 from services.quota.policy import Tenancy, UsageHistory
+from services.quota.reclaims import SentReclaim
 from services.quota.tenancy import QueuedJob, limit_units
 
 
@@ -25,20 +28,31 @@ async def ensure_usage_rows(conn: asyncpg.Connection, tenancy: Tenancy, tenants:
     keys = [(t, f) for t in sorted(tenants) if t in tenancy.tenants for f in tenancy.flavors]
     if keys:
         await conn.execute(
-            "INSERT INTO quota_policy_usage (tenant, flavor, limit_units)"
-            " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) ON CONFLICT DO NOTHING",
-            [t for t, _ in keys], [f for _, f in keys], [limit_units(tenancy, t, f) for t, f in keys])
+            "INSERT INTO quota_policy_usage (tenant, flavor, limit_units, nominal_units)"
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) ON CONFLICT DO NOTHING",
+            *_limit_columns(tenancy, keys))
 
 
 async def apply_limits(conn: asyncpg.Connection, tenancy: Tenancy) -> None:
     """Write every leaf's limits; a limit below what a tenant already holds waits until usage drains."""
     keys = [(t, f) for t in sorted(tenancy.leaves()) for f in tenancy.flavors]
     await conn.execute(
-        "INSERT INTO quota_policy_usage (tenant, flavor, limit_units)"
-        " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) ON CONFLICT (tenant, flavor) DO UPDATE"
-        " SET limit_units = CASE WHEN EXCLUDED.limit_units IS NULL THEN NULL"
+        "INSERT INTO quota_policy_usage (tenant, flavor, limit_units, nominal_units)"
+        " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) ON CONFLICT (tenant, flavor)"
+        " DO UPDATE SET nominal_units = EXCLUDED.nominal_units,"
+        " limit_units = CASE WHEN EXCLUDED.limit_units IS NULL THEN NULL"
         " ELSE greatest(EXCLUDED.limit_units, quota_policy_usage.reserved_units) END",
-        [t for t, _ in keys], [f for _, f in keys], [limit_units(tenancy, t, f) for t, f in keys])
+        *_limit_columns(tenancy, keys))
+    # a tenant or flavor no longer in the file has no quota left: what it holds drains, nothing new fits
+    await conn.execute(
+        "UPDATE quota_policy_usage SET nominal_units = 0, limit_units = reserved_units"
+        " WHERE NOT (tenant = ANY($1::text[]) AND flavor = ANY($2::text[]))",
+        list(tenancy.leaves()), list(tenancy.flavors))
+
+
+def _limit_columns(tenancy: Tenancy, keys: list[tuple[str, str]]) -> tuple[list, list, list, list]:
+    return ([t for t, _ in keys], [f for _, f in keys], [limit_units(tenancy, t, f) for t, f in keys],
+            [tenancy.nominal_units(t, f) for t, f in keys])
 
 
 async def lock_usage(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[str, ...]) -> dict[str, dict[str, int]]:
@@ -97,22 +111,47 @@ async def forget_reservation(conn: asyncpg.Connection, job_id: str) -> None:
 
 async def queue_job(conn: asyncpg.Connection, job: QueuedJob) -> None:
     await conn.execute(
-        "INSERT INTO quota_policy_pending (job_id, tenant, gpus, gpu_model, priority, queued_at_s)"
-        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-        job.job_id, job.tenant, job.gpus, job.gpu_model, job.priority, job.queued_at_s)
+        "INSERT INTO quota_policy_pending (job_id, tenant, gpus, gpu_model, priority, queued_at_s, nodes,"
+        " share_milli, mig_profile) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+        job.job_id, job.tenant, job.gpus, job.gpu_model, job.priority, job.queued_at_s, job.nodes, job.share_milli,
+        job.mig_profile)
 
 
 async def unqueue_job(conn: asyncpg.Connection, job_id: str) -> None:
     await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
 
 
-async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> list[QueuedJob]:
+async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...],
+                      all_known: tuple[str, ...] | None = None) -> list[QueuedJob]:
+    """Jobs waiting for quota of ``tenants``, and, given ``all_known``, of every tenant not in it (guests)."""
     rows = await conn.fetch(
-        "SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason FROM quota_policy_pending"
-        " WHERE tenant = ANY($1::text[])", list(tenants))
+        "SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason, nodes, share_milli, mig_profile"
+        " FROM quota_policy_pending WHERE tenant = ANY($1::text[])"
+        " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))",
+        list(tenants), list(all_known) if all_known is not None else None)
     return [QueuedJob(**dict(r)) for r in rows]
+
+
+async def queued_tenants(conn: asyncpg.Connection) -> list[str]:
+    return [r["tenant"] for r in await conn.fetch("SELECT DISTINCT tenant FROM quota_policy_pending ORDER BY 1")]
 
 
 async def set_last_reason(conn: asyncpg.Connection, job_id: str, reason: str) -> None:
     await conn.execute("UPDATE quota_policy_pending SET last_reason = $2 WHERE job_id = $1", job_id, reason)
 
+
+async def load_sent_reclaims(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> dict[tuple[str, str], SentReclaim]:
+    """The last reclaim sent for each (tenant, flavor) of ``tenants``."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT ON (tenant, flavor) tenant, flavor, for_jobs, requested_at FROM quota_reclaims"
+        " WHERE tenant = ANY($1::text[]) ORDER BY tenant, flavor, requested_at DESC", list(tenants))
+    return {(r["tenant"], r["flavor"]): SentReclaim(frozenset(r["for_jobs"]), r["requested_at"].timestamp())
+            for r in rows}
+
+
+async def record_reclaim(conn: asyncpg.Connection, event_id: str, request: ev.ReclaimRequested, units: int) -> None:
+    await conn.execute(
+        "INSERT INTO quota_reclaims (event_id, tenant, cohort, flavor, units, for_jobs, borrowers, reason,"
+        " requested_at) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
+        event_id, request.tenant, request.cohort, request.flavor, units, request.for_jobs,
+        [b.model_dump() for b in request.borrowers], request.reason, request.requested_at)

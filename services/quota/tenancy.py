@@ -1,28 +1,51 @@
-"""Pure glue between job specs and the quota policy core: cohorts, database limits, pending jobs."""
+"""Pure glue between job specs and the quota policy core: what a job asks for, cohorts, database limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gpusched_common import events as ev
 
 from services.quota.policy import GpuAsk, PendingJob, QuotaBook, Tenancy, UnitError, pending_job
 
 
 @dataclass(frozen=True)
 class QueuedJob:
-    """A row of ``quota_policy_pending``: what a job asks for, as its spec says it."""
+    """A row of ``quota_policy_pending``: what a job asks for, as its spec says it. ``tenant`` is the
+    spec's tenant; the tenancy decides which leaf it is charged to (``Tenancy.charged_tenant``)."""
 
     job_id: str
     tenant: str
-    gpus: int
+    gpus: int  # whole GPUs per node (1 for a share or a MIG slice)
     gpu_model: str | None
     priority: int
     queued_at_s: float
     last_reason: str | None = None
+    nodes: int = 1  # a gang: ``nodes`` x ``gpus`` whole GPUs
+    share_milli: int | None = None  # a share of one GPU
+    mig_profile: str | None = None  # one MIG slice
+
+    def ask(self) -> GpuAsk:
+        """The request in quota terms: whole GPUs over the gang, a milli share, or one MIG slice."""
+        models = (self.gpu_model,) if self.gpu_model else ()
+        if self.share_milli is not None:
+            return GpuAsk(share_milli=self.share_milli, models=models)
+        if self.mig_profile is not None:
+            return GpuAsk(mig_profile=self.mig_profile, models=models)
+        return GpuAsk(gpus=self.gpus * self.nodes, models=models)
+
+
+def queued_job(job_id: str, spec: ev.JobSpec, queued_at_s: float) -> QueuedJob:
+    share = spec.gpu_share
+    return QueuedJob(job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, queued_at_s, nodes=spec.nodes,
+                     share_milli=share.milli if share is not None else None, mig_profile=spec.mig_profile)
 
 
 def cohort_of(tenancy: Tenancy, tenant: str) -> str:
-    """The cohort root of a known tenant; an unknown tenant is a cohort of its own (it shares nothing)."""
-    return tenancy.root_of(tenant) if tenant in tenancy.tenants else tenant
+    """The cohort root a tenant's jobs are charged in; an unknown tenant (and no guest tenant) is a cohort
+    of its own (it shares nothing)."""
+    charged = tenancy.charged_tenant(tenant)
+    return tenancy.root_of(charged) if charged in tenancy.tenants else charged
 
 
 def cohort_members(tenancy: Tenancy, cohort: str) -> tuple[str, ...]:
@@ -30,6 +53,20 @@ def cohort_members(tenancy: Tenancy, cohort: str) -> tuple[str, ...]:
     if cohort not in tenancy.tenants:
         return (cohort,)
     return tuple(sorted(QuotaBook.from_usage(tenancy, {}).cohort_members(cohort)))
+
+
+def cohort_names(tenancy: Tenancy, cohort: str) -> tuple[str, ...]:
+    """Every tenant name under the cohort's root, organisations included (a job naming an organisation
+    waits in the cohort it belongs to, with the reason it is refused)."""
+    if cohort not in tenancy.tenants:
+        return (cohort,)
+    return tuple(sorted(name for name in tenancy.tenants if tenancy.root_of(name) == cohort))
+
+
+def takes_guests(tenancy: Tenancy, cohort: str) -> bool:
+    """Whether the cohort is charged for the jobs of tenants the tenancy does not name."""
+    guest = tenancy.guest_tenant
+    return guest is not None and tenancy.root_of(guest) == cohort
 
 
 def limit_units(tenancy: Tenancy, tenant: str, flavor: str) -> int | None:
@@ -40,6 +77,8 @@ def limit_units(tenancy: Tenancy, tenant: str, flavor: str) -> int | None:
 
 def cap_units(tenancy: Tenancy, tenant: str, flavor: str) -> int:
     """The most a tenant could hold of a flavor with the rest of its cohort idle (reported in events)."""
+    if tenant not in tenancy.tenants:
+        return 0
     most = QuotaBook.from_usage(tenancy, {}).most_ever(tenant, flavor)
     return int(most) if most != float("inf") else 0
 
@@ -55,10 +94,17 @@ def priority_class_for(tenancy: Tenancy, priority: int) -> str:
 
 
 def to_pending(tenancy: Tenancy, job: QueuedJob) -> PendingJob | str:
-    """The core's pending job, or why the request cannot be charged at all."""
-    ask = GpuAsk(gpus=job.gpus, models=(job.gpu_model,) if job.gpu_model else ())
+    """The core's pending job, charged to its tenant's leaf, or why the request cannot be charged at all."""
     try:
-        return pending_job(tenancy, job.job_id, job.tenant, ask, job.queued_at_s,
+        return pending_job(tenancy, job.job_id, tenancy.charged_tenant(job.tenant), job.ask(), job.queued_at_s,
                            priority_class_for(tenancy, job.priority))
     except UnitError as exc:
         return f"job cannot be charged to quota: {exc}"
+
+
+def as_guest(tenancy: Tenancy, job: QueuedJob, reason: str) -> str:
+    """A reason about a guest's job says whose quota it waits for."""
+    charged = tenancy.charged_tenant(job.tenant)
+    if charged == job.tenant:
+        return reason
+    return f"{reason} (tenant {job.tenant} is not in the tenancy file; charged to {charged})"

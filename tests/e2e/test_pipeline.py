@@ -110,10 +110,10 @@ async def test_killing_services_with_sigkill_loses_no_job_and_places_none_twice(
         assert placed_twice == 0
         assert await conn.fetchval("SELECT count(*) FROM gpu_allocations") == 0
         for _ in range(100):  # quota releases follow the terminal events
-            if await conn.fetchval("SELECT sum(reserved_gpus) FROM quota_ledger") == 0:
+            if await conn.fetchval("SELECT sum(reserved_units) FROM quota_policy_usage") == 0:
                 break
             await asyncio.sleep(0.1)
-        assert await conn.fetchval("SELECT sum(reserved_gpus) FROM quota_ledger") == 0
+        assert await conn.fetchval("SELECT sum(reserved_units) FROM quota_policy_usage") == 0
     finally:
         await conn.close()
 
@@ -134,8 +134,9 @@ async def test_work_whose_wake_up_message_was_lost_is_placed_from_the_store(loca
             await append_job_events(conn, state, decider.decide(state, decider.ReserveQuota(1, 16), T0),
                                     producer="test", now=T0)
             await conn.execute("DELETE FROM outbox WHERE producer = 'test'")  # the messages are lost
-            await conn.execute("INSERT INTO quota_ledger (tenant, cap_gpus, reserved_gpus) VALUES ('team-a', 16, 1)"
-                               " ON CONFLICT (tenant) DO UPDATE SET reserved_gpus = quota_ledger.reserved_gpus + 1")
+            await conn.execute("INSERT INTO quota_policy_reservations VALUES ('lost-wakeup', 'guests', 'H100-80GB', 7000)")
+            await conn.execute("UPDATE quota_policy_usage SET reserved_units = reserved_units + 7000"
+                               " WHERE tenant = 'guests' AND flavor = 'H100-80GB'")
             await conn.execute("INSERT INTO placement_pending (job_id, tenant, gpus, priority) VALUES"
                                " ('lost-wakeup', 'team-a', 1, 0)")
     finally:

@@ -72,9 +72,10 @@ async def test_a_repeated_request_creates_one_job(local_stack, stack_settings):
 async def test_the_queue_shows_each_waiting_job_with_its_position_and_reason(local_stack, stack_settings):
     from services.cli.queries import queue
 
-    # platform's cap is 8 GPUs (deploy/quotas.yaml): of two 8-GPU jobs, one waits for quota (which one
-    # depends on the order their events arrive from different partitions)
-    spec = a_job("x").tenant("platform").gpus(8).model("A100-80GB").command("sleep", "8").spec()
+    # platform may hold at most half of each model (the local tenancy, services/cli/stack.py): of two 4-GPU
+    # jobs on the stack's 8 A100s, one waits for quota (which one depends on the order their events arrive
+    # from different partitions)
+    spec = a_job("x").tenant("platform").gpus(4).model("A100-80GB").command("sleep", "8").spec()
     async with Client(stack_settings) as client:
         jobs = [await client.submit(spec), await client.submit(spec)]
     conn = await connect(local_stack.database_url)
@@ -88,7 +89,7 @@ async def test_the_queue_shows_each_waiting_job_with_its_position_and_reason(loc
                 break
             await asyncio.sleep(0.1)
         assert entry is not None, waiting
-        assert entry["reason"] == "tenant platform is at its quota of 8 GPUs"
+        assert entry["reason"] == "tenant platform at its limit (4/2 A100-80GB + borrowing 2); job needs 4"
         assert entry["position"] >= 1
     finally:
         await conn.close()

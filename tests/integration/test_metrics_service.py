@@ -29,10 +29,14 @@ async def seed(database_url: str) -> None:
         await pool.executemany("INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib)"
                                " VALUES ('node-m', $1, $2, 'H100-80GB', 81559)", [(0, "GPU-0"), (1, "GPU-1")])
         await pool.execute("INSERT INTO gpu_allocations VALUES ('node-m', 0, 'mj', $1)", now)
-        rows = [("mj", "research", "Running", 1)] + [(f"wait-{i}", "research", "Queued", 2) for i in range(3)]
+        rows = [("mj", "research", "Running", 1, "H100-80GB"), ("wait-0", "research", "Queued", 2, None)] + [
+            (f"wait-{i}", "research", "Queued", 2, "H100-80GB") for i in (1, 2)]
         await pool.executemany("INSERT INTO jobs (job_id, tenant, status, version, gpus, gpu_model, updated_at)"
-                               " VALUES ($1, $2, $3, 3, $4, 'H100-80GB', now())", rows)
-        await pool.execute("INSERT INTO quota_ledger VALUES ('research', 16, 7)")
+                               " VALUES ($1, $2, $3, 3, $4, $5, now())", rows)
+        # quota's rows: research holds 7 of its nominal 16 H100s; wait-0 names no model but was charged an H100
+        await pool.execute("INSERT INTO quota_policy_usage (tenant, flavor, reserved_units, limit_units, nominal_units)"
+                           " VALUES ('research', 'H100-80GB', 49000, NULL, 112000)")
+        await pool.execute("INSERT INTO quota_policy_reservations VALUES ('wait-0', 'research', 'H100-80GB', 14000)")
     finally:
         await pool.close()
 
@@ -76,6 +80,8 @@ async def test_job_telemetry_reaches_prometheus_and_a_backlog_scales_out_once(se
     assert float(line.rsplit(" ", 1)[1]) > 0.5
     assert 'gpusched_queue_pending_gpus{model="H100-80GB"} 6.0' in text
     assert 'gpusched_tenant_usage_gpus{tenant="research"} 1.0' in text
+    assert 'gpusched_tenant_quota_gpus{tenant="research"} 16.0' in text
+    assert 'gpusched_tenant_reserved_gpus{tenant="research"} 7.0' in text
     assert idle == [] and views["cluster"][0]["gpus_allocated"] == 1
     assert len(decisions) == 1
     decision = json.loads(decisions[0].value)

@@ -18,10 +18,10 @@ from gpusched_common.messaging import Incoming
 from gpusched_common.store import load
 from services.quota.policy import UNITS_PER_GPU, load_tenancy
 from services.quota.policy_handlers import make_policy_job_event_handler, reserve_for_cohort
-from services.quota.policy_store import apply_limits
+from services.quota.revisions import TenancyStore, install, lock_revisions
 from tests.builders import T0, a_job
 
-TENANTS = load_tenancy("""
+TENANTS_TEXT = """
 version: 1
 flavors: [A100-80GB]
 priority_classes: {batch: 100}
@@ -35,12 +35,19 @@ tenants:
         quota: {A100-80GB: {nominal: 2, borrowing_limit: 2}}
       - name: team-b
         quota: {A100-80GB: {nominal: 4}}
-""")
+"""
+TENANTS = load_tenancy(TENANTS_TEXT)
 AT_1H = T0 + timedelta(hours=1)
 
 
 def handler(at=T0):
-    return make_policy_job_event_handler(TENANTS, lambda: at)
+    return make_policy_job_event_handler(TenancyStore(), lambda: at)
+
+
+async def put_in_force(conn: asyncpg.Connection, text: str = TENANTS_TEXT) -> None:
+    async with conn.transaction():
+        await lock_revisions(conn)
+        await install(conn, load_tenancy(text), text, source="test", event_id=None, now=T0)
 
 
 async def submit(conn: asyncpg.Connection, job_id: str, tenant: str, gpus: int) -> None:
@@ -83,7 +90,7 @@ async def reserved_gpus(conn: asyncpg.Connection, tenant: str) -> float:
 @pytest.fixture
 async def conn(database_url):
     connection = await connect(database_url)
-    await apply_limits(connection, TENANTS)
+    await put_in_force(connection)
     yield connection
     await connection.close()
 
@@ -171,3 +178,39 @@ async def test_a_preempted_job_gives_its_quota_back_and_queues_again(conn):
     assert len(await events_of(conn, "a1", "QuotaReleased")) == 1
     assert len(await events_of(conn, "a1", "QuotaReserved")) == 2  # queued again, and the quota is free
     assert await reserved_gpus(conn, "team-a") == 4
+
+
+async def test_gangs_shares_and_mig_slices_are_charged_what_they_hold(conn):
+    from gpusched_common import events as ev
+
+    shapes = {"gang": dict(gpus=2, nodes=2), "share": dict(gpus=1, gpu_share=ev.GpuShareSpec(milli=250)),
+              "mig": dict(gpus=1, mig_profile="3g.40gb")}
+    for job_id, shape in shapes.items():
+        spec = ev.JobSpec(tenant="team-b", gpu_model="A100-80GB", command=["true"], **shape)
+        async with conn.transaction():
+            state = await load_job(conn, job_id)
+            await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+                                    producer="test", now=T0)
+        async with conn.transaction():
+            await deliver(conn, job_id, "JobAdmitted")
+
+    held = {r["job_id"]: r["units"] for r in await conn.fetch("SELECT job_id, units FROM quota_policy_reservations")}
+    assert held == {"gang": 4 * UNITS_PER_GPU, "share": UNITS_PER_GPU // 4, "mig": 3 * UNITS_PER_GPU // 7}
+    assert await reserved_gpus(conn, "team-b") == 4 + 0.25 + 3 / 7
+    [gang] = await events_of(conn, "gang", "QuotaReserved")
+    assert (gang["gpu_model"], gang["tenant_reserved_gpus"]) == ("A100-80GB", 4)
+
+
+async def test_a_tenant_removed_by_a_new_revision_keeps_what_it_holds_until_it_ends_and_gets_no_more(conn):
+    await submit_and_deliver(conn, "b1", "team-b", 2)
+    without_team_b = TENANTS_TEXT.replace("version: 1", "version: 1\nrevision: 2").split("      - name: team-b")[0]
+    await put_in_force(conn, without_team_b)
+    await submit_and_deliver(conn, "b2", "team-b", 1)
+    [deferred] = await events_of(conn, "b2", "QuotaDeferred")
+    assert deferred["reason"] == "tenant team-b is not in the tenancy file"
+    async with conn.transaction():
+        await cancel(conn, "b1")
+    async with conn.transaction():
+        await deliver(conn, "b1", "JobCancelled")
+    assert len(await events_of(conn, "b1", "QuotaReleased")) == 1
+    assert await reserved_gpus(conn, "team-b") == 0

@@ -39,11 +39,10 @@ class Settings(BaseSettings):
     admission_rate_per_s: float = 500.0  # per tenant
     admission_rate_burst: float = 5000.0
 
-    quota_file: Path | None = None
-    default_tenant_gpu_cap: int = 64
-    # tenancy tree (deploy/tenants.example.yaml): set, quota uses cohorts, borrowing and fair share;
-    # unset, flat per-tenant caps from quota_file
+    # the tenancy tree (deploy/tenants.example.yaml): put in force at start when newer than the revision in
+    # PostgreSQL (operators publish later ones with `gpusched tenants apply`); required on a fresh database
     tenants_file: Path | None = None
+    quota_reclaim_cooldown_s: float = 300.0  # a reclaim of borrowed quota still needed is asked again after this
 
     # preemption: the victims' checkpoint grace, how long a (re)started run is protected, and whether a
     # higher-priority job may preempt another tenant's work always ("any") or only borrowed capacity

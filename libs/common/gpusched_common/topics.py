@@ -19,6 +19,7 @@ NODES_REPORTS = Topic("gpusched.nodes.reports", key="node id")
 NODES_TELEMETRY = Topic("gpusched.nodes.telemetry", key="node id", high_volume=True)
 CLUSTER_SCALING = Topic("gpusched.cluster.scaling", key="GPU model")
 QUOTA_RECLAIMS = Topic("gpusched.quota.reclaims", key="tenant")
+TENANCY_UPDATES = Topic("gpusched.admin.tenancy", key="the constant 'tenancy' (one ordered stream)")
 DEADLETTER = Topic("gpusched.deadletter", key="original key")
 
 ALL_TOPICS: tuple[Topic, ...] = (
@@ -29,6 +30,7 @@ ALL_TOPICS: tuple[Topic, ...] = (
     NODES_TELEMETRY,
     CLUSTER_SCALING,
     QUOTA_RECLAIMS,
+    TENANCY_UPDATES,
     DEADLETTER,
 )
 

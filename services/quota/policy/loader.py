@@ -70,6 +70,7 @@ class TenancyDoc(_Strict):
     priority_classes: dict[str, int] = Field(default_factory=lambda: {"default": 0})
     default_priority_class: str | None = None
     fair_share: FairShareDoc = Field(default_factory=FairShareDoc)
+    guest_tenant: str | None = None
     tenants: list[TenantDoc] = Field(min_length=1)
 
 
@@ -100,6 +101,7 @@ def parse_tenancy(doc: Mapping[str, Any]) -> Tenancy:
         _collect(top, None, f"tenants[{i}]", frozenset(parsed.priority_classes), parsed, flavors, tenants,
                  problems)
     _check_units(parsed, problems)
+    _check_guest(parsed.guest_tenant, tenants, problems)
     if problems:
         raise TenancyError(problems)
     return Tenancy(version=parsed.version, tenants=MappingProxyType(tenants), flavors=flavors,
@@ -107,7 +109,8 @@ def parse_tenancy(doc: Mapping[str, Any]) -> Tenancy:
                    default_priority_class=default_class,
                    gpu_equivalents=MappingProxyType(dict(parsed.units.gpu_equivalents)),
                    mig_slices_per_gpu=MappingProxyType(dict(parsed.units.mig_slices_per_gpu)),
-                   half_life_s=parsed.fair_share.half_life_s, revision=parsed.revision)
+                   half_life_s=parsed.fair_share.half_life_s, revision=parsed.revision,
+                   guest_tenant=parsed.guest_tenant)
 
 
 def _pydantic_problem(err: Mapping[str, Any]) -> str:
@@ -173,6 +176,15 @@ def _flavor_quota(q: FlavorQuotaDoc, flavor: str, inner: bool, here: str, proble
         nominal=gpus_to_units(q.nominal),
         borrowing_limit=None if q.borrowing_limit is None else gpus_to_units(q.borrowing_limit),
         lending_limit=None if q.lending_limit is None else gpus_to_units(q.lending_limit))
+
+
+def _check_guest(guest: str | None, tenants: Mapping[str, Tenant], problems: list[str]) -> None:
+    if guest is None:
+        return
+    if guest not in tenants:
+        problems.append(f"guest_tenant: {guest!r} is not a tenant of this file")
+    elif not tenants[guest].is_leaf:
+        problems.append(f"guest_tenant: {guest!r} is an organisation; name a team (a tenant without children)")
 
 
 def _check_units(parsed: TenancyDoc, problems: list[str]) -> None:

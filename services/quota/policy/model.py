@@ -90,6 +90,7 @@ class Tenancy:
     mig_slices_per_gpu: Mapping[str, int]
     half_life_s: float
     revision: int = 0  # bumped on every change; keep the newest revision seen (admin events may race)
+    guest_tenant: str | None = None  # the leaf charged for tenants the file does not name (None: they wait)
     tree: QuotaTree = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -101,6 +102,13 @@ class Tenancy:
 
     def root_of(self, name: str) -> str:
         return self.tree.names[self.tree.path[self.tree.index[name]][-1]]
+
+    def charged_tenant(self, tenant: str) -> str:
+        """The leaf a tenant's jobs are charged to: itself, or the guest tenant for one the file does not
+        name (itself again when there is no guest tenant: it is then refused as unknown)."""
+        if tenant in self.tenants or self.guest_tenant is None:
+            return tenant
+        return self.guest_tenant
 
     def nominal_units(self, tenant: str, flavor: str) -> int:
         return self.tenants[tenant].flavor_quota(flavor).nominal

@@ -26,6 +26,7 @@ from gpusched_common.events.nodes import (
 from gpusched_common.events.scaling import (
     ScaleOutRequested, ScaleInRequested, ReclaimBorrower, ReclaimRequested,
 )
+from gpusched_common.events.tenancy import TenancyUpdated
 
 
 PAYLOAD_TYPES: dict[str, type[Payload]] = {
@@ -36,7 +37,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
-        ReclaimRequested,
+        ReclaimRequested, TenancyUpdated,
     )
 }
 
@@ -90,6 +91,6 @@ __all__ = [  # the events package is the one place to import event models from
     "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",
     "NodeRegistered", "PAYLOAD_TYPES", "Payload", "PlacementDeferred", "PreemptJob", "PreemptionRequested",
     "QuotaDeferred", "QuotaReleased", "QuotaReserved", "ReclaimBorrower", "ReclaimRequested", "ReconcileJobs", "ScaleInRequested",
-    "ScaleOutRequested", "StartJob", "StopJob", "UnknownEventType", "VictimsSelected", "make_envelope",
+    "ScaleOutRequested", "StartJob", "StopJob", "TenancyUpdated", "UnknownEventType", "VictimsSelected", "make_envelope",
     "parse_payload",
 ]
