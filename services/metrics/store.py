@@ -24,10 +24,12 @@ _SCALER_LOCK = 727_300  # one metrics replica decides scaling at a time
 
 
 async def load_snapshot(conn: asyncpg.Connection, pool_label: str) -> ClusterSnapshot:
+    # one slot per GPU: a GPU shared by several jobs (shares, MIG slices) shows its earliest allocation
     gpus = await conn.fetch(
-        "SELECT g.node_id, g.gpu_index, g.model, g.healthy, n.labels ->> $1 AS pool, a.job_id, a.allocated_at"
+        "SELECT DISTINCT ON (g.node_id, g.gpu_index) g.node_id, g.gpu_index, g.model, g.healthy,"
+        " n.labels ->> $1 AS pool, a.job_id, a.allocated_at"
         " FROM gpus g JOIN nodes n USING (node_id) LEFT JOIN gpu_allocations a USING (node_id, gpu_index)"
-        " ORDER BY g.node_id, g.gpu_index", pool_label)
+        " ORDER BY g.node_id, g.gpu_index, a.allocated_at, a.job_id", pool_label)
     # a job that names no model runs on the one its quota was charged for, also when it is requeued
     jobs = await conn.fetch(
         "SELECT j.job_id, j.tenant, j.status, j.gpus, coalesce(j.gpu_model, r.flavor) AS gpu_model FROM jobs j"

@@ -56,11 +56,7 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
         await lock_cycle(conn)
     match payload:
         case ev.QuotaReserved():
-            # a reservation charged to one GPU model binds the job to it (flavors that are not a model,
-            # such as a MIG family, do not)
-            charged = canonical_model(payload.gpu_model) if payload.gpu_model else None
-            spec = payload.spec if charged is None else payload.spec.model_copy(update={"gpu_model": charged})
-            await queue_for_placement(conn, payload.job_id, spec)
+            await queue_for_placement(conn, payload.job_id, bound_to_charge(payload.spec, payload.gpu_model))
             return True
         case ev.JobCancelled():
             await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", payload.job_id)
@@ -152,10 +148,17 @@ async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: s
     for other in state.node_ids:  # a gang runs whole or not at all: its other members stop too
         if other != node_id and other not in state.exited_nodes:
             await send_command(conn, ev.StopJob(job_id=job_id, node_id=other, reason=reason), other, now)
-    spec = state.spec
-    assert spec is not None
-    await queue_for_placement(conn, job_id, spec)
+    assert state.spec is not None
+    # requeued, it still runs on the model its quota is charged for
+    await queue_for_placement(conn, job_id, bound_to_charge(state.spec, state.charged_model))
     return True
+
+
+def bound_to_charge(spec: ev.JobSpec, charged_model: str | None) -> ev.JobSpec:
+    """A reservation charged to one GPU model binds the job to it (a flavor that is not a model, such as
+    a MIG family, does not)."""
+    charged = canonical_model(charged_model) if charged_model else None
+    return spec if charged is None else spec.model_copy(update={"gpu_model": charged})
 
 
 async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy) -> list[str]:

@@ -113,3 +113,34 @@ async def test_a_reservation_charged_to_a_gpu_model_binds_the_job_to_it(database
         assert [t for t, _ in await history(conn, "j1")][-1] == "PlacementDeferred"  # no A100 here
     finally:
         await conn.close()
+
+
+async def test_a_requeued_job_stays_on_the_gpu_model_its_quota_was_charged_for(database_url):
+    def node(name: str, model: str) -> ev.NodeRegistered:
+        return registered(name).model_copy(update={"gpus": [
+            ev.GpuInventory(index=i, uuid=f"{name}-{i}", model=model, memory_mib=81920) for i in range(2)]})
+
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            for name, model in (("n1", "H100-80GB"), ("n2", "A100-80GB"), ("n3", "H100-80GB")):
+                await apply(conn, node(name, model), T0)
+                await apply(conn, heartbeat(name), T0)
+            spec = a_job("j1").gpus(2).spec()  # names no model: quota charged it to H100-80GB
+            state = await load_job(conn, "j1")
+            state = await append_job_events(conn, state, decider.decide(
+                state, decider.RegisterSubmission(spec, T0), T0), producer="test", now=T0)
+            reserved = decider.decide(state, decider.ReserveQuota(2, 8, gpu_model="H100-80GB"), T0)
+            await append_job_events(conn, state, reserved, producer="test", now=T0)
+            await apply(conn, reserved[0], T0)
+        first = (await history(conn, "j1"))[-1]
+        assert first[0] == "JobPlaced" and first[1] in ("n1", "n3")
+        survivor = "n3" if first[1] == "n1" else "n1"
+        later = T0 + timedelta(seconds=45)
+        async with conn.transaction():
+            await apply(conn, heartbeat("n2"), T0 + timedelta(seconds=35))
+            await apply(conn, heartbeat(survivor), T0 + timedelta(seconds=35))
+            assert await check_leases(conn, later, POLICY) == [first[1]]
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", survivor)  # not the free A100 node
+    finally:
+        await conn.close()

@@ -58,6 +58,7 @@ class JobState:
     started_at: datetime | None = None
     preemptor: str | None = None  # while Preempting: the job it makes room for
     runs: int = 0  # how many times the job was placed (its current run's attempt number)
+    charged_model: str | None = None  # the GPU model (flavor) its quota reservation was charged for
 
 
 class InvalidTransition(ValueError):
@@ -299,7 +300,8 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
         case ev.QuotaDeferred():
             return replace(state, version=version, last_reasons=(event.reason,))
         case ev.QuotaReserved():
-            return replace(state, version=version, status=JobStatus.QUEUED, quota_held=True, last_reasons=())
+            return replace(state, version=version, status=JobStatus.QUEUED, quota_held=True, last_reasons=(),
+                           charged_model=event.gpu_model)
         case ev.JobPlaced():
             return replace(state, version=version, status=JobStatus.PLACED, node_id=event.node_id,
                            gpu_indices=tuple(event.gpu_indices), node_ids=tuple(event.node_ids), exited_nodes=(),
