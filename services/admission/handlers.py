@@ -19,6 +19,7 @@ from gpusched_common.store import claim
 
 from services.admission.core import AdmissionLimits, Submission, Unparseable, check_identity, parse_submission
 from services.admission.ratelimit import Bucket, RateLimit, take
+from services.admission.tenancy import TenancyReader, check_against_tenancy
 
 SERVICE = "admission"
 log = logging.getLogger(__name__)
@@ -31,7 +32,10 @@ class AdmissionPolicy:
     keys: dict[str, TenantKey] | None  # None: authentication is off (development only)
 
 
-def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetime]) -> TxHandler:
+def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetime],
+                            tenancy: TenancyReader | None = None) -> TxHandler:
+    tenancy = tenancy or TenancyReader()
+
     async def on_submitted(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         try:
             submission = parse_submission(message.value, policy.limits)
@@ -49,6 +53,10 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
         if not reasons and tenant is not None and not await take_rate_token(conn, tenant, policy.rate, now):
             reasons = (f"tenant {tenant} exceeded its submission rate ({policy.rate.per_s:g}/s, "
                        f"burst {policy.rate.burst:g})",)
+        if not reasons and submission.spec is not None:
+            in_force = await tenancy.current(conn, now)
+            if in_force is not None:
+                reasons = check_against_tenancy(submission.job_id, submission.spec, in_force)
         if not reasons and tenant and submission.request_id and await is_repeat(conn, tenant, submission):
             log.info("submission %s repeats request %s of tenant %s; no new job", submission.job_id,
                      submission.request_id, tenant)
