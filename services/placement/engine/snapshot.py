@@ -200,18 +200,7 @@ def apply_bindings(
     snapshot: ClusterSnapshot, allocation_id: RequestId, bindings: Iterable[Binding]
 ) -> ClusterSnapshot:
     """Grant ``bindings`` under ``allocation_id``; raises ``PlacementError`` if anything overflows."""
-    if allocation_id in snapshot.allocations:
-        raise PlacementError(f"allocation {allocation_id} already exists")
-    draft = _Draft(snapshot)
-    binding_tuple = tuple(bindings)
-    for binding in binding_tuple:
-        if binding.mig is None and binding.gpu_milli and snapshot.gpu_mig_mode[
-            snapshot.node_index(binding.node_id), list(binding.gpu_indices)
-        ].any():
-            raise PlacementError(f"node {binding.node_id}: whole/shared GPU request on a MIG GPU")
-        draft.grant(binding, +1)
-    draft.allocations[allocation_id] = binding_tuple
-    return draft.freeze()
+    return apply_many(snapshot, ((allocation_id, bindings),))
 
 
 def apply_many(
