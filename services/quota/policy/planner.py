@@ -31,7 +31,7 @@ from .reasons import (
     waiting_list,
 )
 from .snapshot import QuotaSnapshot, dominant_shares
-from .units import gpu_equivalents
+from .units import format_gpus, gpu_equivalents
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,17 +178,41 @@ class QuotaCycle:
                 self._records.append((key, job, *refusal))
             return None
         tenant, blocked = job.tenant, self._blocked
+        owed_to: str | None = None
         for flavor, units in job.ask.options:
             smallest = blocked.get((tenant, flavor))
             if smallest is not None and smallest <= units:
                 continue
             if units <= self.book.available(tenant, flavor):
-                return Candidate(job, flavor, units, key)
+                owed = self._owed(tenant, flavor, units)
+                if owed is None:
+                    return Candidate(job, flavor, units, key)
+                owed_to = owed_to or owed
             blocked[(tenant, flavor)] = units
         claimed = self._claim(job)
         if self.explain:
-            self._records.append((key, job, *self._reason(job, claimed)))
+            reason = (WaitCategory.RECLAIMING, owed_to) if owed_to else self._reason(job, claimed)
+            self._records.append((key, job, *reason))
         return None
+
+    def _owed(self, tenant: str, flavor: str, units: int) -> str | None:
+        """A borrower may not take cohort capacity that tenants under their nominal quota have claimed
+        this cycle toward a reclaim (else capacity freed by a reclaim would go straight back to the
+        borrowers it was taken from). The reason it waits, or None when it may borrow."""
+        if not self._claims:
+            return None
+        headroom = max(0, self.book.nominal(tenant, flavor) - self.book.used(tenant, flavor))
+        if units <= headroom:
+            return None  # within its own nominal quota: nothing borrowed
+        tenancy = self.snapshot.tenancy
+        root = tenancy.root_of(tenant)
+        owed = {t: claim[0] for (t, f), claim in self._claims.items()
+                if f == flavor and t != tenant and claim[0] and tenancy.root_of(t) == root}
+        if not owed or units <= self.book.available(tenant, flavor) - sum(owed.values()):
+            return None
+        whom = ", ".join(f"{t} ({format_gpus(u)})" for t, u in sorted(owed.items()))
+        return (f"cohort capacity of {flavor} is owed to tenants under their nominal quota: {whom}; "
+                f"borrowing waits")
 
     def _claim(self, job: PendingJob) -> int:
         """Count a job that fits its tenant's nominal quota but not what is free toward a reclaim;

@@ -155,3 +155,21 @@ def test_a_candidate_deferred_for_capacity_says_so():
     cycle.defer(candidate)
     plan = cycle.finish()
     assert plan.reservations == () and plan.waiting[0].reason == "fits quota; waiting for capacity"
+
+
+def test_capacity_freed_by_a_reclaim_is_not_borrowed_back_while_the_owner_waits():
+    # team-b borrowed all of team-a's 4; one 2-GPU victim has released: team-a's 4-GPU job still does not
+    # fit, and the victim, queued again to resume, must not take the 2 GPUs back as borrowing
+    tenancy = a_cohort(team("team-a", 4, borrow=4), team("team-b", 4, borrow=4))
+    snapshot = QuotaSnapshot(tenancy, usage(team_b=6))
+    owner = a_job("owner").tenant("team-a").gpus(4).pending()
+    victim = a_job("victim").tenant("team-b").gpus(2).submitted(5).pending()
+    plan = plan_cycle(snapshot, [owner, victim])
+    assert reserved(plan) == []
+    assert [r.tenant for r in plan.reclaims] == ["team-a"]
+    assert waiting(plan)["victim"] == ("cohort capacity of A100 is owed to tenants under their nominal quota: "
+                                       "team-a (4); borrowing waits")
+    # within its own nominal quota a tenant is never held back by another's claim
+    within = a_job("own").tenant("team-b").gpus(2).submitted(6).pending()
+    plan = plan_cycle(QuotaSnapshot(tenancy, usage(team_b=2)), [owner, within])
+    assert "own" in reserved(plan)
