@@ -5,7 +5,10 @@ then schedule: one quota cycle (``QuotaCycle`` from the quota core, ``explain=Fa
 work in the policy's order; each job that fits quota is placed by the placement core's first-fit,
 or deferred when no node has room. Policies with reclaim turn the cycle's ``ReclaimRequest``s into
 preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job.
-After a preemption the cycle runs again (at most ``MAX_REPLANS`` times per event time).
+A preemption is made for one job (the reclaim's first job, the blocked LAS job), which is then started
+at once, before the next cycle could hand the room it made to someone else (Kueue's "nominated"
+workload): room made for nobody only strands its victims. Then the cycle runs again (at most
+``MAX_REPLANS`` times per event time).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.quota.policy import QuotaCycle, QuotaSnapshot, Tenancy
+from services.quota.policy import PendingJob, PendingQueue, QuotaCycle, QuotaSnapshot, Tenancy
 
-from .cluster import Cluster
+from .cluster import FLAVOR, Cluster
 from .policies import Policy
 from .preempt import las_victims, reclaim_victims
 from .state import JobState, SimState
@@ -83,14 +86,17 @@ def _complete_due(state: SimState) -> int:
 def _schedule(state: SimState, policy: Policy, config: SimConfig) -> None:
     for _ in range(MAX_REPLANS):
         reclaims = _cycle(state)
-        freed = False
+        nominated: list[str] = []
         if policy.reclaim:
             for request in reclaims:
-                freed |= _preempt(state, reclaim_victims(state, request), config)
-        if policy.las and not freed:
-            freed = _las(state, config)
-        if not freed:
+                if _preempt(state, reclaim_victims(state, request), config):
+                    nominated.append(request.for_jobs[0])
+        if policy.las and not nominated:
+            nominated += _las(state, policy, config)
+        if not nominated:
             return
+        for job_id in nominated:
+            _start_nominated(state, job_id)
 
 
 def _cycle(state: SimState) -> tuple:
@@ -123,8 +129,31 @@ def _cycle(state: SimState) -> tuple:
     return plan.reclaims
 
 
-def _tenant_key(state: SimState, job) -> tuple:
+def _tenant_key(state: SimState, job: PendingJob) -> tuple:
     return state.order.tenant_key(job, state.tenancy.priority_classes[job.priority_class])
+
+
+def _start_nominated(state: SimState, job_id: str) -> None:
+    """Start the job a preemption made room for, through a quota cycle of that job alone (so quota
+    is checked by the core as always); nothing happens when it does not fit (a reclaim that could
+    only free quota, not a place on the nodes)."""
+    tenant = state.jobs[job_id].job.tenant
+    entry = next((e for e in state.queues.get(tenant, ()) if e[1].job_id == job_id), None)
+    if entry is None:
+        return
+    units = entry[1].ask.units
+    snapshot = QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s)
+    cycle = QuotaCycle(snapshot, [PendingQueue(tenant, FLAVOR, [entry], units, units, True)], state.order,
+                       explain=False)
+    candidate = cycle.next_candidate()
+    bindings = state.cluster.place(job_id, state.jobs[job_id].job.gpus) if candidate is not None else None
+    if candidate is None or bindings is None:
+        cycle.finish()
+        return
+    reservation = cycle.reserve(candidate)
+    cycle.finish()
+    state.dequeue(entry[1], entry[0])
+    state.start(job_id, reservation.units, bindings)
 
 
 def _preempt(state: SimState, victims: list, config: SimConfig) -> bool:
@@ -137,14 +166,17 @@ def _preempt(state: SimState, victims: list, config: SimConfig) -> bool:
     return bool(victims)
 
 
-def _las(state: SimState, config: SimConfig) -> bool:
-    """Preempt second-queue runs for the first blocked first-queue job (queue heads, in order)."""
+def _las(state: SimState, policy: Policy, config: SimConfig) -> list[str]:
+    """Preempt second-queue runs for the first blocked first-queue job (queue heads, in order); the
+    job it was done for, or nothing."""
     heads = sorted((entries[0] for entries in state.queues.values() if entries), key=lambda e: e[0])
     for _, pending in heads:
         if pending.level != 0:
             continue
         gpus = state.jobs[pending.job_id].job.gpus
-        victims = las_victims(state, pending.tenant, gpus, pending.ask.units, config.las_threshold_gpu_s)
+        victims = las_victims(state, pending.tenant, gpus, pending.ask.units, config.las_threshold_gpu_s,
+                              policy.fair_gang_preemption)
         if victims:
-            return _preempt(state, victims, config)
-    return False
+            _preempt(state, victims, config)
+            return [pending.job_id]
+    return []

@@ -10,7 +10,11 @@
   tenants under their nominal quota.
 - ``fairshare`` (default): time-decayed DRF across tenants inside 2-queue LAS, with reclaim: new and
   short work first, tenants that used less than their entitlement recently first within a queue,
-  borrowed capacity given back to owners. Needs no job durations.
+  borrowed capacity given back to owners. A job of a whole node or more preempts (LAS) only its own
+  tenant's runs or those of tenants above its fair share (``preempt.las_victims``). Needs no job
+  durations: it uses attained GPU-seconds, GPUs requested and tenants' decayed usage.
+
+Every preemption, whatever the policy, is made for one job that it lets start at once (``engine``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Policy:
     half_life_s: float  # 0: shares from current reservations only
     las: bool
     reclaim: bool
+    fair_gang_preemption: bool = False  # whole-node jobs preempt by fair share, not attained service
 
     def job_order(self, durations: Mapping[str, float]) -> JobOrder:
         if self.order == "sjf":
@@ -60,7 +65,7 @@ def make_policies(half_life_s: float = DEFAULT_HALF_LIFE_S) -> dict[str, Policy]
         "sjf": Policy("sjf", "sjf", 0.0, las=False, reclaim=False),
         "tiresias": Policy("tiresias", "fifo", 0.0, las=True, reclaim=False),
         "drf": Policy("drf", "fairshare", 0.0, las=False, reclaim=True),
-        "fairshare": Policy("fairshare", "fairshare", half_life_s, las=True, reclaim=True),
+        "fairshare": Policy("fairshare", "fairshare", half_life_s, las=True, reclaim=True, fair_gang_preemption=True),
     }
 
 

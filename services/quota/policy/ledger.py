@@ -79,9 +79,10 @@ class QuotaBook:
         node, delta = self.tree.index[tenant], units
         while delta and node >= 0:
             before = used[node]
-            used[node] = before + delta
+            after = before + delta
+            used[node] = after
             g = guar[node]
-            delta = max(0, before + delta - g) - max(0, before - g)
+            delta = (after - g if after > g else 0) - (before - g if before > g else 0)  # max(0, .) without calls
             node = parent[node]
 
     def borrowed(self, tenant: str, flavor: str) -> int:

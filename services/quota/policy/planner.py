@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from .ledger import QuotaBook
 from .ordering import FairShareOrder, JobOrder, PendingJob, SortKey
@@ -90,10 +91,11 @@ class QuotaCycle:
         self.book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
         self._shares = shares if shares is not None else dominant_shares(snapshot, {q.tenant for q in queues})
         self._queues, self._tiers = split_by_tier(self.book, queues)
-        self._heap: list[tuple[SortKey, int, int]] = []
-        for qi, queue in enumerate(self._queues):
-            if queue.entries:
-                self._push(qi, 0)
+        self._queue_shares = [self._shares.get(queue.tenant, 0.0) for queue in self._queues]
+        self._merged_key = order.merged_key
+        self._heap: list[tuple[SortKey, int, int]] = [
+            (self._key(qi, queue.entries[0][0]), qi, 0) for qi, queue in enumerate(self._queues) if queue.entries]
+        heapq.heapify(self._heap)
         self._reserved: list[Reservation] = []
         self._records: list[tuple[SortKey, PendingJob, WaitCategory, str]] = []
         self._stash: list[tuple[int, int]] = []  # (queue, first position) left out of the walk
@@ -104,8 +106,7 @@ class QuotaCycle:
         self._open: Candidate | None = None
 
     def _key(self, qi: int, tenant_key: SortKey) -> SortKey:
-        queue = self._queues[qi]
-        return (self._tiers[qi], *self.order.merged_key(tenant_key, self._shares.get(queue.tenant, 0.0)))
+        return (self._tiers[qi], *self._merged_key(tenant_key, self._queue_shares[qi]))
 
     def _push(self, qi: int, pos: int) -> None:
         heapq.heappush(self._heap, (self._key(qi, self._queues[qi].entries[pos][0]), qi, pos))
@@ -137,7 +138,8 @@ class QuotaCycle:
         nominal = self.book.nominal(job.tenant, flavor)
         before = self.book.used(job.tenant, flavor)
         self.book.charge(job.tenant, flavor, units)
-        borrowed = max(0, before + units - nominal) - max(0, before - nominal)
+        after = before + units
+        borrowed = (after - nominal if after > nominal else 0) - (before - nominal if before > nominal else 0)
         geq = gpu_equivalents(units, flavor, self.snapshot.tenancy.gpu_equivalents)
         reservation = Reservation(job.job_id, job.tenant, flavor, units, borrowed, geq)
         self._reserved.append(reservation)
@@ -230,9 +232,10 @@ class QuotaCycle:
     def _reason(self, job: PendingJob, claimed: int) -> tuple[WaitCategory, str]:
         flavor, units = job.ask.options[0]
         memo = (job.tenant, flavor, units, claimed, len(self._reserved))
-        if memo not in self._reasons:
-            self._reasons[memo] = quota_block(self.book, job.tenant, flavor, units, claimed)
-        return self._reasons[memo]
+        reason = self._reasons.get(memo)
+        if reason is None:
+            reason = self._reasons[memo] = quota_block(self.book, job.tenant, flavor, units, claimed)
+        return reason
 
     def _settle(self, qi: int, pos: int) -> None:
         """Jobs of a queue that left the walk: none fits; claim toward reclaims while the tenant has
@@ -241,10 +244,10 @@ class QuotaCycle:
         tenant, flavor = queue.tenant, queue.flavor
         claim = self._claims.setdefault((tenant, flavor), [0, []])
         headroom = self.book.nominal(tenant, flavor) - self.book.used(tenant, flavor) - claim[0]
-        records, explain = self._records, self.explain
-        for tenant_key, job in queue.entries[pos:]:
-            if not explain and headroom < queue.min_units:
-                break
+        records, explain, entries = self._records, self.explain, queue.entries
+        end = len(entries)
+        while pos < end and headroom >= queue.min_units:  # jobs that may still claim, one by one
+            tenant_key, job = entries[pos]
             refusal = self._refusal_of(job)
             if refusal is None:
                 units, claimed = job.ask.options[0][1], claim[0]
@@ -256,8 +259,31 @@ class QuotaCycle:
                     records.append((self._key(qi, tenant_key), job, *self._reason(job, claimed)))
             elif explain:
                 records.append((self._key(qi, tenant_key), job, *refusal))
+            pos += 1
+        if explain and pos < end:
+            self._record_rest(qi, entries[pos:], claim[0])
         if not claim[0]:
             del self._claims[(tenant, flavor)]
+
+    def _record_rest(self, qi: int, rest: Sequence[tuple[SortKey, PendingJob]], claimed: int) -> None:
+        """Record jobs of a settled queue that can no longer claim anything (``claimed`` is final): the
+        reason depends only on the job's priority class (refusal) and units, so it is looked up once
+        per such pair."""
+        tenant = self.snapshot.tenancy.tenants.get(self._queues[qi].tenant)
+        allowed = tenant.priority_classes if tenant is not None and tenant.is_leaf else frozenset()
+        by_units: dict[int, tuple[WaitCategory, str]] = {}  # jobs of an allowed class, by units
+        tier, share, merged_key = self._tiers[qi], self._queue_shares[qi], self._merged_key
+        append = self._records.append
+        for tenant_key, job in rest:
+            reason: tuple[WaitCategory, str] | None
+            if job.priority_class in allowed:
+                units = job.ask.options[0][1]
+                reason = by_units.get(units)
+                if reason is None:
+                    reason = by_units[units] = self._reason(job, claimed)
+            else:
+                reason = self._refusal_of(job)  # unknown tenant or class not allowed: never None
+            append(((tier, *merged_key(tenant_key, share)), job, *reason))  # type: ignore[misc]
 
     def _refusal_of(self, job: PendingJob) -> tuple[WaitCategory, str] | None:
         memo = (job.tenant, job.priority_class)
@@ -312,7 +338,11 @@ def order_pending(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order:
     book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
     queues, tiers = split_by_tier(book, build_queues(snapshot.tenancy, pending, chosen))
     shares = dominant_shares(snapshot, {q.tenant for q in queues})
-    keyed = [((tiers[qi], *chosen.merged_key(k, shares.get(q.tenant, 0.0))), job.job_id)
-             for qi, q in enumerate(queues) for k, job in q.entries]
-    return [job_id for _, job_id in sorted(keyed)]
+    merged_key = chosen.merged_key
+    keyed = []
+    for qi, q in enumerate(queues):
+        tier, share = tiers[qi], shares.get(q.tenant, 0.0)
+        keyed += [((tier, *merged_key(k, share)), job.job_id) for k, job in q.entries]
+    keyed.sort(key=itemgetter(0))  # keys are unique (they end in the job id)
+    return [job_id for _, job_id in keyed]
 

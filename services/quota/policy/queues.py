@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from .ledger import QuotaBook
 from .model import Tenancy
@@ -38,19 +39,24 @@ def priority_value(tenancy: Tenancy, job: PendingJob) -> int:
 def build_queues(tenancy: Tenancy, pending: Iterable[PendingJob], order: JobOrder) -> list[PendingQueue]:
     groups: dict[tuple[str, str], list[tuple[SortKey, PendingJob]]] = {}
     priorities, tenant_key = tenancy.priority_classes, order.tenant_key
+    values: dict[str, int] = {}
     for job in pending:
-        key = tenant_key(job, priorities.get(job.priority_class, UNKNOWN_PRIORITY))
+        klass = job.priority_class
+        value = values.get(klass)
+        if value is None:
+            value = values[klass] = priorities.get(klass, UNKNOWN_PRIORITY)
         group = (job.tenant, job.ask.options[0][0])
-        if group in groups:
-            groups[group].append((key, job))
+        entries = groups.get(group)
+        if entries is None:
+            groups[group] = [(tenant_key(job, value), job)]
         else:
-            groups[group] = [(key, job)]
+            entries.append((tenant_key(job, value), job))
     queues = []
     for (tenant, flavor), entries in sorted(groups.items()):
-        entries.sort()  # keys are unique (they end in the job id), so jobs are never compared
-        sizes = [job.ask.options[0][1] for _, job in entries]
-        queues.append(PendingQueue(tenant, flavor, entries, min(sizes), max(sizes),
-                                   all(len(job.ask.options) == 1 for _, job in entries)))
+        entries.sort(key=itemgetter(0))  # keys are unique: they end in the job id
+        options = [job.ask.options for _, job in entries]
+        sizes = [option[0][1] for option in options]
+        queues.append(PendingQueue(tenant, flavor, entries, min(sizes), max(sizes), max(map(len, options)) == 1))
     return queues
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
+from operator import itemgetter
 from typing import NamedTuple
 
 from .ledger import QuotaBook
@@ -84,16 +85,25 @@ def unknown_tenant(tenant: str) -> str:
 def waiting_list(records: list, priorities: Mapping[str, int]) -> tuple[WaitingJob, ...]:
     """``(key, job, category, reason)`` records sorted by key, numbered, with the count of waiting jobs
     of a higher priority class ahead of each."""
-    records.sort(key=lambda record: record[0])
+    records.sort(key=itemgetter(0))  # already sorted runs (the walk, each settled queue): timsort merges them
     values = sorted(set(priorities.values()))
-    higher = {value: 0 for value in values}  # waiting jobs so far with a priority above ``value``
+    # per priority class: its slot in ``higher`` (None when unknown: every job ahead counts) and the
+    # slots of the lower values, whose counts each waiting job of the class raises
+    slots = {value: i for i, value in enumerate(values)}
+    higher = [0] * len(values)  # waiting jobs so far with a priority above values[i]
+    classes: dict[str, tuple[int | None, range]] = {}
+    new = tuple.__new__  # WaitingJob(...) without the Python-level __new__ of a named tuple: same value
     out = []
     for position, (_, job, category, reason) in enumerate(records, start=1):
-        value = priorities.get(job.priority_class, values[0] - 1 if values else 0)
-        out.append(WaitingJob(job.job_id, job.tenant, position, higher.get(value, position - 1), category, reason))
-        for other in values:
-            if other < value:
-                higher[other] += 1
-            else:
-                break
+        klass = job.priority_class
+        info = classes.get(klass)
+        if info is None:
+            value = priorities.get(klass)
+            slot = slots.get(value) if value is not None else None
+            info = classes[klass] = (slot, range(slot if slot is not None else 0))
+        slot, raised = info
+        ahead = higher[slot] if slot is not None else position - 1
+        out.append(new(WaitingJob, (job.job_id, job.tenant, position, ahead, category, reason)))
+        for other in raised:
+            higher[other] += 1
     return tuple(out)

@@ -8,7 +8,7 @@ import pytest
 
 from services.queue_sim.cli import main
 from services.queue_sim.engine import SimConfig, simulate
-from services.queue_sim.policies import make_policies
+from services.queue_sim.policies import Policy, make_policies
 from services.queue_sim.report import METRIC_KEYS
 from services.queue_sim.run import QuotaSetup, tenancy_for
 from services.queue_sim.trace import TraceJob, default_trace_path
@@ -81,3 +81,31 @@ def test_a_short_philly_window_replays_under_every_policy(tmp_path, capsys):
         assert metrics["max_quota_overshoot_gpus"] == 0
         assert metrics["jobs"] == 300
     assert "fairshare (default)" in capsys.readouterr().out
+
+
+def test_a_reclaim_preempts_the_fewest_borrowed_gpus_that_let_the_owner_start():
+    jobs = [job("big", "t2", 0, 10_000, 8)] + [job(f"s{i}", "t2", 1 + i, 10_000) for i in range(8)]
+    jobs.append(job("own", "t1", 100, 50))
+    for name in ("drf", "fairshare"):
+        state = run(jobs, name, {"t1": 8, "t2": 8}, borrow=8, nodes=2)
+        assert state.preemptions == 1, name
+        assert state.jobs["big"].preemptions == 0 and state.jobs["big"].completed_s == 10_000
+        assert state.jobs["own"].completed_s == 150
+        assert state.max_overshoot_units == 0
+
+
+def _las_policy(fair_gangs: bool) -> Policy:
+    return Policy("las", "fairshare", 0.0, las=True, reclaim=False, fair_gang_preemption=fair_gangs)
+
+
+@pytest.mark.parametrize("fair_gangs, starts_at", [(False, 5000), (True, 20_000)], ids=["plain-las", "fair-gangs"])
+def test_a_whole_node_job_preempts_another_tenant_only_when_that_tenant_is_above_its_fair_share(fair_gangs, starts_at):
+    # t2 borrows (8 GPUs on a nominal of 2: share 4); t1 borrows more (8 on 1: share 8) and asks for a node
+    jobs = [job("t2-a", "t2", 0, 20_000, 4), job("t2-b", "t2", 1, 20_000, 4), job("t1-a", "t1", 4700, 20_000, 8),
+            job("t1-b", "t1", 5000, 100, 8)]
+    tenancy = tenancy_for(QuotaSetup({"t1": 1, "t2": 2, "t3": 21}, 16), 0.0)
+    state = simulate(jobs, tenancy, _las_policy(fair_gangs), SimConfig(nodes=2, gpus_per_node=8))
+    assert state.jobs["t1-b"].completed_s == starts_at + 100
+    assert (state.jobs["t2-a"].preemptions + state.jobs["t2-b"].preemptions == 0) == fair_gangs
+    assert state.max_overshoot_units == 0
+
