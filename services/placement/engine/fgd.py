@@ -46,7 +46,16 @@ def frag_growth(
 
     Column g is the growth with a shared request on GPU g (+inf where it does not fit); for other
     requests every column holds the same value (the GPUs they take do not change the result).
+    Rounded to a millionth of a milli: the weighted sums over shapes differ in their last bits with the
+    number of rows computed at once, and a node's growth must not depend on which other rows were
+    recomputed with it (the memo recomputes only changed rows).
     """
+    return np.round(_frag_growth(snapshot, request, shapes, rows, measure), 6)
+
+
+def _frag_growth(
+    snapshot: ClusterSnapshot, request: PodRequest, shapes: ShapeArrays, rows: np.ndarray, measure: str
+) -> np.ndarray:
     free = snapshot.share_free[rows].astype(np.int64)
     if request.allowed_models:
         allowed = gpu_free_for(snapshot, request)[rows]
