@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from gpusched_common.db import connect
@@ -76,6 +76,32 @@ RECLAIM_REASON = (f"preempted to return borrowed {MODEL} capacity to tenant team
                   "for its job {job}: tenant team-b borrowed it")
 
 
+async def borrowers_running(db: str, borrowed: list[str]) -> dict[str, dict]:
+    """Wait until team-b's jobs all run with a checkpoint; their JobPlaced payloads by job id."""
+    await wait_for(db, "team-b's jobs running, each with a checkpoint",
+                   "SELECT count(*) = cardinality($1::text[]) FROM jobs j WHERE job_id = ANY($1::text[])"
+                   " AND status = 'Running' AND EXISTS (SELECT 1 FROM events e"
+                   "  WHERE e.stream_id = 'job-' || j.job_id AND e.type = 'JobCheckpointed')", borrowed)
+    return {j: event(await job_view(db, j), "JobPlaced") for j in borrowed}
+
+
+async def submit_owner_and_await_reclaim(client: Client, db: str, borrowed: list[str]) -> tuple[str, datetime, dict]:
+    """team-b borrows all of team-a's idle half; team-a submits a 4-GPU job at the same priority (so only the
+    reclaim path can free room): the job, when it was submitted, and quota's first reclaim for it."""
+    reservations = [event(await job_view(db, j), "QuotaReserved") for j in borrowed]
+    assert {(r["tenant"], r["gpu_model"]) for r in reservations} == {("team-b", MODEL)}
+    assert sum(r["borrowed_gpus"] for r in reservations) == 4  # all of team-a's idle half
+    submitted = datetime.now(timezone.utc)
+    owner = await client.submit(a_job("x").tenant("team-a").gpus(4).model(MODEL)
+                                .command("sh", "-c", OWNER_JOB).spec())
+    reclaim = await wait_for_row(db, "a reclaim for team-a",
+                                 "SELECT * FROM quota_reclaims WHERE tenant = 'team-a' AND $1 = ANY(for_jobs)"
+                                 " ORDER BY requested_at LIMIT 1", owner)
+    assert (reclaim["flavor"], reclaim["cohort"], reclaim["units"]) == (MODEL, "lab", 4 * 7000)
+    assert reclaim["borrowers"] == [{"tenant": "team-b", "borrowed_gpus": 4.0}]
+    return owner, submitted, reclaim
+
+
 async def test_a_team_under_its_nominal_quota_reclaims_what_another_team_borrowed(local_stack, stack_settings):
     db = local_stack.database_url
     borrower = a_job("x").tenant("team-b").model(MODEL).command("sh", "-c", BORROWER_JOB)
@@ -84,32 +110,17 @@ async def test_a_team_under_its_nominal_quota_reclaims_what_another_team_borrowe
         large = await client.submit(borrower.gpus(4).spec())
         small = [await client.submit(borrower.gpus(2).spec()) for _ in range(2)]
         borrowed = [large, *small]
-        await wait_for(db, "team-b's jobs running, each with a checkpoint",
-                       "SELECT count(*) = 3 FROM jobs j WHERE job_id = ANY($1::text[]) AND status = 'Running'"
-                       " AND EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'job-' || j.job_id"
-                       "  AND e.type = 'JobCheckpointed')", borrowed)
-        placements = {j: event(await job_view(db, j), "JobPlaced") for j in borrowed}
+        placements = await borrowers_running(db, borrowed)
         assert placements[small[0]]["node_id"] == placements[small[1]]["node_id"] != placements[large]["node_id"]
-        reservations = [event(await job_view(db, j), "QuotaReserved") for j in borrowed]
-        assert {(r["tenant"], r["gpu_model"]) for r in reservations} == {("team-b", MODEL)}
-        assert sum(r["borrowed_gpus"] for r in reservations) == 4  # all of team-a's idle half
-        submitted = time.monotonic()
-        owner = await client.submit(a_job("x").tenant("team-a").gpus(4).model(MODEL)
-                                    .command("sh", "-c", OWNER_JOB).spec())  # same priority: no priority preemption
-
-    reclaim = await wait_for_row(db, "a reclaim for team-a",
-                                 "SELECT * FROM quota_reclaims WHERE tenant = 'team-a' AND $1 = ANY(for_jobs)"
-                                 " ORDER BY requested_at LIMIT 1", owner)
-    reclaimed_after = time.monotonic() - submitted
-    assert (reclaim["flavor"], reclaim["cohort"], reclaim["units"]) == (MODEL, "lab", 4 * 7000)
-    assert reclaim["borrowers"] == [{"tenant": "team-b", "borrowed_gpus": 4.0}]
+        owner, submitted, reclaim = await submit_owner_and_await_reclaim(client, db, borrowed)
+    reclaimed_after = (reclaim["requested_at"] - submitted).total_seconds()
     assert reclaim["reason"] == (f"tenant team-a holds 0 of its nominal 4 {MODEL} while team-b borrows 4: "
                                  f"reclaim 4 for 1 waiting job")
 
     await wait_until_finished(db, [owner], timeout_s=60, interval_s=0.2)
-    owner_done_after = time.monotonic() - submitted
+    owner_done_after = (datetime.now(timezone.utc) - submitted).total_seconds()
     await wait_until_finished(db, borrowed, timeout_s=60, interval_s=0.3)
-    all_done_after = time.monotonic() - submitted
+    all_done_after = (datetime.now(timezone.utc) - submitted).total_seconds()
 
     # team-a's job: waited for quota saying why, then got its own quota (nothing borrowed) and ran
     view = await wait_for_history(db, owner, "QuotaReleased")
@@ -185,30 +196,15 @@ async def test_two_victims_on_one_node_stop_at_different_times_and_what_the_firs
     async with Client(stack_settings) as client:
         # team-b fills both nodes with 2-GPU jobs: two per node
         borrowed = [await client.submit(borrower.spec()) for _ in range(4)]
-        await wait_for(db, "team-b's jobs running, each with a checkpoint",
-                       "SELECT count(*) = 4 FROM jobs j WHERE job_id = ANY($1::text[]) AND status = 'Running'"
-                       " AND EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'job-' || j.job_id"
-                       "  AND e.type = 'JobCheckpointed')", borrowed)
-        placements = {j: event(await job_view(db, j), "JobPlaced") for j in borrowed}
+        placements = await borrowers_running(db, borrowed)
         assert sorted(Counter(p["node_id"] for p in placements.values()).values()) == [2, 2], placements
-        reservations = [event(await job_view(db, j), "QuotaReserved") for j in borrowed]
-        assert {(r["tenant"], r["gpu_model"]) for r in reservations} == {("team-b", MODEL)}
-        assert sum(r["borrowed_gpus"] for r in reservations) == 4  # all of team-a's idle half
-        submitted = time.monotonic()
-        owner = await client.submit(a_job("x").tenant("team-a").gpus(4).model(MODEL)
-                                    .command("sh", "-c", OWNER_JOB).spec())  # same priority: no priority preemption
-
-    reclaim = await wait_for_row(db, "a reclaim for team-a",
-                                 "SELECT * FROM quota_reclaims WHERE tenant = 'team-a' AND $1 = ANY(for_jobs)"
-                                 " ORDER BY requested_at LIMIT 1", owner)
-    reclaimed_after = time.monotonic() - submitted
-    assert (reclaim["flavor"], reclaim["cohort"], reclaim["units"]) == (MODEL, "lab", 4 * 7000)
-    assert reclaim["borrowers"] == [{"tenant": "team-b", "borrowed_gpus": 4.0}]
+        owner, submitted, reclaim = await submit_owner_and_await_reclaim(client, db, borrowed)
+    reclaimed_after = (reclaim["requested_at"] - submitted).total_seconds()
 
     await wait_until_finished(db, [owner], timeout_s=60, interval_s=0.2)
-    owner_done_after = time.monotonic() - submitted
+    owner_done_after = (datetime.now(timezone.utc) - submitted).total_seconds()
     await wait_until_finished(db, borrowed, timeout_s=60, interval_s=0.3)
-    all_done_after = time.monotonic() - submitted
+    all_done_after = (datetime.now(timezone.utc) - submitted).total_seconds()
 
     # the fewest victims that free a node: the two 2-GPU jobs on one node, and no third one
     views = {j: await job_view(db, j) for j in borrowed}
