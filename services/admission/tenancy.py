@@ -2,7 +2,7 @@
 reason, instead of waiting in quota forever. Quota remains the enforcer; this is the early answer.
 
 ``check_against_tenancy`` is pure. ``TenancyReader`` is the shell: it reads the newest revision quota
-installed (``quota_tenancy_revisions``), parses it once per revision, and looks again at most every
+installed (quota's ``TenancyStore.read``, which parses each revision once), and looks again at most every
 ``refresh_s`` seconds, so a new revision reaches admission within that time.
 """
 
@@ -14,8 +14,9 @@ import asyncpg
 
 from gpusched_common import events as ev
 
-from services.quota.policy import Tenancy, load_tenancy
+from services.quota.policy import Tenancy
 from services.quota.policy.reasons import not_allowed, unknown_tenant
+from services.quota.revisions import TenancyStore
 from services.quota.tenancy import priority_class_for, queued_job, to_pending
 
 
@@ -42,19 +43,13 @@ def check_against_tenancy(job_id: str, spec: ev.JobSpec, tenancy: Tenancy) -> tu
 class TenancyReader:
     def __init__(self, refresh_s: float = 1.0) -> None:
         self.refresh_s = refresh_s
+        self._store = TenancyStore()
         self._tenancy: Tenancy | None = None
         self._checked_at: datetime | None = None
 
     async def current(self, conn: asyncpg.Connection, now: datetime) -> Tenancy | None:
         """The tenancy in force (None before quota installed one: then quota alone decides)."""
-        if self._checked_at is not None and (now - self._checked_at).total_seconds() < self.refresh_s:
-            return self._tenancy
-        self._checked_at = now
-        revision = await conn.fetchval("SELECT max(revision) FROM quota_tenancy_revisions")
-        if revision is None:
-            self._tenancy = None
-        elif self._tenancy is None or self._tenancy.revision != revision:
-            document = await conn.fetchval("SELECT document FROM quota_tenancy_revisions WHERE revision = $1",
-                                           revision)
-            self._tenancy = load_tenancy(document)  # it was valid when quota installed it
+        if self._checked_at is None or (now - self._checked_at).total_seconds() >= self.refresh_s:
+            self._checked_at = now
+            self._tenancy = await self._store.read(conn)
         return self._tenancy

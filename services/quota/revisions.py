@@ -30,10 +30,17 @@ class TenancyStore:
 
     async def current(self, conn: asyncpg.Connection) -> Tenancy:
         await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", TENANCY_LOCK)
-        revision = await conn.fetchval("SELECT max(revision) FROM quota_tenancy_revisions")
-        if revision is None:
+        tenancy = await self.read(conn)
+        if tenancy is None:
             raise NoTenancy("no tenancy is in force: start the quota service with GPUSCHED_TENANTS_FILE, or "
                             "publish one with `gpusched tenants apply FILE`")
+        return tenancy
+
+    async def read(self, conn: asyncpg.Connection) -> Tenancy | None:
+        """The newest revision without the lock (None: none yet), for readers outside quota's decisions."""
+        revision = await conn.fetchval("SELECT max(revision) FROM quota_tenancy_revisions")
+        if revision is None:
+            return None
         if self._parsed is None or self._parsed.revision != revision:
             document = await conn.fetchval("SELECT document FROM quota_tenancy_revisions WHERE revision = $1",
                                            revision)
