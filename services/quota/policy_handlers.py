@@ -136,7 +136,8 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending)
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
     await _reserve(conn, tenancy, plan.reservations, held, now)
-    for job_id, reason in [(w.job_id, w.reason) for w in plan.waiting] + unchargeable:
+    # reasons only (unordered): a reader ranks the queue itself (``services.quota.queue_view``)
+    for job_id, reason in [(job.job_id, reason) for job, _, reason in plan.reasons()] + unchargeable:
         reason = as_guest(tenancy, jobs[job_id], reason)
         if jobs[job_id].last_reason != reason:
             await _defer(conn, job_id, reason, now)

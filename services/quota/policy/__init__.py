@@ -7,7 +7,8 @@ cohort's ledger rows ``FOR UPDATE``)::
     snapshot = QuotaSnapshot(tenancy, usage, history, now_s)   # usage: reserved units per tenant/flavor
     plan = plan_cycle(snapshot, pending)                        # pending: list[PendingJob]
     for r in plan.reservations:   append QuotaReserved(job, r.flavor, r.units, r.borrowed_units, r.geq)
-    for w in plan.waiting:        record w.reason when it changed; expose w.position / w.describe()
+    for job, _, reason in plan.reasons():   record the reason when it changed
+    plan.waiting                  # ranked on demand: w.position / w.describe() for a reader
     for c in plan.reclaims:       publish the reclaim request to the preemption service
     persist plan.usage (per tenant/flavor) and, for every tenant whose usage changed,
     history = advance(history, now_s, rate_geq(tenancy, old_usage), tenancy.half_life_s)

@@ -15,21 +15,24 @@ plan carries a ``ReclaimRequest`` for the preemption service. Inputs are never m
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from operator import itemgetter
 
 from .ledger import QuotaBook
 from .ordering import FairShareOrder, JobOrder, PendingJob, SortKey
 from .queues import PendingQueue, build_queues, split_by_tier
 from .reasons import (
+    NO_WAITING,
     WAITING_FOR_CAPACITY,
     WaitCategory,
     WaitingJob,
+    WaitingRecords,
+    WaitingRun,
     not_allowed,
     quota_block,
     unknown_tenant,
-    waiting_list,
 )
 from .snapshot import QuotaSnapshot, dominant_shares
 from .units import format_gpus, gpu_equivalents
@@ -70,11 +73,24 @@ class Candidate:
 
 @dataclass(frozen=True)
 class QuotaPlan:
+    """``waiting_jobs``: the jobs left waiting (none when the cycle ran without explain). ``reasons()``
+    gives each one's reason at the cost of a loop; ``waiting`` also ranks them (position, jobs of higher
+    priority ahead), which sorts every waiting job: computed on first use."""
+
     order: str
     reservations: tuple[Reservation, ...]
-    waiting: tuple[WaitingJob, ...]  # in queue order; empty when the cycle ran without explain
     reclaims: tuple[ReclaimRequest, ...]
     usage: Mapping[str, Mapping[str, int]]  # reserved units per tenant per flavor after the plan
+    waiting_jobs: WaitingRecords = field(default=NO_WAITING, repr=False, compare=False)
+
+    @cached_property
+    def waiting(self) -> tuple[WaitingJob, ...]:
+        """Waiting jobs in queue order, numbered."""
+        return self.waiting_jobs.ranked()
+
+    def reasons(self) -> Iterator[tuple[PendingJob, WaitCategory, str]]:
+        """``(job, category, reason)`` for every waiting job, unordered."""
+        return self.waiting_jobs.reasons()
 
 
 class QuotaCycle:
@@ -98,6 +114,7 @@ class QuotaCycle:
         heapq.heapify(self._heap)
         self._reserved: list[Reservation] = []
         self._records: list[tuple[SortKey, PendingJob, WaitCategory, str]] = []
+        self._runs: list[WaitingRun] = []  # settled queues' tails (see ``_record_rest``)
         self._stash: list[tuple[int, int]] = []  # (queue, first position) left out of the walk
         self._blocked: dict[tuple[str, str], int] = {}  # smallest units that did not fit, per tenant/flavor
         self._claims: dict[tuple[str, str], list] = {}  # (tenant, flavor) -> [units, job ids]
@@ -168,13 +185,14 @@ class QuotaCycle:
             self._heap = []
         for qi, pos in self._stash:
             self._settle(qi, pos)
-        waiting = waiting_list(self._records, self.snapshot.tenancy.priority_classes) if self.explain else ()
-        return QuotaPlan(self.order.name, tuple(self._reserved), waiting, self._reclaims(), self.book.snapshot())
+        waiting = (WaitingRecords(self._records, self._runs, self.snapshot.tenancy.priority_classes,
+                                  self._merged_key) if self.explain else NO_WAITING)
+        return QuotaPlan(self.order.name, tuple(self._reserved), self._reclaims(), self.book.snapshot(), waiting)
 
     # --- internals ------------------------------------------------------------------------------
 
     def _check(self, job: PendingJob, key: SortKey) -> Candidate | None:
-        refusal = self._refusal_of(job)
+        refusal = self._refusal_of(job.tenant, job.priority_class)
         if refusal is not None:
             if self.explain:
                 self._records.append((key, job, *refusal))
@@ -193,7 +211,8 @@ class QuotaCycle:
             blocked[(tenant, flavor)] = units
         claimed = self._claim(job)
         if self.explain:
-            reason = (WaitCategory.RECLAIMING, owed_to) if owed_to else self._reason(job, claimed)
+            flavor, units = job.ask.options[0]
+            reason = (WaitCategory.RECLAIMING, owed_to) if owed_to else self._reason(tenant, flavor, units, claimed)
             self._records.append((key, job, *reason))
         return None
 
@@ -229,12 +248,11 @@ class QuotaCycle:
             claim[1].append(job.job_id)
         return claimed
 
-    def _reason(self, job: PendingJob, claimed: int) -> tuple[WaitCategory, str]:
-        flavor, units = job.ask.options[0]
-        memo = (job.tenant, flavor, units, claimed, len(self._reserved))
+    def _reason(self, tenant: str, flavor: str, units: int, claimed: int) -> tuple[WaitCategory, str]:
+        memo = (tenant, flavor, units, claimed, len(self._reserved))
         reason = self._reasons.get(memo)
         if reason is None:
-            reason = self._reasons[memo] = quota_block(self.book, job.tenant, flavor, units, claimed)
+            reason = self._reasons[memo] = quota_block(self.book, tenant, flavor, units, claimed)
         return reason
 
     def _settle(self, qi: int, pos: int) -> None:
@@ -248,7 +266,7 @@ class QuotaCycle:
         end = len(entries)
         while pos < end and headroom >= queue.min_units:  # jobs that may still claim, one by one
             tenant_key, job = entries[pos]
-            refusal = self._refusal_of(job)
+            refusal = self._refusal_of(job.tenant, job.priority_class)
             if refusal is None:
                 units, claimed = job.ask.options[0][1], claim[0]
                 if units <= headroom:
@@ -256,7 +274,7 @@ class QuotaCycle:
                     claim[1].append(job.job_id)
                     headroom -= units
                 if explain:
-                    records.append((self._key(qi, tenant_key), job, *self._reason(job, claimed)))
+                    records.append((self._key(qi, tenant_key), job, *self._reason(tenant, flavor, units, claimed)))
             elif explain:
                 records.append((self._key(qi, tenant_key), job, *refusal))
             pos += 1
@@ -266,38 +284,28 @@ class QuotaCycle:
             del self._claims[(tenant, flavor)]
 
     def _record_rest(self, qi: int, rest: Sequence[tuple[SortKey, PendingJob]], claimed: int) -> None:
-        """Record jobs of a settled queue that can no longer claim anything (``claimed`` is final): the
-        reason depends only on the job's priority class (refusal) and units, so it is looked up once
-        per such pair."""
-        tenant = self.snapshot.tenancy.tenants.get(self._queues[qi].tenant)
-        allowed = tenant.priority_classes if tenant is not None and tenant.is_leaf else frozenset()
-        by_units: dict[int, tuple[WaitCategory, str]] = {}  # jobs of an allowed class, by units
-        tier, share, merged_key = self._tiers[qi], self._queue_shares[qi], self._merged_key
-        append = self._records.append
-        for tenant_key, job in rest:
-            reason: tuple[WaitCategory, str] | None
-            if job.priority_class in allowed:
-                units = job.ask.options[0][1]
-                reason = by_units.get(units)
-                if reason is None:
-                    reason = by_units[units] = self._reason(job, claimed)
-            else:
-                reason = self._refusal_of(job)  # unknown tenant or class not allowed: never None
-            append(((tier, *merged_key(tenant_key, share)), job, *reason))  # type: ignore[misc]
+        """Record jobs of a settled queue that can no longer claim anything (``claimed`` is final) as one
+        run: the reason depends only on the job's priority class (refusal) and units, so it is worked out
+        once per such pair present, and nothing is done per job until the plan is read."""
+        tenant, flavor = self._queues[qi].tenant, self._queues[qi].flavor
+        table: dict[tuple[str, int], tuple[WaitCategory, str]] = {}
+        for klass, units in {(job.priority_class, job.ask.options[0][1]) for _, job in rest}:
+            table[(klass, units)] = self._refusal_of(tenant, klass) or self._reason(tenant, flavor, units, claimed)
+        self._runs.append(WaitingRun(self._tiers[qi], self._queue_shares[qi], rest, table))
 
-    def _refusal_of(self, job: PendingJob) -> tuple[WaitCategory, str] | None:
-        memo = (job.tenant, job.priority_class)
+    def _refusal_of(self, tenant: str, priority_class: str) -> tuple[WaitCategory, str] | None:
+        memo = (tenant, priority_class)
         if memo not in self._refusals:
-            self._refusals[memo] = self._refusal(job)
+            self._refusals[memo] = self._refusal(tenant, priority_class)
         return self._refusals[memo]
 
-    def _refusal(self, job: PendingJob) -> tuple[WaitCategory, str] | None:
-        """Why a job can never be considered (unknown tenant, priority class not allowed), or None."""
-        tenant = self.snapshot.tenancy.tenants.get(job.tenant)
+    def _refusal(self, name: str, priority_class: str) -> tuple[WaitCategory, str] | None:
+        """Why a tenant's job of a class can never be considered (unknown tenant, class not allowed), or None."""
+        tenant = self.snapshot.tenancy.tenants.get(name)
         if tenant is None or not tenant.is_leaf:
-            return WaitCategory.UNKNOWN_TENANT, unknown_tenant(job.tenant)
-        if job.priority_class not in tenant.priority_classes:
-            return WaitCategory.PRIORITY_CLASS, not_allowed(job.tenant, job.priority_class, tenant.priority_classes)
+            return WaitCategory.UNKNOWN_TENANT, unknown_tenant(name)
+        if priority_class not in tenant.priority_classes:
+            return WaitCategory.PRIORITY_CLASS, not_allowed(name, priority_class, tenant.priority_classes)
         return None
 
     def _queue_exhausted(self, queue: PendingQueue) -> bool:

@@ -3,10 +3,10 @@ is not recorded twice) plus, in ``describe``, the job's place in the queue."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import Enum
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .ledger import QuotaBook
 from .units import format_gpus
@@ -80,6 +80,53 @@ def not_allowed(tenant: str, priority_class: str, allowed: frozenset[str]) -> st
 
 def unknown_tenant(tenant: str) -> str:
     return f"tenant {tenant} is not in the tenancy file"
+
+
+class WaitingRun(NamedTuple):
+    """The tail of a settled queue: jobs already in order that share ``tier`` and ``share``, whose reason
+    depends only on (priority class, units): ``reasons`` maps each such pair present to it."""
+
+    tier: int
+    share: float
+    entries: Sequence[tuple[tuple, Any]]  # (tenant key, PendingJob)
+    reasons: Mapping[tuple[str, int], tuple[WaitCategory, str]]
+
+
+class WaitingRecords:
+    """The jobs a cycle left waiting, collected cheaply: single ``(key, job, category, reason)`` records
+    (the walk) and ``WaitingRun``s (settled queues, usually most of the waiting jobs). ``reasons()``
+    yields each job's reason without ordering anything (what the live service records); ``ranked()``
+    sorts and numbers them (positions, for a reader). Immutable once the cycle has finished."""
+
+    __slots__ = ("_records", "_runs", "_priorities", "_merged_key")
+
+    def __init__(self, records: list, runs: list[WaitingRun], priorities: Mapping[str, int],
+                 merged_key: Callable[[tuple, float], tuple]) -> None:
+        self._records, self._runs, self._priorities, self._merged_key = records, runs, priorities, merged_key
+
+    def __len__(self) -> int:
+        return len(self._records) + sum(len(run.entries) for run in self._runs)
+
+    def reasons(self) -> Iterator[tuple[Any, WaitCategory, str]]:
+        """``(job, category, reason)`` for every waiting job, in no particular order."""
+        for _, job, category, reason in self._records:
+            yield job, category, reason
+        for run in self._runs:
+            table = run.reasons
+            for _, job in run.entries:
+                yield (job, *table[(job.priority_class, job.ask.options[0][1])])
+
+    def ranked(self) -> tuple[WaitingJob, ...]:
+        """Every waiting job in queue order with its position (see ``waiting_list``)."""
+        records = list(self._records)
+        merged_key = self._merged_key
+        for tier, share, entries, table in self._runs:
+            records += [((tier, *merged_key(tenant_key, share)), job,
+                         *table[(job.priority_class, job.ask.options[0][1])]) for tenant_key, job in entries]
+        return waiting_list(records, self._priorities)
+
+
+NO_WAITING = WaitingRecords([], [], {}, lambda key, share: key)
 
 
 def waiting_list(records: list, priorities: Mapping[str, int]) -> tuple[WaitingJob, ...]:

@@ -1,7 +1,8 @@
 """The quota planner as it was before its performance work (commit 6554a58): ``QuotaCycle``,
 ``plan_cycle``, ``order_pending``, ``build_queues``, ``split_by_tier`` and ``waiting_list``, unchanged
 but for imports. ``test_optimised_planner`` checks that the live planner decides exactly as this one on
-random inputs. Change both together when the planner's decisions are meant to change."""
+random inputs. Change both together when the planner's decisions are meant to change. Its plan is the
+plan of that time (``waiting`` a field, ranked at once), compared with the live plan's ``waiting``."""
 
 # ruff: noqa
 
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from services.quota.policy.ledger import QuotaBook
 from services.quota.policy.model import Tenancy
 from services.quota.policy.ordering import FairShareOrder, JobOrder, PendingJob, SortKey
-from services.quota.policy.planner import Candidate, QuotaPlan, ReclaimRequest, Reservation
+from services.quota.policy.planner import Candidate, ReclaimRequest, Reservation
 from services.quota.policy.queues import UNKNOWN_PRIORITY, PendingQueue
 from services.quota.policy.reasons import (
     WAITING_FOR_CAPACITY,
@@ -25,6 +27,16 @@ from services.quota.policy.reasons import (
 )
 from services.quota.policy.snapshot import QuotaSnapshot, dominant_shares
 from services.quota.policy.units import format_gpus, gpu_equivalents
+
+
+
+@dataclass(frozen=True)
+class QuotaPlan:
+    order: str
+    reservations: tuple[Reservation, ...]
+    waiting: tuple[WaitingJob, ...]
+    reclaims: tuple[ReclaimRequest, ...]
+    usage: Mapping[str, Mapping[str, int]]
 
 
 class QuotaCycle:

@@ -73,12 +73,21 @@ def scenarios(draw):
     return snapshot, draw(pending("j", 30)), draw(st.sampled_from([FairShareOrder(), FifoOrder()]))
 
 
+def same(plan, old) -> bool:
+    """The live plan decides as the reference one: every field, the waiting jobs ranked, and each
+    waiting job's unordered reason the same as its ranked one."""
+    reasons = sorted((job.job_id, category, reason) for job, category, reason in plan.reasons())
+    return ((plan.order, plan.reservations, plan.waiting, plan.reclaims, plan.usage)
+            == (old.order, old.reservations, old.waiting, old.reclaims, old.usage)
+            and reasons == sorted((w.job_id, w.category, w.reason) for w in old.waiting))
+
+
 @settings(max_examples=300, deadline=None)
 @given(scenarios(), st.booleans())
 def test_plans_and_queue_order_are_those_of_the_reference_planner(scenario, explain):
     snapshot, jobs, order = scenario
-    assert plan_cycle(snapshot, jobs, order, explain=explain) == reference.plan_cycle(snapshot, jobs, order,
-                                                                                     explain=explain)
+    assert same(plan_cycle(snapshot, jobs, order, explain=explain),
+                reference.plan_cycle(snapshot, jobs, order, explain=explain))
     assert order_pending(snapshot, jobs, order) == reference.order_pending(snapshot, jobs, order)
     assert build_queues(snapshot.tenancy, jobs, order) == reference.build_queues(snapshot.tenancy, jobs, order)
 
@@ -103,4 +112,4 @@ def test_a_caller_that_defers_some_candidates_sees_the_reference_candidates(scen
         seen.append(visited)
         plans.append(cycle.finish())
     assert seen[0] == seen[1]
-    assert plans[0] == plans[1]
+    assert same(*plans)
