@@ -118,10 +118,10 @@ def cmd_queue(args: argparse.Namespace) -> int:
             await conn.close()
 
     jobs = asyncio.run(go())
-    rows = [(j["position"], j["job_id"], j["tenant"], j["priority"], j["gpus"], j["gpu_model"], j["waiting_for"],
-             (f"behind {j['ahead_higher_priority']} job(s) of higher priority; " if j["ahead_higher_priority"] else "")
+    rows = [(j["queue"], j["position"] or "-", j["job_id"], j["tenant"], j["priority"], j["gpus"], j["gpu_model"],
+             (f"behind {j['ahead_higher_priority']} of higher priority; " if j["ahead_higher_priority"] else "")
              + j["reason"]) for j in jobs]
-    _print(jobs, args.json, render(["#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WAITS FOR", "WHY"], rows))
+    _print(jobs, args.json, render(["QUEUE", "#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WHY"], rows))
     return 0
 
 
@@ -139,7 +139,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     if job is None:
         print(f"gpusched job: no job {args.job_id}", file=sys.stderr)
         return 1
-    head = render(["FIELD", "VALUE"], [(k, job[k]) for k in job if k != "events"])
+    head = render(["FIELD", "VALUE"], [(k, job[k]["describe"] if k == "waiting" else job[k])
+                                       for k in job if k != "events"])
     history = render(["#", "EVENT", "BY", "AT", "DETAIL"],
                      [(e["version"], e["type"], e["producer"], e["occurred_at"], _detail(e)) for e in job["events"]])
     _print(job, args.json, f"{head}\n\n{history}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -22,7 +23,8 @@ async def list_jobs(conn: asyncpg.Connection, *, status: str | None = None, tena
     return [_plain(dict(r)) for r in rows]
 
 
-async def get_job(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | None:
+async def get_job(conn: asyncpg.Connection, job_id: str, now: datetime | None = None) -> dict[str, Any] | None:
+    """The job's row and event history; a waiting job also has ``waiting``: its queue, position and reason."""
     row = await conn.fetchrow(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = $1", job_id)
     if row is None:
         return None
@@ -31,25 +33,68 @@ async def get_job(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | Non
          "occurred_at": e.envelope.occurred_at.isoformat(), "payload": e.envelope.payload}
         for e in await store.load(conn, job_stream(job_id))
     ]
-    return {**_plain(dict(row)), "events": history}
+    job = {**_plain(dict(row)), "events": history}
+    if row["status"] in ("Admitted", "Queued"):
+        entry = next((w for w in await queue(conn, now=now) if w["job_id"] == job_id), None)
+        if entry is not None:
+            job["waiting"] = {k: entry[k] for k in ("queue", "position", "ahead_higher_priority", "reason")}
+            job["waiting"]["describe"] = describe_wait(entry)
+    return job
 
 
-async def queue(conn: asyncpg.Connection, *, tenant: str | None = None) -> list[dict[str, Any]]:
-    """Waiting jobs in the order they are considered (priority, then submission, then id), each with its
-    position, how many jobs of higher priority are ahead, and its latest reason."""
-    rows = await conn.fetch(
+async def queue(conn: asyncpg.Connection, *, tenant: str | None = None,
+                now: datetime | None = None) -> list[dict[str, Any]]:
+    """Waiting jobs, each in the order the service it waits for considers it. First the jobs holding quota
+    that wait for capacity, in placement's order (priority, submission, arrival, id); then the jobs waiting
+    for quota, cohort by cohort in the quota cycle's own fair-share order (``services.quota.queue_view``).
+    Each has its ``queue``, ``position`` in it, ``ahead_higher_priority`` (waiting jobs of a higher priority
+    ahead of it in the same queue) and ``reason``. A job whose event a service has not handled yet comes
+    last without a position. Positions count every tenant's jobs; ``tenant`` only filters the rows."""
+    from services.quota.queue_view import quota_queue
+
+    jobs = {r["job_id"]: r for r in await conn.fetch(
         "SELECT job_id, tenant, status, gpus, gpu_model, priority, reasons, submitted_at FROM jobs"
-        " WHERE status IN ('Admitted', 'Queued') ORDER BY priority DESC, submitted_at, job_id")
+        " WHERE status IN ('Admitted', 'Queued')")}
     out = []
-    for position, r in enumerate(rows, start=1):
-        if tenant is not None and r["tenant"] != tenant:
-            continue
-        ahead = sum(1 for other in rows[:position - 1] if other["priority"] > r["priority"])
-        waiting_for = "quota" if r["status"] == "Admitted" else "capacity"
-        reason = "; ".join(r["reasons"]) or f"waiting for {waiting_for}"
-        out.append({**_plain(dict(r)), "position": position, "ahead_higher_priority": ahead,
-                    "waiting_for": waiting_for, "reason": reason})
+    placing = [r for r in await conn.fetch(
+        "SELECT job_id, priority FROM placement_pending ORDER BY priority DESC, submitted_at NULLS LAST, seq, job_id")
+        if r["job_id"] in jobs]
+    for position, (r, ahead) in enumerate(zip(placing, higher_ahead([r["priority"] for r in placing])), start=1):
+        row = jobs.pop(r["job_id"])
+        out.append(_waiting(row, "capacity", position, ahead, "; ".join(row["reasons"]) or "waiting for capacity"))
+    for entry in await quota_queue(conn, now or datetime.now(UTC)):
+        row = jobs.pop(entry.job_id, None)
+        if row is not None:  # else it was reserved or ended since the jobs were read
+            out.append(_waiting(row, f"quota/{entry.cohort}", entry.position, entry.ahead_higher_priority,
+                                entry.reason))
+    for row in sorted(jobs.values(), key=lambda r: (-r["priority"], r["submitted_at"] is None, r["job_id"])):
+        stage = "quota" if row["status"] == "Admitted" else "capacity"
+        out.append(_waiting(row, stage, None, 0, "; ".join(row["reasons"]) or f"waiting for {stage}"))
+    return [w for w in out if tenant is None or w["tenant"] == tenant]
+
+
+def higher_ahead(priorities: list[int]) -> list[int]:
+    """For each job of a queue in order: how many jobs before it have a higher priority."""
+    seen: dict[int, int] = {}
+    out = []
+    for priority in priorities:
+        out.append(sum(n for other, n in seen.items() if other > priority))
+        seen[priority] = seen.get(priority, 0) + 1
     return out
+
+
+def _waiting(row: asyncpg.Record, queue_name: str, position: int | None, ahead: int, reason: str) -> dict[str, Any]:
+    return {**_plain(dict(row)), "queue": queue_name, "position": position, "ahead_higher_priority": ahead,
+            "waiting_for": "quota" if queue_name.startswith("quota") else "capacity", "reason": reason}
+
+
+def describe_wait(entry: dict[str, Any]) -> str:
+    """``#3 in quota/local, behind 2 jobs of higher priority: tenant team-a at quota (...)``."""
+    where = f"#{entry['position']} in {entry['queue']}" if entry["position"] else f"waiting for {entry['waiting_for']}"
+    ahead = entry["ahead_higher_priority"]
+    if ahead:
+        where += f", behind {ahead} job{'s' if ahead != 1 else ''} of higher priority"
+    return f"{where}: {entry['reason']}"
 
 
 async def summary(conn: asyncpg.Connection) -> dict[str, Any]:

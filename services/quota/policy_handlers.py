@@ -48,12 +48,12 @@ from services.quota.revisions import TenancyStore
 from services.quota.tenancy import (
     as_guest,
     cap_units,
+    chargeable,
     cohort_members,
     cohort_names,
     cohort_of,
     queued_job,
     takes_guests,
-    to_pending,
 )
 
 log = logging.getLogger(__name__)
@@ -128,10 +128,7 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     jobs = {job.job_id: job for job in await store.load_queued(conn, cohort_names(tenancy, cohort), guests)}
     if not jobs:
         return None
-    pending, unchargeable = [], []
-    for job in jobs.values():
-        charge = to_pending(tenancy, job)
-        (unchargeable.append((job.job_id, charge)) if isinstance(charge, str) else pending.append(charge))
+    pending, unchargeable = chargeable(tenancy, jobs.values())
     history = await store.load_history(conn, members)
     plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending)
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned

@@ -59,9 +59,15 @@ async def lock_usage(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[
     """Reserved units per tenant per flavor of a cohort, its rows locked until the transaction ends.
     Locked in (tenant, flavor) order so that two processes taking the same cohort never deadlock."""
     await ensure_usage_rows(conn, tenancy, members)
+    return await read_usage(conn, members, lock=True)
+
+
+async def read_usage(conn: asyncpg.Connection, members: tuple[str, ...], *,
+                     lock: bool = False) -> dict[str, dict[str, int]]:
+    """Reserved units per tenant per flavor (missing rows: none); without ``lock``, for a reader."""
     rows = await conn.fetch(
         "SELECT tenant, flavor, reserved_units FROM quota_policy_usage WHERE tenant = ANY($1::text[])"
-        " ORDER BY tenant, flavor FOR UPDATE", list(members))
+        " ORDER BY tenant, flavor" + (" FOR UPDATE" if lock else ""), list(members))
     usage: dict[str, dict[str, int]] = {}
     for row in rows:
         if row["reserved_units"]:

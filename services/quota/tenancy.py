@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpusched_common import events as ev
@@ -100,6 +101,16 @@ def to_pending(tenancy: Tenancy, job: QueuedJob) -> PendingJob | str:
                            priority_class_for(tenancy, job.priority))
     except UnitError as exc:
         return f"job cannot be charged to quota: {exc}"
+
+
+def chargeable(tenancy: Tenancy, jobs: Iterable[QueuedJob]) -> tuple[list[PendingJob], list[tuple[str, str]]]:
+    """The core's pending jobs, and (job id, reason) for each request that cannot be charged at all."""
+    pending: list[PendingJob] = []
+    refused: list[tuple[str, str]] = []
+    for job in jobs:
+        charge = to_pending(tenancy, job)
+        (refused.append((job.job_id, charge)) if isinstance(charge, str) else pending.append(charge))
+    return pending, refused
 
 
 def as_guest(tenancy: Tenancy, job: QueuedJob, reason: str) -> str:

@@ -83,14 +83,14 @@ async def test_the_queue_shows_each_waiting_job_with_its_position_and_reason(loc
         entry = None
         for _ in range(100):
             waiting = [w for w in await queue(conn, tenant="platform") if w["job_id"] in jobs]
-            entry = next((w for w in waiting if w["reason"] != "waiting for quota" and w["waiting_for"] == "quota"),
+            entry = next((w for w in waiting if w["waiting_for"] == "quota" and w["reason"].startswith("tenant")),
                          None)
             if entry is not None:
                 break
             await asyncio.sleep(0.1)
         assert entry is not None, waiting
         assert entry["reason"] == "tenant platform at its limit (4/2 A100-80GB + borrowing 2); job needs 4"
-        assert entry["position"] >= 1
+        assert entry["queue"] == "quota/local" and entry["position"] >= 1
     finally:
         await conn.close()
     await wait_until_finished(local_stack.database_url, jobs, timeout_s=60, interval_s=0.3)

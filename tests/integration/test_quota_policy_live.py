@@ -16,8 +16,9 @@ from gpusched_common.ids import job_stream
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming
 from gpusched_common.store import load
-from services.quota.policy import UNITS_PER_GPU, load_tenancy
+from services.quota.policy import UNITS_PER_GPU, UsageHistory, load_tenancy
 from services.quota.policy_handlers import make_policy_job_event_handler, reserve_for_cohort
+from services.quota.policy_store import save_history
 from services.quota.revisions import TenancyStore, install, lock_revisions
 from tests.builders import T0, a_job
 
@@ -214,3 +215,23 @@ async def test_a_tenant_removed_by_a_new_revision_keeps_what_it_holds_until_it_e
         await deliver(conn, "b1", "JobCancelled")
     assert len(await events_of(conn, "b1", "QuotaReleased")) == 1
     assert await reserved_gpus(conn, "team-b") == 0
+
+
+async def test_the_queue_a_reader_sees_is_the_cycles_fair_share_order_with_each_reason(conn):
+    from services.cli.queries import get_job, queue
+
+    for job_id, tenant, gpus in (("b1", "team-b", 4), ("a1", "team-a", 2), ("a2", "team-a", 1), ("b2", "team-b", 1)):
+        await submit_and_deliver(conn, job_id, tenant, gpus)
+    # team-a ran far more than its share in the last hours: within a class its jobs rank behind team-b's,
+    # though both waiting jobs were submitted at T0 and "a2" sorts before "b2"
+    await save_history(conn, "team-a", UsageHistory(T0.timestamp(), {"A100-80GB": 5e7}))
+
+    waiting = [w for w in await queue(conn, now=T0) if w["waiting_for"] == "quota"]
+    assert [(w["job_id"], w["queue"], w["position"]) for w in waiting] == [("b2", "quota/acme", 1),
+                                                                           ("a2", "quota/acme", 2)]
+    assert waiting[1]["reason"] == "tenant team-a at quota (2/2 A100-80GB) and cohort has nothing to lend"
+    assert [w["job_id"] for w in await queue(conn, tenant="team-a", now=T0) if w["waiting_for"] == "quota"] == ["a2"]
+    job = await get_job(conn, "a2", now=T0)
+    assert job["waiting"]["describe"] == ("#2 in quota/acme: tenant team-a at quota (2/2 A100-80GB) and cohort "
+                                          "has nothing to lend")
+    assert await get_job(conn, "nobody") is None
