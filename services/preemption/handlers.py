@@ -28,6 +28,7 @@ from services.preemption import selection as sel
 from services.preemption.protocol import (
     SERVICE,
     PreemptionSettings,
+    charged_tenant,
     load_running,
     nominate,
     record_evaluation,
@@ -75,7 +76,8 @@ async def consider(conn: asyncpg.Connection, job_id: str, settings: PreemptionSe
         return  # its victims are already stopping
     nodes, snapshot = await load_cluster(conn)
     spec = state.spec
-    preemptor = sel.Preemptor(job_id, spec.tenant, spec.priority, request_of(job_id, spec))
+    tenant = await charged_tenant(conn, job_id, spec.tenant)  # as quota compares tenants
+    preemptor = sel.Preemptor(job_id, tenant, spec.priority, request_of(job_id, spec))
     plan = sel.select_victims(snapshot, preemptor, await load_running(conn), now.timestamp(), config=settings.config)
     await record_evaluation(conn, plan, now)
     if plan.outcome == "preempt":

@@ -22,8 +22,10 @@ from services.placement.engine import Decision
 from services.preemption import selection as sel
 from services.preemption.requests import member_nodes, preempt_commands
 from services.quota.policy.units import UNITS_PER_GPU
+from services.quota.revisions import TenancyStore
 
 SERVICE = "preemption"
+TENANCY = TenancyStore()  # read only: which leaf a tenant the tenancy does not name is charged to
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,22 @@ class Stopped:
     node_ids: tuple[str, ...]
 
 
+async def charged_tenant(conn: asyncpg.Connection, job_id: str, tenant: str) -> str:
+    """The tenant quota charges a job to (the one its decisions compare): its reservation's, or for a job
+    without one the tenancy's leaf for ``tenant`` (a guest's is the tenancy's ``guest_tenant``)."""
+    reserved = await conn.fetchval("SELECT tenant FROM quota_policy_reservations WHERE job_id = $1", job_id)
+    if reserved is not None:
+        return reserved
+    tenancy = await TENANCY.read(conn)
+    return tenancy.charged_tenant(tenant) if tenancy is not None else tenant
+
+
 async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
-    """Jobs holding GPUs, with what quota charges them (the policy ledger's reservation when there is
-    one, else whole GPUs held) and, while they stop, the job they stop for."""
+    """Jobs holding GPUs, with the tenant and what quota charges them (the policy ledger's reservation
+    when there is one, else the job's tenant and whole GPUs held) and, while they stop, the job they
+    stop for."""
     rows = await conn.fetch(
-        "SELECT j.job_id, j.tenant, j.priority, j.status, coalesce(j.started_at, j.placed_at) AS since,"
+        "SELECT j.job_id, coalesce(r.tenant, j.tenant) AS tenant, j.priority, j.status, coalesce(j.started_at, j.placed_at) AS since,"
         " (SELECT max(e.occurred_at) FROM events e WHERE e.stream_id = 'job-' || j.job_id"
         "   AND e.type = 'JobCheckpointed' AND e.occurred_at >= coalesce(j.started_at, j.placed_at)) AS ckpt,"
         " r.flavor AS reserved_flavor, r.units AS reserved_units,"

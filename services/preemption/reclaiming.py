@@ -23,6 +23,7 @@ from services.preemption.protocol import (
     SERVICE,
     PreemptionSettings,
     Stopped,
+    charged_tenant,
     load_running,
     nominate,
     record_evaluation,
@@ -44,13 +45,15 @@ async def reclaim(conn: asyncpg.Connection, request: ev.ReclaimRequested, settin
         return None
     job_id = request.for_jobs[0]
     state = await load_job(conn, job_id)
-    if state.spec is None or state.status not in WAITING or state.spec.tenant != request.tenant:
-        log.info("reclaim for job %s of tenant %s: nothing to do, the job is %s", job_id, request.tenant,
-                 state.status.value if state.status else "unknown")
+    charged = await charged_tenant(conn, job_id, state.spec.tenant) if state.spec is not None else None
+    if state.spec is None or state.status not in WAITING or charged != request.tenant:
+        log.info("reclaim for job %s of tenant %s: nothing to do, the job is %s%s", job_id, request.tenant,
+                 state.status.value if state.status else "unknown",
+                 f" and charged to {charged}" if charged not in (None, request.tenant) else "")
         return None
     ask = reclaim_ask(request)
     spec = state.spec
-    preemptor = sel.Preemptor(job_id, spec.tenant, spec.priority, request_of(job_id, spec, ask.flavor),
+    preemptor = sel.Preemptor(job_id, request.tenant, spec.priority, request_of(job_id, spec, ask.flavor),
                               quota_units_of(spec, ask.flavor))
     freed = await load_freed(conn, job_id)
     _, snapshot = await load_cluster(conn)

@@ -12,6 +12,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
+import pytest
 
 from gpusched_common import decider
 from gpusched_common import events as ev
@@ -236,5 +237,49 @@ async def test_a_gang_victim_of_a_priority_preemption_is_told_to_stop_on_every_n
         assert sorted((p["job_id"], p["node_id"]) for p in preempts) == [("gang", "n1"), ("gang", "n2")]
         [selected] = await conn.fetch("SELECT payload FROM events WHERE type = 'VictimsSelected'")
         assert selected["payload"]["victims"] == ["gang"] and selected["payload"]["node_ids"] == ["n1", "n2"]
+    finally:
+        await conn.close()
+
+
+GUEST_TENANCY = """
+version: 1
+flavors: [A100-80GB]
+priority_classes: {{batch: 0}}
+default_priority_class: batch
+fair_share: {{half_life_s: 3600}}
+guest_tenant: {guest}
+tenants:
+  - name: acme
+    children:
+      - name: team-a
+        quota: {{A100-80GB: {{nominal: 4}}}}
+      - name: team-b
+        quota: {{A100-80GB: {{nominal: 0}}}}
+"""
+
+
+@pytest.mark.parametrize("guest", ["team-a", "team-b"])
+async def test_guests_are_reclaimed_for_and_from_as_the_tenant_they_are_charged_to(settings, guest):
+    """guest team-a: the waiting job is a guest's (charged to team-a, the tenant quota reclaims for);
+    guest team-b: the borrower's running job is a guest's (charged to team-b, the borrower quota names)."""
+    from services.quota.policy import load_tenancy
+    from services.quota.revisions import install, lock_revisions
+
+    text = GUEST_TENANCY.format(guest=guest)
+    waiting, running = ("v1", "b4") if guest == "team-a" else ("a1", "o4")
+    conn = await connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            await lock_revisions(conn)
+            await install(conn, load_tenancy(text), text, source="test", event_id=None, now=NOW)
+            await process(conn, node("n1", "A100-80GB", gpus=4), NOW, POLICY)
+            await run(conn, running, "outsider" if guest == "team-b" else "team-b", "A100-80GB", [("n1", (0, 1, 2, 3))])
+            await conn.execute("UPDATE quota_policy_reservations SET tenant = 'team-b' WHERE job_id = $1", running)
+            await submit(conn, waiting, "visitor" if guest == "team-a" else "team-a", 4, "A100-80GB")
+        request = reclaim_request(4, [("team-b", 4)], NOW).model_copy(update={"for_jobs": [waiting]})
+        async with conn.transaction():
+            plan = await reclaim(conn, request, preemption_settings(settings), NOW)
+        assert plan is not None and plan.victim_ids == (running,), plan and plan.reasons
+        assert [r["stream_id"] for r in await preemptions(conn)] == [f"job-{running}"]
     finally:
         await conn.close()
