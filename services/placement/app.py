@@ -11,7 +11,7 @@ from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
 
 from services.placement import engine
 from services.placement.handlers import SERVICE, check_leases, make_handler
-from services.placement.placing import run_cycle
+from services.placement.placing import expire_nominations, run_cycle
 
 log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0
@@ -40,6 +40,10 @@ async def setup(runtime: Runtime) -> None:
                         # the bus wakes placement up, the store is its memory: a periodic cycle from the
                         # store alone places whatever a lost or delayed message left waiting
                         last_cycle = asyncio.get_running_loop().time()
+                        lapsed = await expire_nominations(conn, utcnow(), runtime.settings.nomination_ttl_s)
+                        if lapsed:
+                            log.warning("GPUs held for %s were not used within %.0f s; released to everyone",
+                                        ", ".join(lapsed), runtime.settings.nomination_ttl_s)
                         await run_cycle(conn, utcnow(), policy)
             except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
                 log.exception("lease check failed; retrying")

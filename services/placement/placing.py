@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -25,6 +25,16 @@ CYCLE_LOCK = 727_100  # one placer decides at a time, whichever replica holds it
 
 async def lock_cycle(conn: asyncpg.Connection) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock($1)", CYCLE_LOCK)
+
+
+async def expire_nominations(conn: asyncpg.Connection, now: datetime, ttl_s: float) -> list[str]:
+    """Give back GPUs held (nominated) for a job that has not been placed on them within ``ttl_s``: the
+    jobs whose hold lapsed. The preemptor keeps its place in the queues; it just no longer has GPUs
+    kept free for it (its victims are long gone, and others should not idle behind it)."""
+    await lock_cycle(conn)
+    rows = await conn.fetch("DELETE FROM gpu_nominations WHERE nominated_at < $1 RETURNING job_id",
+                            now - timedelta(seconds=ttl_s))
+    return sorted({r["job_id"] for r in rows})
 
 
 async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:

@@ -144,3 +144,27 @@ async def test_a_requeued_job_stays_on_the_gpu_model_its_quota_was_charged_for(d
         assert (await history(conn, "j1"))[-1] == ("JobPlaced", survivor)  # not the free A100 node
     finally:
         await conn.close()
+
+
+async def test_gpus_held_for_a_preemptor_that_is_not_placed_on_them_go_back_after_the_ttl(database_url):
+    from services.placement.placing import expire_nominations, run_cycle
+
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1", gpus=2), T0)
+            await apply(conn, heartbeat("n1"), T0)
+            # a reclaim held both GPUs for "owner", which still waits for quota (so placement cannot use them)
+            await conn.executemany("INSERT INTO gpu_nominations (node_id, gpu_index, job_id, nominated_at)"
+                                   " VALUES ('n1', $1, 'owner', $2)", [(0, T0), (1, T0)])
+            await apply(conn, await queue_job(conn, "j1", 1), T0)
+        assert [t for t, _ in await history(conn, "j1")][-1] == "PlacementDeferred"
+        for at, lapsed, last in ((T0 + timedelta(seconds=299), [], "PlacementDeferred"),
+                                 (T0 + timedelta(seconds=301), ["owner"], "JobPlaced")):
+            async with conn.transaction():
+                assert await expire_nominations(conn, at, 300.0) == lapsed
+                await run_cycle(conn, at, POLICY)
+            assert [t for t, _ in await history(conn, "j1")][-1] == last
+        assert await conn.fetchval("SELECT count(*) FROM gpu_nominations") == 0
+    finally:
+        await conn.close()

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     preemption_grace_s: float = 30.0
     preemption_min_runtime_s: float = 60.0
     preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
+    # GPUs held for a preemptor go back to everyone when it has not been placed on them this long (a job
+    # still waiting for quota, say); its victims have stopped long before (preemption_grace_s)
+    nomination_ttl_s: float = 300.0
 
     placement_policy: str = "bestfit"  # any name from `gpusched simulate --list-policies`
 
