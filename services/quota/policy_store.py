@@ -6,7 +6,6 @@ Every write to a tenant's usage or history happens while its cohort's usage rows
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from types import MappingProxyType
 
@@ -90,14 +89,14 @@ async def charge(conn: asyncpg.Connection, tenant: str, flavor: str, units: int)
 async def load_history(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> dict[str, UsageHistory]:
     rows = await conn.fetch("SELECT tenant, as_of_s, geq_s FROM quota_policy_history WHERE tenant = ANY($1::text[])",
                             list(tenants))
-    return {r["tenant"]: UsageHistory(r["as_of_s"], MappingProxyType(json.loads(r["geq_s"]))) for r in rows}
+    return {r["tenant"]: UsageHistory(r["as_of_s"], MappingProxyType(r["geq_s"])) for r in rows}
 
 
 async def save_history(conn: asyncpg.Connection, tenant: str, history: UsageHistory) -> None:
     await conn.execute(
         "INSERT INTO quota_policy_history (tenant, as_of_s, geq_s) VALUES ($1, $2, $3::jsonb)"
         " ON CONFLICT (tenant) DO UPDATE SET as_of_s = EXCLUDED.as_of_s, geq_s = EXCLUDED.geq_s",
-        tenant, history.as_of_s, json.dumps(dict(history.geq_s)))
+        tenant, history.as_of_s, dict(history.geq_s))  # the connection's jsonb codec encodes it
 
 
 async def record_reservation(conn: asyncpg.Connection, job_id: str, tenant: str, flavor: str, units: int) -> None:

@@ -131,7 +131,7 @@ async def test_a_tenant_at_quota_waits_with_the_cores_reason_recorded_once_until
     assert await reserved_gpus(conn, "team-b") == 0
     history = await conn.fetchrow("SELECT as_of_s, geq_s FROM quota_policy_history WHERE tenant = 'team-b'")
     assert history["as_of_s"] == AT_1H.timestamp()
-    assert '"A100-80GB"' in history["geq_s"]  # 4 GPUs held for an hour, decayed
+    assert 0 < history["geq_s"]["A100-80GB"] < 4 * 3600  # 4 GPUs held for an hour, decayed
 
 
 async def test_two_quota_processes_racing_for_the_cohorts_last_gpu_never_overshoot(conn, database_url):
@@ -235,3 +235,36 @@ async def test_the_queue_a_reader_sees_is_the_cycles_fair_share_order_with_each_
     assert job["waiting"]["describe"] == ("#2 in quota/acme: tenant team-a at quota (2/2 A100-80GB) and cohort "
                                           "has nothing to lend")
     assert await get_job(conn, "nobody") is None
+
+
+async def test_history_written_twice_encoded_before_migration_013_reads_back_as_the_object(tmp_path):
+    import uuid
+
+    from gpusched_common.db import MIGRATIONS_DIR, drop_database, ensure_database, migrate
+    from services.quota.policy_store import load_history
+    from tests.conftest import PG_SERVER
+
+    url = f"{PG_SERVER}/gpusched_test_{uuid.uuid4().hex[:10]}"
+    await ensure_database(url)
+    try:
+        for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+            if path.name < "013":
+                (tmp_path / path.name).write_text(path.read_text())
+        await migrate(url, tmp_path)
+        old = await connect(url)
+        try:  # what save_history wrote before: the object as a JSON string inside jsonb
+            await old.execute("INSERT INTO quota_policy_history (tenant, as_of_s, geq_s) VALUES ('t', 1.5, $1)",
+                              '{"A100-80GB": 7.25}')
+            assert await old.fetchval("SELECT jsonb_typeof(geq_s) FROM quota_policy_history") == "string"
+        finally:
+            await old.close()
+        assert await migrate(url) == [p.name for p in sorted(MIGRATIONS_DIR.glob("*.sql")) if p.name >= "013"]
+        conn = await connect(url)
+        try:
+            assert dict((await load_history(conn, ("t",)))["t"].geq_s) == {"A100-80GB": 7.25}
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute("UPDATE quota_policy_history SET geq_s = to_jsonb('{}'::text)")
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(url)
