@@ -44,6 +44,9 @@ class JobBuilder:
     def mig(self, profile: str) -> JobBuilder:
         return replace(self, _extra={**self._extra, "mig_profile": profile})
 
+    def host(self, cpu_milli: int = 0, memory_mib: int = 0) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "cpu_milli": cpu_milli, "memory_mib": memory_mib})
+
     def spec(self) -> ev.JobSpec:
         return ev.JobSpec(tenant=self._tenant, gpus=self._gpus, gpu_model=self._model, priority=self._priority,
                           command=list(self._command), **self._extra)

@@ -13,7 +13,9 @@ from gpusched_common.ids import is_valid_id
 from gpusched_common.resources import (
     GPU_MODELS,
     MAX_COMMAND_BYTES,
+    MAX_CPU_MILLI_PER_NODE,
     MAX_GANG_NODES,
+    MAX_MEMORY_MIB_PER_NODE,
     MAX_GPUS_PER_JOB,
     MAX_PRIORITY,
     MAX_SUBMISSION_BYTES,
@@ -34,6 +36,8 @@ class AdmissionLimits:
     max_submission_bytes: int = MAX_SUBMISSION_BYTES
     max_command_bytes: int = MAX_COMMAND_BYTES
     max_gang_nodes: int = MAX_GANG_NODES
+    max_cpu_milli_per_node: int = MAX_CPU_MILLI_PER_NODE
+    max_memory_mib_per_node: int = MAX_MEMORY_MIB_PER_NODE
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,10 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
     if spec.gpu_model is not None and canonical_model(spec.gpu_model) is None:
         reasons.append(f"unknown GPU model {spec.gpu_model!r}")
     reasons.extend(check_shape(spec, limits))
+    if not 0 <= spec.cpu_milli <= limits.max_cpu_milli_per_node:
+        reasons.append(f"cpu_milli {spec.cpu_milli} is outside 0..{limits.max_cpu_milli_per_node} (per node)")
+    if not 0 <= spec.memory_mib <= limits.max_memory_mib_per_node:
+        reasons.append(f"memory_mib {spec.memory_mib} is outside 0..{limits.max_memory_mib_per_node} (per node)")
     if not 0 <= spec.priority <= limits.max_priority:
         reasons.append(f"priority {spec.priority} is outside 0..{limits.max_priority}")
     if not spec.command or not all(spec.command):

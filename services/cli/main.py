@@ -55,7 +55,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def build_spec(args: argparse.Namespace) -> ev.JobSpec:
-    from services.cli.podspec import spec_from_pod_yaml
+    from services.cli.podspec import cpu_milli, memory_mib, spec_from_pod_yaml
 
     if args.file:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
@@ -69,7 +69,9 @@ def build_spec(args: argparse.Namespace) -> ev.JobSpec:
     elif args.gpu_memory_mib is not None:
         raise ValueError("--gpu-memory-mib goes with --gpu-share")
     return ev.JobSpec(tenant=args.tenant, gpus=args.gpus, gpu_model=args.gpu_model, priority=args.priority or 0,
-                      command=command, name=args.name, nodes=args.nodes, gpu_share=share, mig_profile=args.mig)
+                      command=command, name=args.name, nodes=args.nodes, gpu_share=share, mig_profile=args.mig,
+                      cpu_milli=cpu_milli(args.cpu) if args.cpu is not None else 0,
+                      memory_mib=memory_mib(args.memory) if args.memory is not None else 0)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -230,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-share", type=float, metavar="FRACTION", help="a fraction of one GPU, e.g. 0.25")
     p.add_argument("--gpu-memory-mib", type=int, help="GPU memory reserved with --gpu-share")
     p.add_argument("--mig", metavar="PROFILE", help="one MIG slice, e.g. 3g.40gb")
+    p.add_argument("--cpu", metavar="QUANTITY", help="host CPU per node, e.g. 8 or 500m")
+    p.add_argument("--memory", metavar="QUANTITY", help="host memory per node, e.g. 64Gi")
     p.add_argument("--priority", type=int)
     p.add_argument("--name")
     p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")

@@ -1,9 +1,13 @@
 """Kubernetes pod specs as job submissions: `nvidia.com/gpu` limits, `nvidia.com/mig-<profile>` limits (the
 GPU operator's mixed-strategy names), the GPU product node selector, and gpusched annotations for a gang
-(`gpusched.io/gang-nodes`) or a share of a GPU (`gpusched.io/gpu-share-milli`, `gpusched.io/gpu-memory-mib`)."""
+(`gpusched.io/gang-nodes`) or a share of a GPU (`gpusched.io/gpu-share-milli`, `gpusched.io/gpu-memory-mib`).
+Host `cpu` and `memory` requests (limits when a container has no request) are summed over the containers,
+as Kubernetes schedules a pod; for a gang they are per node."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import yaml
@@ -20,6 +24,28 @@ SHARE_MEMORY_ANNOTATION = "gpusched.io/gpu-memory-mib"
 
 class PodSpecError(ValueError):
     pass
+
+
+_MEMORY_SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]*)$")
+
+
+def cpu_milli(quantity: object) -> int:
+    """A Kubernetes CPU quantity (``2``, ``1.5``, ``500m``) in milli-cores, rounded up."""
+    match = _QUANTITY.match(str(quantity).strip())
+    if match is None or match.group(2) not in ("", "m"):
+        raise PodSpecError(f"cpu must be a quantity such as 2, 1.5 or 500m, got {quantity!r}")
+    value = float(match.group(1))
+    return math.ceil(value if match.group(2) == "m" else value * 1000)
+
+
+def memory_mib(quantity: object) -> int:
+    """A Kubernetes memory quantity (``64Gi``, ``512Mi``, ``1G``, bytes) in MiB, rounded up."""
+    match = _QUANTITY.match(str(quantity).strip())
+    if match is None or match.group(2) not in _MEMORY_SUFFIXES:
+        raise PodSpecError(f"memory must be a quantity such as 64Gi, 512Mi or 1G, got {quantity!r}")
+    return math.ceil(float(match.group(1)) * _MEMORY_SUFFIXES[match.group(2)] / 2**20)
 
 
 def spec_from_pod_yaml(text: str, *, tenant: str | None = None, priority: int | None = None) -> ev.JobSpec:
@@ -60,7 +86,20 @@ def spec_from_pod_yaml(text: str, *, tenant: str | None = None, priority: int | 
         priority=priority if priority is not None else int(pod.get("priority") or 0),
         command=command, name=metadata.get("name"), env=env, nodes=nodes, gpu_share=share,
         mig_profile=migs[0][len(MIG_RESOURCE_PREFIX):] if migs else None,
+        cpu_milli=sum(cpu_milli(q) for q in _host(containers, "cpu")),
+        memory_mib=sum(memory_mib(q) for q in _host(containers, "memory")),
     )
+
+
+def _host(containers: list[dict[str, Any]], name: str) -> list[Any]:
+    """Each container's request of ``name`` (its limit when it has no request)."""
+    out = []
+    for container in containers:
+        resources = container.get("resources") or {}
+        value = (resources.get("requests") or {}).get(name, (resources.get("limits") or {}).get(name))
+        if value is not None:
+            out.append(value)
+    return out
 
 
 def _limits(container: dict[str, Any]) -> dict[str, Any]:

@@ -26,12 +26,15 @@ class PendingJob:
     share_milli: int | None = None
     share_memory_mib: int = 0
     mig_profile: str | None = None
+    cpu_milli: int = 0  # host CPU and memory on each node
+    memory_mib: int = 0
 
 
 def pending_from_spec(job_id: str, spec: JobSpec, seq: int = 0, submitted_at: datetime | None = None) -> PendingJob:
     share = spec.gpu_share
     return PendingJob(job_id, spec.gpus, spec.gpu_model, spec.priority, seq, submitted_at, spec.nodes,
-                      share.milli if share else None, share.memory_mib if share else 0, spec.mig_profile)
+                      share.milli if share else None, share.memory_mib if share else 0, spec.mig_profile,
+                      spec.cpu_milli, spec.memory_mib)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class Member:
 class Placement:
     """Where a job goes. ``node_id``/``gpu_indices``/``gpu_uuids`` are its first (for a gang: rank 0)
     member; ``members`` lists every node of a gang (empty for a single node). A share or a MIG slice
-    says what part of the GPU it got."""
+    says what part of the GPU it got. ``cpu_milli`` / ``memory_mib``: host resources held on each node."""
 
     job_id: str
     node_id: str
@@ -61,6 +64,8 @@ class Placement:
     mig_profile: str | None = None
     mig_start: int | None = None
     mig_memory_slices: int | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     @property
     def all_members(self) -> tuple[Member, ...]:

@@ -37,7 +37,8 @@ class NodeRow:
 @dataclass(frozen=True)
 class Held:
     """One GPU (or part of one) a job holds: a whole GPU, a share (``milli`` < 1000, ``memory_mib``) or a
-    MIG instance of ``mig_profile`` starting at memory slice ``mig_start``."""
+    MIG instance of ``mig_profile`` starting at memory slice ``mig_start``; and the host CPU and memory
+    the job holds on that node when this is its first GPU there (else 0)."""
 
     node_id: str
     gpu_index: int
@@ -45,6 +46,8 @@ class Held:
     memory_mib: int = 0
     mig_profile: str | None = None
     mig_start: int | None = None
+    host_cpu_milli: int = 0
+    host_memory_mib: int = 0
 
 
 def nomination_id(job_id: str) -> str:
@@ -77,34 +80,42 @@ def bindings_of(held: Sequence[Held | tuple[str, int]]) -> list[engine.Binding]:
     """Engine bindings of what one job holds: its whole GPUs grouped per node, each share and MIG
     instance on its own."""
     whole: dict[str, list[int]] = {}
+    host: dict[str, tuple[int, int]] = {}  # host CPU and memory of the whole GPUs' binding per node
     parts: list[engine.Binding] = []
     for item in held:
         h = item if isinstance(item, Held) else Held(item[0], item[1])
         node = engine.NodeId(h.node_id)
         if h.mig_profile is not None:
-            parts.append(engine.Binding(node, (h.gpu_index,), mig=engine.MigPlacement(h.mig_profile, h.mig_start or 0)))
+            parts.append(engine.Binding(node, (h.gpu_index,), mig=engine.MigPlacement(h.mig_profile, h.mig_start or 0),
+                                        cpu_milli=h.host_cpu_milli, memory_mib=h.host_memory_mib))
         elif h.milli < engine.MILLI_PER_GPU:
-            parts.append(engine.Binding(node, (h.gpu_index,), gpu_milli=h.milli, gpu_memory_mib=h.memory_mib))
+            parts.append(engine.Binding(node, (h.gpu_index,), gpu_milli=h.milli, gpu_memory_mib=h.memory_mib,
+                                        cpu_milli=h.host_cpu_milli, memory_mib=h.host_memory_mib))
         else:
             whole.setdefault(h.node_id, []).append(h.gpu_index)
-    return [*(engine.Binding(engine.NodeId(node), tuple(sorted(indices)), gpu_milli=engine.MILLI_PER_GPU)
+            cpu, memory = host.get(h.node_id, (0, 0))
+            host[h.node_id] = (cpu + h.host_cpu_milli, memory + h.host_memory_mib)
+    return [*(engine.Binding(engine.NodeId(node), tuple(sorted(indices)), gpu_milli=engine.MILLI_PER_GPU,
+                             cpu_milli=host[node][0], memory_mib=host[node][1])
               for node, indices in sorted(whole.items())), *parts]
 
 
 def request_for(job: PendingJob) -> engine.PodRequest | engine.GangRequest:
     models = frozenset({job.gpu_model}) if job.gpu_model else frozenset()
     request_id = engine.RequestId(job.job_id)
+    host = {"cpu_milli": job.cpu_milli, "memory_mib": job.memory_mib}
     if job.share_milli is not None:
         if job.share_milli >= engine.MILLI_PER_GPU:
-            return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(1), allowed_models=models)
+            return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(1), allowed_models=models, **host)
         return engine.PodRequest(id=request_id, gpu=engine.GpuShare(job.share_milli, job.share_memory_mib),
-                                 allowed_models=models)
+                                 allowed_models=models, **host)
     if job.mig_profile is not None:
-        return engine.PodRequest(id=request_id, gpu=engine.MigSlice(job.mig_profile), allowed_models=models)
+        return engine.PodRequest(id=request_id, gpu=engine.MigSlice(job.mig_profile), allowed_models=models, **host)
     if job.nodes > 1:
         return engine.GangRequest(id=request_id, node_count=job.nodes, gpus_per_node=job.gpus,
+                                  cpu_milli_per_node=job.cpu_milli, memory_mib_per_node=job.memory_mib,
                                   allowed_models=models)
-    return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(job.gpus), allowed_models=models)
+    return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(job.gpus), allowed_models=models, **host)
 
 
 def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], policy: engine.PlacementPolicy,
@@ -152,4 +163,5 @@ def placement_of(job: PendingJob, decision: engine.Decision, gpus: Mapping[tuple
         job.job_id, first.node_id, first.gpu_indices, first.gpu_uuids, model, "; ".join(decision.reasons),
         members=members if len(members) > 1 else (),
         share_milli=share, share_memory_mib=binding.gpu_memory_mib if share is not None else None,
-        mig_profile=mig.profile if mig else None, mig_start=mig.start if mig else None, mig_memory_slices=slices)
+        mig_profile=mig.profile if mig else None, mig_start=mig.start if mig else None, mig_memory_slices=slices,
+        cpu_milli=binding.cpu_milli, memory_mib=binding.memory_mib)

@@ -126,10 +126,10 @@ async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.Jo
     share = spec.gpu_share
     await conn.execute(
         "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
-        " share_memory_mib, mig_profile) VALUES ($1, $2, $3, $4, $5, (SELECT submitted_at FROM jobs WHERE job_id = $1),"
-        " $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+        " share_memory_mib, mig_profile, cpu_milli, memory_mib) VALUES ($1, $2, $3, $4, $5,"
+        " (SELECT submitted_at FROM jobs WHERE job_id = $1), $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
         job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, spec.nodes, share.milli if share else None,
-        share.memory_mib if share else None, spec.mig_profile)
+        share.memory_mib if share else None, spec.mig_profile, spec.cpu_milli, spec.memory_mib)
 
 
 async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:

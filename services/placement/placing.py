@@ -51,11 +51,12 @@ async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.
              for r in node_rows if gpus_of[r["node_id"]]}
     ready = set(nodes)
     allocations: dict[str, list[Held]] = {}
-    for r in await conn.fetch("SELECT job_id, node_id, gpu_index, milli, memory_mib, mig_profile, mig_start"
-                              " FROM gpu_allocations ORDER BY job_id, node_id, gpu_index"):
+    for r in await conn.fetch("SELECT job_id, node_id, gpu_index, milli, memory_mib, mig_profile, mig_start,"
+                              " host_cpu_milli, host_memory_mib FROM gpu_allocations ORDER BY job_id, node_id, gpu_index"):
         if r["node_id"] in ready:
             allocations.setdefault(r["job_id"], []).append(
-                Held(r["node_id"], r["gpu_index"], r["milli"], r["memory_mib"], r["mig_profile"], r["mig_start"]))
+                Held(r["node_id"], r["gpu_index"], r["milli"], r["memory_mib"], r["mig_profile"], r["mig_start"],
+                     r["host_cpu_milli"], r["host_memory_mib"]))
     busy = {(h.node_id, h.gpu_index) for held in allocations.values() for h in held}
     # a nomination counts once its victim has let go of the GPU; until then the victim's allocation holds it
     nominated: dict[str, list[tuple[str, int]]] = {}
@@ -105,11 +106,12 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
     await lock_cycle(conn)
     rows = await conn.fetch(
         "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons, nodes, share_milli,"
-        " share_memory_mib, mig_profile FROM placement_pending")
+        " share_memory_mib, mig_profile, cpu_milli, memory_mib FROM placement_pending")
     if not rows:
         return
     pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
-                          r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"]) for r in rows]
+                          r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"], r["cpu_milli"],
+                          r["memory_mib"]) for r in rows]
     last_reasons = {r["job_id"]: r["last_reasons"] for r in rows}
     nodes, snapshot = await cache.load(conn)
     placements, deferrals, after = run_plan(snapshot, pending, policy, nodes)
@@ -152,7 +154,8 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
     # the gpu_usage / mig_slices guards kept by a trigger (migration 009)
     await conn.executemany(
         "INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at, milli, memory_mib, mig_profile,"
-        " mig_start, mig_memory_slices) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        " mig_start, mig_memory_slices, host_cpu_milli, host_memory_mib)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         allocation_rows(placement, now))
     placed = await append_job_events(conn, state, events, producer=SERVICE, now=now)
     spec = state.spec
@@ -174,17 +177,19 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
 def allocation_rows(placement: Placement, now: datetime) -> list[tuple]:
     """gpu_allocations rows: one per whole GPU of every member, or the one share / MIG instance. A MIG
     instance charges its part of the GPU's 8 memory slices (at least 1 milli), so no whole GPU or share
-    can join it on that GPU."""
-    job = placement.job_id
+    can join it on that GPU. The job's host CPU and memory ride on its first (lowest) GPU of each node
+    (migration 014), so whatever gives the GPUs back gives them back too."""
+    job, host = placement.job_id, (placement.cpu_milli, placement.memory_mib)
     if placement.mig_profile is not None:
         slices = placement.mig_memory_slices or 1
         milli = max(1, slices * engine.MILLI_PER_GPU // 8)
         return [(placement.node_id, placement.gpu_indices[0], job, now, milli, 0, placement.mig_profile,
-                 placement.mig_start, slices)]
+                 placement.mig_start, slices, *host)]
     if placement.share_milli is not None:
         return [(placement.node_id, placement.gpu_indices[0], job, now, placement.share_milli,
-                 placement.share_memory_mib or 0, None, None, None)]
-    return [(m.node_id, i, job, now, engine.MILLI_PER_GPU, 0, None, None, None)
+                 placement.share_memory_mib or 0, None, None, None, *host)]
+    return [(m.node_id, i, job, now, engine.MILLI_PER_GPU, 0, None, None, None,
+             *(host if i == min(m.gpu_indices) else (0, 0)))
             for m in placement.all_members for i in m.gpu_indices]
 
 

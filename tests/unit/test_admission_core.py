@@ -50,6 +50,9 @@ def test_a_valid_submission_has_no_reasons_and_a_canonical_model():
                  id="mig-profile-of-another-model"),
     pytest.param(a_job("j").mig("1g.10gb").model("L4-24GB"), "MIG profile '1g.10gb' does not exist on a L4-24GB",
                  id="mig-on-a-model-without-mig"),
+    pytest.param(a_job("j").host(cpu_milli=-1), "cpu_milli -1 is outside 0..1024000 (per node)", id="negative-cpu"),
+    pytest.param(a_job("j").host(memory_mib=20 * 1024 * 1024),
+                 "memory_mib 20971520 is outside 0..16777216 (per node)", id="memory-beyond-any-node"),
 ])
 def test_limits_are_reported_as_reasons(job, reason):
     sub = parse_submission(raw(job.spec()), LIMITS)
@@ -62,6 +65,7 @@ def test_limits_are_reported_as_reasons(job, reason):
     pytest.param(a_job("j").share(250, 10_000), id="share"),
     pytest.param(a_job("j").mig("3g.40gb").model("A100-80GB"), id="mig-of-a-model"),
     pytest.param(a_job("j").mig("1g.5gb"), id="mig-of-any-model"),
+    pytest.param(a_job("j").gpus(8).gang(2).host(cpu_milli=96_000, memory_mib=512 * 1024), id="gang-with-host"),
 ])
 def test_gangs_shares_and_mig_slices_are_admitted(job):
     sub = parse_submission(raw(job.spec()), LIMITS)

@@ -6,7 +6,7 @@ import pytest
 
 from gpusched_common import events as ev
 from gpusched_common.schema_export import render_schemas
-from services.cli.podspec import PodSpecError, spec_from_pod_yaml
+from services.cli.podspec import PodSpecError, cpu_milli, memory_mib, spec_from_pod_yaml
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -68,3 +68,31 @@ def test_annotations_ask_for_a_gang_or_a_share():
 def test_a_pod_asking_for_mig_and_whole_gpus_is_refused():
     with pytest.raises(PodSpecError, match="one MIG slice or whole GPUs"):
         spec_from_pod_yaml(POD.replace("nvidia.com/gpu: 2", "nvidia.com/gpu: 2, nvidia.com/mig-1g.10gb: 1"))
+
+
+def test_host_cpu_and_memory_requests_are_summed_over_the_containers():
+    text = POD.replace("resources: {limits: {nvidia.com/gpu: 2}}",
+                       "resources: {limits: {nvidia.com/gpu: 2, cpu: '16', memory: 128Gi},"
+                       " requests: {cpu: 7500m, memory: 64Gi}}\n"
+                       "    - name: sidecar\n      image: log:1\n      resources: {limits: {cpu: 0.5, memory: 1G}}")
+    spec = spec_from_pod_yaml(text)
+    assert (spec.cpu_milli, spec.memory_mib) == (8_000, 64 * 1024 + 954)  # requests first; 1G = 953.67 MiB
+    assert (spec_from_pod_yaml(POD).cpu_milli, spec_from_pod_yaml(POD).memory_mib) == (0, 0)
+
+
+@pytest.mark.parametrize("quantity,milli", [("2", 2000), (2, 2000), ("1.5", 1500), ("500m", 500), ("0.0001", 1)])
+def test_cpu_quantities(quantity, milli):
+    assert cpu_milli(quantity) == milli
+
+
+@pytest.mark.parametrize("quantity,mib", [("64Gi", 65536), ("512Mi", 512), ("1Ti", 1024 * 1024), ("1048576", 1),
+                                          ("1", 1), ("2k", 1), ("1.5Gi", 1536)])
+def test_memory_quantities(quantity, mib):
+    assert memory_mib(quantity) == mib
+
+
+@pytest.mark.parametrize("parse,quantity", [(cpu_milli, "2 cores"), (cpu_milli, "2Gi"), (cpu_milli, "-1"),
+                                            (memory_mib, "64GB"), (memory_mib, "lots")])
+def test_bad_quantities_say_what_is_expected(parse, quantity):
+    with pytest.raises(PodSpecError, match="must be a quantity such as"):
+        parse(quantity)

@@ -30,6 +30,8 @@ for _model in GPU_MODELS:
 
 MAX_GPUS_PER_JOB = 8  # whole GPUs per node (per gang member)
 MAX_GANG_NODES = 64
+MAX_CPU_MILLI_PER_NODE = 1_024_000  # host CPU a job may ask for on one node (1,024 cores)
+MAX_MEMORY_MIB_PER_NODE = 16 * 1024 * 1024  # host memory a job may ask for on one node (16 TiB)
 
 MAX_PRIORITY = 1000
 MAX_COMMAND_BYTES = 64 * 1024

@@ -27,6 +27,8 @@ class JobSpec(Frozen):
     Four shapes: ``gpus`` whole GPUs on one node; a gang of ``nodes`` nodes with ``gpus`` whole GPUs each,
     placed all or nothing; a ``gpu_share`` of one GPU; one MIG slice of ``mig_profile`` (e.g. ``3g.40gb``).
     With a share or a MIG profile ``gpus`` is 1 (the one GPU the fraction is of) and ``nodes`` is 1.
+    ``cpu_milli`` and ``memory_mib`` are host CPU (milli-cores) and memory the job needs on each of its
+    nodes besides the GPUs (0: none asked; placement then counts none).
     """
 
     tenant: str
@@ -35,6 +37,8 @@ class JobSpec(Frozen):
     nodes: int = 1
     gpu_share: GpuShareSpec | None = None
     mig_profile: str | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
     priority: int = 0
     command: list[str]
     name: str | None = None
@@ -65,6 +69,12 @@ class JobSpec(Frozen):
         if self.nodes > 1:
             return f"{self.nodes}x{self.gpus}{model} GPU (gang)"
         return f"{self.gpus}{model} GPU"
+
+    def describe_host(self) -> str:
+        """``8 CPU, 65536 MiB`` per node, or empty when the job asks for no host resources."""
+        parts = ([f"{self.cpu_milli / 1000:g} CPU"] if self.cpu_milli else []) + \
+            ([f"{self.memory_mib} MiB"] if self.memory_mib else [])
+        return ", ".join(parts)
 
 
 # --- job stream events -----------------------------------------------------------------------------
