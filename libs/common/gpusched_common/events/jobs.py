@@ -70,12 +70,6 @@ class JobSpec(Frozen):
             return f"{self.nodes}x{self.gpus}{model} GPU (gang)"
         return f"{self.gpus}{model} GPU"
 
-    def describe_host(self) -> str:
-        """``8 CPU, 65536 MiB`` per node, or empty when the job asks for no host resources."""
-        parts = ([f"{self.cpu_milli / 1000:g} CPU"] if self.cpu_milli else []) + \
-            ([f"{self.memory_mib} MiB"] if self.memory_mib else [])
-        return ", ".join(parts)
-
 
 # --- job stream events -----------------------------------------------------------------------------
 
