@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -165,7 +166,8 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
     for rank, member in enumerate(placement.all_members):
         start = ev.StartJob(job_id=placement.job_id, node_id=member.node_id, tenant=spec.tenant,
                             gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
-                            command=spec.command, env={**resume_env(state), **gang_env(placement, rank, hostnames)},
+                            command=spec.command, env={**resume_env(state), **host_env(placement, spec.env),
+                                                       **gang_env(placement, rank, hostnames)},
                             attempt=placed.runs, gpu_share_milli=placement.share_milli,
                             gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
                             mig_start=placement.mig_start)
@@ -201,6 +203,19 @@ def gang_env(placement: Placement, rank: int, hostnames: dict[str, str]) -> dict
     return {"GPUSCHED_GANG_SIZE": str(len(nodes)), "GPUSCHED_GANG_RANK": str(rank),
             "GPUSCHED_GANG_NODES": ",".join(nodes), "NNODES": str(len(nodes)), "NODE_RANK": str(rank),
             "MASTER_ADDR": hostnames.get(nodes[0], nodes[0])}
+
+
+def host_env(placement: Placement, env: Mapping[str, str]) -> dict[str, str]:
+    """What a job learns of the host CPU and memory it holds on its node; ``OMP_NUM_THREADS`` follows its
+    whole CPUs unless the job sets its own (many CPU thread pools size themselves from it)."""
+    out = {}
+    if placement.cpu_milli:
+        out["GPUSCHED_CPU_MILLI"] = str(placement.cpu_milli)
+        if "OMP_NUM_THREADS" not in env:
+            out["OMP_NUM_THREADS"] = str(max(1, placement.cpu_milli // 1000))
+    if placement.memory_mib:
+        out["GPUSCHED_MEMORY_MIB"] = str(placement.memory_mib)
+    return out
 
 
 def resume_env(state: decider.JobState) -> dict[str, str]:

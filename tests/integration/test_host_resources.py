@@ -5,6 +5,8 @@ node's host resources beyond its capacity whichever process writes."""
 
 from __future__ import annotations
 
+import json
+
 import asyncpg
 import pytest
 
@@ -28,8 +30,9 @@ def node(node_id: str) -> ev.NodeRegistered:
 
 
 async def reserve(conn: asyncpg.Connection, job_id: str, gpus: int, cpu_milli: int, memory_mib: int = 0,
-                  nodes: int = 1) -> None:
+                  nodes: int = 1, env: dict[str, str] | None = None) -> None:
     spec = a_job(job_id).gpus(gpus).gang(nodes).host(cpu_milli, memory_mib).spec()
+    spec = spec.model_copy(update={"env": env or {}})
     state = await load_job(conn, job_id)
     state = await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
                                     producer="test", now=T0)
@@ -42,6 +45,15 @@ async def last_event(conn: asyncpg.Connection, job_id: str) -> dict:
     row = await conn.fetchrow("SELECT type, payload FROM events WHERE stream_id = $1 ORDER BY version DESC LIMIT 1",
                               f"job-{job_id}")
     return {"type": row["type"], **row["payload"]}
+
+
+async def start_env(conn: asyncpg.Connection, job_id: str) -> dict[str, str]:
+    """The environment the job's StartJob gives it (from placement's outbox)."""
+    for row in await conn.fetch("SELECT value FROM outbox WHERE topic = 'gpusched.nodes.commands' ORDER BY id"):
+        message = json.loads(bytes(row["value"]))
+        if message["type"] == "StartJob" and message["payload"]["job_id"] == job_id:
+            return message["payload"]["env"]
+    raise AssertionError(f"no StartJob for {job_id}")
 
 
 async def host_usage(conn: asyncpg.Connection) -> dict[str, tuple[int, int]]:
@@ -61,8 +73,10 @@ async def conn(database_url):
 async def test_a_job_waits_for_host_cpu_while_gpus_are_free_and_runs_when_it_comes_back(conn):
     async with conn.transaction():
         await reserve(conn, "big", 1, 12_000, 32_768)
-        await reserve(conn, "next", 1, 8_000)
+        await reserve(conn, "next", 1, 8_000, env={"OMP_NUM_THREADS": "4"})
     assert (await last_event(conn, "big"))["type"] == "JobPlaced"
+    assert await start_env(conn, "big") == {
+        "GPUSCHED_CPU_MILLI": "12000", "OMP_NUM_THREADS": "12", "GPUSCHED_MEMORY_MIB": "32768"}
     deferred = await last_event(conn, "next")
     assert deferred["type"] == "PlacementDeferred"  # 3 GPUs are free, 4 cores are not enough
     assert any("less than 8000 CPU milli free" in r for r in deferred["reasons"]), deferred["reasons"]
@@ -76,6 +90,7 @@ async def test_a_job_waits_for_host_cpu_while_gpus_are_free_and_runs_when_it_com
         await process(conn, ev.JobExitReported(job_id="big", node_id="n1", exit_code=0, runtime_s=5.0), T0, POLICY)
     assert (await last_event(conn, "next"))["type"] == "JobPlaced"
     assert await host_usage(conn) == {"n1": (8_000, 0)}
+    assert (await start_env(conn, "next"))["OMP_NUM_THREADS"] == "4"  # the job's own setting stands
 
 
 async def test_a_gang_holds_host_resources_on_every_node_once(conn):
