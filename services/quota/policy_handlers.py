@@ -50,10 +50,8 @@ from services.quota.tenancy import (
     cap_units,
     chargeable,
     cohort_members,
-    cohort_names,
     cohort_of,
     queued_job,
-    takes_guests,
 )
 
 log = logging.getLogger(__name__)
@@ -124,8 +122,7 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     """One reservation cycle for a cohort, inside the caller's transaction; the plan (None: nothing waits)."""
     members = cohort_members(tenancy, cohort)
     usage = await store.lock_usage(conn, tenancy, members)  # FOR UPDATE: one decider per cohort at a time
-    guests = tuple(tenancy.tenants) if takes_guests(tenancy, cohort) else None
-    jobs = {job.job_id: job for job in await store.load_queued(conn, cohort_names(tenancy, cohort), guests)}
+    jobs = {job.job_id: job for job in await store.load_cohort_queue(conn, tenancy, cohort)}
     if not jobs:
         return None
     pending, unchargeable = chargeable(tenancy, jobs.values())

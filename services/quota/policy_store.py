@@ -15,7 +15,7 @@ from gpusched_common import events as ev
 
 from services.quota.policy import Tenancy, UsageHistory
 from services.quota.reclaims import SentReclaim
-from services.quota.tenancy import QueuedJob, limit_units
+from services.quota.tenancy import QueuedJob, cohort_names, limit_units, takes_guests
 
 
 class QuotaOvershoot(RuntimeError):
@@ -135,6 +135,13 @@ async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...],
         " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))",
         list(tenants), list(all_known) if all_known is not None else None)
     return [QueuedJob(**dict(r)) for r in rows]
+
+
+async def load_cohort_queue(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str) -> list[QueuedJob]:
+    """Jobs waiting for quota in ``cohort``: those of its tenants (organisations included) and, when the
+    cohort is charged for guests, those of every tenant the tenancy does not name."""
+    guests = tuple(tenancy.tenants) if takes_guests(tenancy, cohort) else None
+    return await load_queued(conn, cohort_names(tenancy, cohort), guests)
 
 
 async def queued_tenants(conn: asyncpg.Connection) -> list[str]:

@@ -28,9 +28,7 @@ from services.quota.tenancy import (
     as_guest,
     chargeable,
     cohort_members,
-    cohort_names,
     cohort_of,
-    takes_guests,
 )
 
 NEXT_CYCLE = "fits quota; reserved at the quota service's next cycle"
@@ -75,8 +73,7 @@ async def quota_queue(conn: asyncpg.Connection, now: datetime,
     out: list[QuotaQueueEntry] = []
     for cohort in sorted({cohort_of(tenancy, t) for t in await store.queued_tenants(conn)}):
         members = cohort_members(tenancy, cohort)
-        guests = tuple(tenancy.tenants) if takes_guests(tenancy, cohort) else None
-        queued = await store.load_queued(conn, cohort_names(tenancy, cohort), guests)
+        queued = await store.load_cohort_queue(conn, tenancy, cohort)
         usage = await store.read_usage(conn, members)
         out += rank_cohort(tenancy, cohort, usage, await store.load_history(conn, members), queued, now.timestamp())
     return out
