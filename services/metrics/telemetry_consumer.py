@@ -15,6 +15,7 @@ import time
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+from gpusched_common.kafka_client import client_options
 from gpusched_common.messaging import PoisonMessage
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_METRICS, NODES_TELEMETRY
@@ -36,7 +37,7 @@ class TelemetryConsumer:
 
     def _consumer(self) -> AIOKafkaConsumer:
         return AIOKafkaConsumer(
-            self._topic, bootstrap_servers=self._settings.kafka_bootstrap, group_id=self._group_id,
+            self._topic, **client_options(self._settings), group_id=self._group_id,
             client_id="metrics-telemetry", auto_offset_reset="latest" if self._group_id else "earliest",
             enable_auto_commit=self._group_id is not None, auto_commit_interval_ms=1000,
             session_timeout_ms=self._settings.kafka_session_timeout_ms,

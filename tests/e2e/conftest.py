@@ -16,10 +16,10 @@ from services.cli import stack
 
 
 @pytest.fixture(scope="module")
-async def local_stack(tmp_path_factory: pytest.TempPathFactory,
-                      request: pytest.FixtureRequest) -> AsyncIterator[stack.StackState]:
-    """One stack per test module; a module may set STACK_ENV for settings of its own, and STACK_NODES,
-    STACK_GPU_MODELS and STACK_GPUS_PER_NODE for its cluster."""
+async def local_stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, broker_kind: str,
+                      pg_server: str) -> AsyncIterator[stack.StackState]:
+    """One stack per test module and broker; a module may set STACK_ENV for settings of its own, and
+    STACK_NODES, STACK_GPU_MODELS and STACK_GPUS_PER_NODE for its cluster."""
     home = tmp_path_factory.mktemp("stack")
     previous = os.environ.get("GPUSCHED_HOME")
     os.environ["GPUSCHED_HOME"] = str(home)
@@ -31,6 +31,7 @@ async def local_stack(tmp_path_factory: pytest.TempPathFactory,
             gpu_models=getattr(request.module, "STACK_GPU_MODELS", ["H100-80GB", "A100-80GB"]),
             gpus_per_node=getattr(request.module, "STACK_GPUS_PER_NODE", 8),
             database_name=f"gpusched_e2e_{uuid.uuid4().hex[:8]}", progress=lambda line: None,
+            broker=broker_kind, pg_server=pg_server,
             extra_env={"GPUSCHED_TRACE_EXPORTER": "file", "GPUSCHED_TRACE_FILE": str(trace_file),
                        "GPUSCHED_KAFKA_SESSION_TIMEOUT_MS": "2000", "GPUSCHED_TELEMETRY_INTERVAL_S": "1",
                        "GPUSCHED_METRICS_LOG_INTERVAL_S": "1", **getattr(request.module, "STACK_ENV", {})})

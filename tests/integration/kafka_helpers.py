@@ -24,3 +24,16 @@ async def read_topic(bootstrap: str, topic: str, *, expect: int, timeout_s: floa
         return records
     finally:
         await consumer.stop()
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+    """A topic of the test's own; both brokers need it created first (Tansu would also create it on the
+    first produce, Apache Kafka as configured here refuses: see tests/integration/test_broker_differences.py)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        await admin.close()

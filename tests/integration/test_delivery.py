@@ -25,7 +25,7 @@ from services.admission.handlers import AdmissionPolicy, make_submission_handler
 from services.admission.ratelimit import RateLimit
 from services.cli.client import Client, submission_bytes
 from tests.builders import T0, a_job
-from tests.integration.kafka_helpers import read_topic
+from tests.integration.kafka_helpers import create_topic, read_topic
 
 
 def now() -> datetime:
@@ -91,6 +91,7 @@ async def test_the_outbox_publishes_after_a_crash_between_commit_and_publish(set
 
 async def test_a_consumer_restarted_mid_stream_resumes_from_its_committed_offset(settings):
     topic, total = "gpusched.test.resume", 60
+    await create_topic(settings.kafka_bootstrap, topic)
     conn = await connect(settings.database_url)
     await conn.execute("CREATE TABLE handled (n int PRIMARY KEY)")
     await conn.close()

@@ -237,14 +237,13 @@ async def test_the_queue_a_reader_sees_is_the_cycles_fair_share_order_with_each_
     assert await get_job(conn, "nobody") is None
 
 
-async def test_history_written_twice_encoded_before_migration_013_reads_back_as_the_object(tmp_path):
+async def test_history_written_twice_encoded_before_migration_013_reads_back_as_the_object(tmp_path, pg_server):
     import uuid
 
     from gpusched_common.db import MIGRATIONS_DIR, drop_database, ensure_database, migrate
     from services.quota.policy_store import load_history
-    from tests.conftest import PG_SERVER
 
-    url = f"{PG_SERVER}/gpusched_test_{uuid.uuid4().hex[:10]}"
+    url = f"{pg_server}/gpusched_test_{uuid.uuid4().hex[:10]}"
     await ensure_database(url)
     try:
         for path in sorted(MIGRATIONS_DIR.glob("*.sql")):

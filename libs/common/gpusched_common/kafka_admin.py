@@ -10,11 +10,14 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 from gpusched_common.topics import ALL_TOPICS
 
 
-async def create_topics(bootstrap: str, partitions: int, replication: int = 1, *, timeout_s: float = 30.0) -> list[str]:
-    """Create every missing topic; returns the names created."""
+async def create_topics(bootstrap: str, partitions: int, replication: int = 1, *, timeout_s: float = 30.0,
+                        client: dict | None = None) -> list[str]:
+    """Create every missing topic; returns the names created. `client`: further aiokafka options (the
+    security of `kafka_client.client_options`)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
+    options = {**(client or {}), "bootstrap_servers": bootstrap}
     while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpusched-admin")
+        admin = AIOKafkaAdminClient(client_id="gpusched-admin", **options)
         try:
             await admin.start()
             break

@@ -21,6 +21,7 @@ from faststream.kafka import KafkaBroker, KafkaMessage
 from opentelemetry import trace
 
 from gpusched_common.events import Envelope, Payload, parse_payload
+from gpusched_common.kafka_client import broker_security
 from gpusched_common.settings import Settings
 from gpusched_common.store import ConcurrencyError
 from gpusched_common.topics import DEADLETTER
@@ -71,6 +72,7 @@ def build_broker(settings: Settings, client_id: str) -> KafkaBroker:
         client_id=client_id,
         acks="all",
         enable_idempotence=settings.kafka_idempotence,
+        security=broker_security(settings),
         max_request_size=settings.kafka_max_request_bytes,
         linger_ms=1,
         logger=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,6 +21,15 @@ class Settings(BaseSettings):
     # Brokers hold a group join open for a while waiting for more members (Tansu: about half the session
     # timeout), so local stacks and tests use a short session; Apache Kafka needs >= 6000.
     kafka_session_timeout_ms: int = 10_000
+    # How every Kafka client of this process authenticates (gpusched_common/kafka_client.py): PLAINTEXT on a
+    # loopback broker; SASL_SSL with SCRAM on a shared one. The password comes from the environment or,
+    # better, a file only this process can read; the CA file verifies the broker's certificate.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_sasl_password_file: Path | None = None
+    kafka_ssl_cafile: Path | None = None
 
     trace_exporter: Literal["none", "console", "file", "otlp"] = "none"
     trace_file: Path | None = None
