@@ -1,0 +1,118 @@
+"""What differs between the two brokers gpusched runs on, checked rather than assumed (README: "Tansu and
+Apache Kafka"). Every test runs on each broker selected with --broker and asserts that broker's behaviour.
+
+gpusched's code relies on none of these: producers enable idempotence only where the broker has it
+(`RunningBroker.idempotence`), topics are created before use (`create_topics`), session timeouts stay
+above Kafka's floor, and the store, not the broker, is the memory that survives a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
+
+from gpusched_common.infra.brokers import RunningBroker, restart_broker
+from gpusched_common.topics import JOBS_EVENTS
+
+from tests.integration.kafka_helpers import read_topic
+
+
+async def _produce(bootstrap: str, topic: str, values: list[bytes], **options) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000, **options)
+    await asyncio.wait_for(producer.start(), 30)
+    try:
+        for value in values:
+            await asyncio.wait_for(producer.send_and_wait(topic, value, key=b"k"), 30)
+    finally:
+        await producer.stop()
+
+
+async def _topics(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return {t for t in await admin.list_topics() if not t.startswith("__")}
+    finally:
+        await admin.close()
+
+
+async def test_the_idempotent_producer_works_on_apache_kafka_and_is_refused_by_tansu(running_broker, topics):
+    if running_broker.kind == "kafka":
+        await _produce(topics, JOBS_EVENTS.name, [b"once"], enable_idempotence=True)
+        assert [r.value for r in await read_topic(topics, JOBS_EVENTS.name, expect=1)] == [b"once"]
+    else:  # Tansu answers InitProducerId with an error
+        with pytest.raises(KafkaError):
+            await _produce(topics, JOBS_EVENTS.name, [b"once"], enable_idempotence=True)
+    assert running_broker.idempotence is (running_broker.kind == "kafka")
+
+
+async def test_transactions_work_on_apache_kafka_and_are_refused_by_tansu(running_broker, topics):
+    producer = AIOKafkaProducer(bootstrap_servers=topics, transactional_id="diff-test", request_timeout_ms=5000)
+    if running_broker.kind == "tansu":
+        with pytest.raises(KafkaError):
+            await asyncio.wait_for(producer.start(), 30)
+        await producer.stop()
+        return
+    await asyncio.wait_for(producer.start(), 30)
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(JOBS_EVENTS.name, b"in a transaction", key=b"k")
+    finally:
+        await producer.stop()
+    assert [r.value for r in await read_topic(topics, JOBS_EVENTS.name, expect=1)] == [b"in a transaction"]
+
+
+async def test_tansu_creates_a_topic_on_first_produce_and_our_apache_kafka_refuses(running_broker: RunningBroker):
+    bootstrap = running_broker.bootstrap
+    if running_broker.kind == "tansu":
+        await _produce(bootstrap, "made.on.first.use", [b"x"])
+        assert "made.on.first.use" in await _topics(bootstrap)
+    else:  # auto.create.topics.enable=false, as a production cluster is run: gpusched creates its topics
+        with pytest.raises(KafkaError):
+            await _produce(bootstrap, "made.on.first.use", [b"x"])
+        assert "made.on.first.use" not in await _topics(bootstrap)
+
+
+async def test_apache_kafka_refuses_a_session_timeout_below_its_floor_and_tansu_has_none(running_broker, topics):
+    await _produce(topics, JOBS_EVENTS.name, [b"r1"])
+    consumer = AIOKafkaConsumer(JOBS_EVENTS.name, bootstrap_servers=topics, group_id="short-session",
+                                session_timeout_ms=200, heartbeat_interval_ms=50, auto_offset_reset="earliest")
+    try:
+        if running_broker.kind == "kafka":  # group.min.session.timeout.ms (500 here, 6000 by default)
+            with pytest.raises(InvalidSessionTimeoutError):
+                await asyncio.wait_for(consumer.start(), 30)
+        else:
+            await consumer.start()
+            assert (await asyncio.wait_for(consumer.getone(), 15)).value == b"r1"
+    finally:
+        await consumer.stop()
+
+
+async def test_a_restart_keeps_records_and_offsets_on_apache_kafka_and_loses_everything_on_tansu(
+        running_broker: RunningBroker, topics):
+    await _produce(topics, JOBS_EVENTS.name, [f"r{i}".encode() for i in range(10)])
+    partitions = [TopicPartition(JOBS_EVENTS.name, p) for p in range(3)]  # the `topics` fixture makes 3
+    consumer = AIOKafkaConsumer(bootstrap_servers=topics, group_id="restart-test", enable_auto_commit=False)
+    await consumer.start()
+    consumer.assign(partitions)
+    await consumer.commit({tp: 1 for tp in partitions})
+    await consumer.stop()
+
+    restart_broker(running_broker)
+
+    if running_broker.kind == "tansu":
+        assert JOBS_EVENTS.name not in await _topics(topics)
+        return
+    records = await read_topic(topics, JOBS_EVENTS.name, expect=10)
+    assert sorted(r.value for r in records) == sorted(f"r{i}".encode() for i in range(10))
+    consumer = AIOKafkaConsumer(bootstrap_servers=topics, group_id="restart-test", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(partitions)
+        assert [await consumer.committed(tp) for tp in partitions] == [1, 1, 1]
+    finally:
+        await consumer.stop()
