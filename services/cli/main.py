@@ -194,7 +194,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_create_topics(args: argparse.Namespace) -> int:
     settings = Settings()
     created = asyncio.run(create_topics(settings.kafka_bootstrap, settings.kafka_partitions, args.replication,
-                                        client=client_options(settings)))
+                                        client=client_options(settings),
+                                        max_message_bytes=settings.kafka_max_request_bytes))
     print(f"created {len(created)} topic(s): {', '.join(created) or 'all existed'}")
     return 0
 

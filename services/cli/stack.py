@@ -238,10 +238,14 @@ def down(progress=print) -> bool:
     if state is None:
         progress("no stack is up")
         return False
-    # services and agents first, then the broker, then the database, so that in-flight work drains
+    # services and agents first, then their jobs (an agent leaves them running for the next one to
+    # adopt), then the broker, then the database, so that in-flight work drains
     for name, pid in state.processes.items():
         stop_pid(pid)
         progress(f"stopped    {name} (pid {pid})")
+    from services.cli.teardown import stop_stack_jobs
+
+    stop_stack_jobs(state.home, state.env, progress)
     broker = state.running_broker
     if broker is not None:
         stop_broker(broker)

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -206,15 +207,64 @@ class JobRunner:
         return self._dir / f"{job_id}.exit"
 
 
+def stop_job_groups(records: Iterable[JobRecord], grace_s: float = 5.0, kill_wait_s: float = 5.0) -> tuple[int, int]:
+    """Stop jobs without their agent (when a whole stack goes down), all at once: SIGTERM the process group
+    of every job whose process still runs (same pid and start ticks, so a reused pid is never signalled),
+    SIGKILL the groups with a process left after `grace_s`, wait up to `kill_wait_s` for those to go.
+    Returns (jobs signalled, groups that needed SIGKILL)."""
+    groups = {r.pid: r.proc_start_ticks for r in records if _leads_own_group(r.pid, r.proc_start_ticks)}
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGTERM)
+    left = _wait_groups_gone(groups, grace_s)
+    for pgid in left:
+        _signal_group(pgid, signal.SIGKILL)
+    _wait_groups_gone(left, kill_wait_s)
+    return len(groups), len(left)
+
+
+def _leads_own_group(pid: object, start_ticks: object) -> bool:
+    """`pid` is the same process as recorded (its start ticks match) and leads its own process group, as
+    every job wrapper does; a record without start ticks cannot be told from a reused pid."""
+    if type(pid) is not int or type(start_ticks) is not int or pid <= 1 or pid == os.getpid():
+        return False
+    fields = _stat_fields(pid)
+    return fields is not None and len(fields) > 2 and fields[2] == str(pid) and _alive(pid, start_ticks)
+
+
+def _wait_groups_gone(groups: dict[int, int], timeout_s: float) -> dict[int, int]:
+    """Wait until no process is left in `groups` (leader pid -> its start ticks); the groups left."""
+    deadline = time.monotonic() + timeout_s
+    left = _groups_left(groups)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _groups_left(left)
+    return left
+
+
+def _groups_left(groups: dict[int, int]) -> dict[int, int]:
+    """The groups that still have a live member, but none whose leader pid now runs another process (a
+    pid is only reused once its old group is empty)."""
+    members = _group_members(set(groups))
+    return {g: t for g, t in groups.items() if members.get(g) and _start_ticks(g) in (None, t)}
+
+
+def _group_members(pgids: set[int]) -> dict[int, list[int]]:
+    """Process group id -> the live (not zombie) processes in it, for the groups in `pgids`; one /proc scan."""
+    members: dict[int, list[int]] = {}
+    if not pgids:
+        return members
+    for entry in os.listdir("/proc"):
+        fields = _stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and len(fields) > 2 and fields[0] != "Z" and int(fields[2]) in pgids:
+            members.setdefault(int(fields[2]), []).append(int(entry))
+    return members
+
+
 def _terminate_job(wrapper_pid: int) -> None:
     """SIGTERM every process of the job's group except the wrapper, which must live to record the code."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != wrapper_pid:
-            fields = _stat_fields(int(entry))
-            if fields is not None and len(fields) > 2 and fields[2] == str(wrapper_pid):  # pgrp
-                members.append(int(entry))
-    for pid in members:
+    for pid in _group_members({wrapper_pid}).get(wrapper_pid, []):
+        if pid == wrapper_pid:
+            continue
         try:
             os.kill(pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):

@@ -13,9 +13,10 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
+from aiokafka.errors import InvalidSessionTimeoutError, KafkaError, MessageSizeTooLargeError
 
 from gpusched_common.infra.brokers import RunningBroker, restart_broker
+from gpusched_common.kafka_admin import create_topics
 from gpusched_common.topics import JOBS_EVENTS
 
 from tests.integration.kafka_helpers import read_topic
@@ -116,3 +117,27 @@ async def test_a_restart_keeps_records_and_offsets_on_apache_kafka_and_loses_eve
         assert [await consumer.committed(tp) for tp in partitions] == [1, 1, 1]
     finally:
         await consumer.stop()
+
+
+async def test_a_record_over_a_mebibyte_needs_the_topic_limit_gpusched_sets_on_apache_kafka(running_broker):
+    """Kafka refuses records over its default ~1 MiB limit; create_topics raises gpusched's topics to
+    2 MiB (an oversized submission must reach admission, to be rejected with a reason). Tansu has no
+    limit of its own here."""
+    from aiokafka.admin import NewTopic
+
+    bootstrap = running_broker.bootstrap
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic("default.limit", 1, 1)])
+    finally:
+        await admin.close()
+    await create_topics(bootstrap, partitions=1)
+    big = b"x" * (1024 * 1024 + 100)
+    options = {"max_request_size": 4 * 1024 * 1024}
+    await _produce(bootstrap, JOBS_EVENTS.name, [big], **options)
+    if running_broker.kind == "kafka":
+        with pytest.raises(MessageSizeTooLargeError):
+            await _produce(bootstrap, "default.limit", [big], **options)
+    else:
+        await _produce(bootstrap, "default.limit", [big], **options)
