@@ -58,6 +58,7 @@ async def pg_server() -> AsyncIterator[str]:
         yield postgres.LOCAL_SERVER
         return
     scratch = Path(tempfile.mkdtemp(prefix="gpusched-test-pg-"))
+    scratch.chmod(0o711)  # a root-started suite runs the server as an unprivileged user, who must reach it
     server = postgres.start_private(scratch / "data", durable=False)
     try:
         yield server.server_url
