@@ -47,7 +47,7 @@ test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
 bench-e2e: install
-	$(BIN)/gpusched up --nodes 8 --gpu-models H100-80GB --gpus-per-node 8
+	$(BIN)/gpusched up --nodes 8 --gpu-models H100-80GB --gpus-per-node 8 --broker $${BENCH_BROKER:-tansu}
 	$(BIN)/gpusched bench-e2e --jobs $${JOBS:-2000}; status=$$?; $(BIN)/gpusched down; exit $$status
 
 bench-telemetry: install

@@ -35,7 +35,7 @@ from gpusched_common import events as ev  # noqa: E402
 from gpusched_common.kafka_admin import create_topics  # noqa: E402
 from gpusched_common.settings import Settings  # noqa: E402
 from gpusched_common.topics import NODES_TELEMETRY  # noqa: E402
-from services.cli.stack import start_broker, stop_pid  # noqa: E402
+from gpusched_common.infra.brokers import start_broker, stop_broker  # noqa: E402
 from services.cli.table import render  # noqa: E402
 from services.metrics.telemetry_consumer import TelemetryConsumer  # noqa: E402
 from services.metrics.tracker import TelemetryTracker  # noqa: E402
@@ -100,18 +100,19 @@ async def metrics(bootstrap: str, expected: int) -> tuple[float, float, Telemetr
 
 async def main(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as home:
-        pid, bootstrap = start_broker(Path(home))
+        broker = start_broker(args.broker, Path(home))
+        bootstrap = broker.bootstrap
         try:
             await create_topics(bootstrap, partitions=6)
             messages, produce_s = await produce(bootstrap, args.nodes, args.gpus, args.seconds)
             floor_rate = await floor(bootstrap, messages)
             wall_s, cpu_s, tracker = await metrics(bootstrap, messages)
         finally:
-            stop_pid(pid)
+            stop_broker(broker)
     samples = tracker.samples
     assert tracker.messages == messages, (tracker.messages, messages)
     result = {
-        "nodes": args.nodes, "gpus_per_node": args.gpus, "seconds_of_telemetry": args.seconds,
+        "broker": args.broker, "nodes": args.nodes, "gpus_per_node": args.gpus, "seconds_of_telemetry": args.seconds,
         "messages": messages, "gpu_samples": samples,
         "produce_msgs_per_s": round(messages / produce_s, 1),
         "floor_broker_msgs_per_s": round(floor_rate, 1),
@@ -146,6 +147,7 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "telemetry.json"))
     args = parser.parse_args()
     result = asyncio.run(main(args))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from gpusched_common import events as ev
 
@@ -52,6 +53,12 @@ async def floor_pg_commits_per_s(database_url: str, n: int = 500) -> float:
 
 async def floor_broker_rtt_ms(bootstrap: str, n: int = 200) -> float:
     topic = f"gpusched.bench.floor.{int(time.time() * 1000)}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)  # Apache Kafka creates no topic on first use
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, linger_ms=0)
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, fetch_max_wait_ms=5)
