@@ -27,6 +27,8 @@ from gpusched_common.infra.processes import free_port, spawn, stop_pid
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
 
+from services.cli.teardown import stop_stack_jobs
+
 SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
 
 
@@ -243,8 +245,6 @@ def down(progress=print) -> bool:
     for name, pid in state.processes.items():
         stop_pid(pid)
         progress(f"stopped    {name} (pid {pid})")
-    from services.cli.teardown import stop_stack_jobs
-
     stop_stack_jobs(state.home, state.env, progress)
     broker = state.running_broker
     if broker is not None:

@@ -1,7 +1,7 @@
 """Apache Kafka with its own security switched on: TLS, SCRAM-SHA-512 users and ACLs.
 
-A shared broker must not let anyone who reaches its port read or forge scheduling events, so production
-runs one SASL_SSL listener: TLS keeps credentials and events private, SCRAM-SHA-512 says who a client is
+A shared broker must not let anyone who reaches its port read or forge scheduling events, so it should
+run one SASL_SSL listener: TLS keeps credentials and events private, SCRAM-SHA-512 says who a client is
 (the broker stores salted hashes only), and the StandardAuthorizer with `allow.everyone.if.no.acl.found=false`
 lets each principal do only what its ACLs grant (`acl_layout()` is gpusched's intended layout).
 
@@ -49,7 +49,8 @@ class SecurityUnavailable(kafka.KafkaUnavailable):
 
 def _checked(kind: str, value: str) -> str:
     if not _SAFE.fullmatch(value):
-        raise ValueError(f"a Kafka {kind} may only use letters, digits and . _ ~ - (got {value!r})")
+        shown = "" if kind == "password" else f" (got {value!r})"  # a password never reaches a log
+        raise ValueError(f"a Kafka {kind} may only use letters, digits and . _ ~ -{shown}")
     return value
 
 
@@ -71,6 +72,13 @@ def _keytool(*args: str) -> None:
         raise RuntimeError(f"keytool {args[0]} failed: {(result.stderr or result.stdout)[-2000:]}")
 
 
+def _side_by_side(*calls: list[str]) -> None:
+    """Independent keytool steps in parallel JVMs: each start costs far more than its work."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        for future in [pool.submit(_keytool, *args) for args in calls]:
+            future.result()
+
+
 def generate_certificates(directory: Path, *, dns: Iterable[str] = ("localhost",),
                           ips: Iterable[str] = ("127.0.0.1",), validity_days: int = 2) -> Certificates:
     """A new CA and a broker certificate it signed for `dns`/`ips` (clients verify the host name, so the
@@ -81,11 +89,11 @@ def generate_certificates(directory: Path, *, dns: Iterable[str] = ("localhost",
     ca_store, csr, signed = directory / "ca.p12", directory / "broker.csr", directory / "broker-chain.pem"
     store = lambda path: ["-keystore", str(path), "-storetype", "PKCS12", "-storepass", certs.password]  # noqa: E731
     key = ["-keyalg", "EC", "-groupname", "secp256r1", "-validity", str(validity_days)]
-    _keytool("-genkeypair", "-alias", "ca", "-dname", "CN=gpusched throwaway CA", "-ext", "bc:c", *key,
-             *store(ca_store))
-    _keytool("-exportcert", "-rfc", "-alias", "ca", "-file", str(certs.ca_pem), *store(ca_store))
-    _keytool("-genkeypair", "-alias", "broker", "-dname", "CN=localhost", *key, *store(certs.keystore))
-    _keytool("-certreq", "-alias", "broker", "-file", str(csr), *store(certs.keystore))
+    _side_by_side(["-genkeypair", "-alias", "ca", "-dname", "CN=gpusched throwaway CA", "-ext", "bc:c", *key,
+                   *store(ca_store)],
+                  ["-genkeypair", "-alias", "broker", "-dname", "CN=localhost", *key, *store(certs.keystore)])
+    _side_by_side(["-exportcert", "-rfc", "-alias", "ca", "-file", str(certs.ca_pem), *store(ca_store)],
+                  ["-certreq", "-alias", "broker", "-file", str(csr), *store(certs.keystore)])
     names = ",".join([*(f"dns:{d}" for d in dns), *(f"ip:{i}" for i in ips)])
     _keytool("-gencert", "-rfc", "-alias", "ca", "-infile", str(csr), "-outfile", str(signed),
              "-validity", str(validity_days), "-ext", f"SAN={names}", "-ext", "KU=digitalSignature",
@@ -155,6 +163,8 @@ def write_secret(path: Path, text: str) -> Path:
 
 @dataclass
 class SecureKafka:
+    """A running secured broker and what a client or Kafka's tools need to reach it as the admin."""
+
     server: kafka.KafkaServer
     certificates: Certificates
     admin_config: Path  # the admin's client properties, for Kafka's CLI tools
@@ -196,7 +206,8 @@ def settings_fields(secure: SecureKafka, username: str, password_file: Path) -> 
 @dataclass(frozen=True, order=True)
 class Acl:
     """One ALLOW entry: `principal` may do `operation` (Kafka's name: Read, Write, Describe...) on a
-    `resource` ("topic", "group", "cluster") called `name` (a literal name unless `pattern` is "prefixed")."""
+    `resource` ("topic", "group", "cluster") called `name` (a literal name unless `pattern` is "prefixed";
+    the cluster's name is always "kafka-cluster")."""
 
     principal: str
     operation: str
