@@ -125,22 +125,22 @@ def data_dir_for(wanted: Path) -> Path:
     return Path("/var/tmp") / f"gpusched-pg-{digest}" / wanted.name
 
 
-def start_private(data_dir: Path, *, binaries: Binaries | None = None, port: int | None = None,
+def start_private(root: Path, *, binaries: Binaries | None = None, port: int | None = None,
                   durable: bool = True, timeout_s: float = 60.0) -> PrivatePostgres:
-    """Initialise `data_dir` if needed and start a server on 127.0.0.1:`port` (a free one by default).
-    `durable=False` (test suites) turns fsync off."""
+    """Initialise a data directory under `root` (one per major version: `root/<major>`, so switching
+    binaries never meets files it cannot read) and start a server on 127.0.0.1:`port` (a free one by
+    default); a server left running there by an earlier start is reused. `durable=False` (test suites)
+    turns fsync off."""
     bindir = find_bindir(binaries)
+    version = server_version(bindir)
     user = _os_user()
-    data_dir = data_dir_for(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if user is not None:
-        shutil.chown(data_dir, user)
-        data_dir.chmod(0o700)
-        if data_dir.parent.name.startswith("gpusched-pg-"):
-            shutil.chown(data_dir.parent, user)
+    data_dir = _prepare_data_dir(data_dir_for(root) / version.split(".")[0], user)
     if not (data_dir / "PG_VERSION").exists():
         _run([bindir / "initdb", "-D", data_dir, "-U", "postgres", "--auth=trust", "--encoding=UTF8",
               *([] if durable else ["--no-sync"])], user)
+    running = _running_port(bindir, data_dir, user)
+    if running is not None:
+        return PrivatePostgres(str(data_dir), running, str(bindir), user, version)
     port = port or free_port()
     options = [f"-p {port}", "-c listen_addresses=127.0.0.1", "-c unix_socket_directories=''",
                "-c max_connections=300", "-c shared_buffers=64MB"]
@@ -148,7 +148,25 @@ def start_private(data_dir: Path, *, binaries: Binaries | None = None, port: int
         options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
     _run([bindir / "pg_ctl", "-D", data_dir, "-l", data_dir / "server.log", "-w", "-t", str(int(timeout_s)),
           "-o", " ".join(options), "start"], user)
-    return PrivatePostgres(str(data_dir), port, str(bindir), user, server_version(bindir))
+    return PrivatePostgres(str(data_dir), port, str(bindir), user, version)
+
+
+def _prepare_data_dir(data_dir: Path, user: str | None) -> Path:
+    data_dir.mkdir(parents=True, exist_ok=True)  # parents: mode 755, which the server's user can traverse
+    if user is not None:
+        shutil.chown(data_dir, user)
+    data_dir.chmod(0o700)
+    return data_dir
+
+
+def _running_port(bindir: Path, data_dir: Path, user: str | None) -> int | None:
+    """The port of a server already running on `data_dir` (postmaster.pid's fourth line), else None."""
+    status = subprocess.run([str(bindir / "pg_ctl"), "-D", str(data_dir), "status"], capture_output=True,
+                            user=user)
+    if status.returncode != 0:
+        return None
+    lines = (data_dir / "postmaster.pid").read_text().splitlines()
+    return int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
 
 
 def stop_private(server: PrivatePostgres | dict) -> None:
