@@ -10,11 +10,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from aiokafka.errors import KafkaConnectionError
+
 from gpusched_common import events as ev
 from gpusched_common.db import connect, ensure_database, migrate
 from gpusched_common.infra.brokers import BROKER_KINDS
-from gpusched_common.kafka_admin import create_topics
-from gpusched_common.kafka_client import client_options
+from gpusched_common.kafka_admin import TopicCreationFailed, create_topics
+from gpusched_common.kafka_client import KafkaSecurityError, client_options
 from gpusched_common.settings import Settings
 
 from services.cli import stack
@@ -193,9 +195,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_create_topics(args: argparse.Namespace) -> int:
     settings = Settings()
-    created = asyncio.run(create_topics(settings.kafka_bootstrap, settings.kafka_partitions, args.replication,
-                                        client=client_options(settings),
-                                        max_message_bytes=settings.kafka_max_request_bytes))
+    try:
+        created = asyncio.run(create_topics(settings.kafka_bootstrap, settings.kafka_partitions, args.replication,
+                                            client=client_options(settings),
+                                            max_message_bytes=settings.kafka_max_request_bytes))
+    except (TopicCreationFailed, KafkaConnectionError, KafkaSecurityError) as exc:
+        print(f"gpusched create-topics: {exc}", file=sys.stderr)
+        return 1
     print(f"created {len(created)} topic(s): {', '.join(created) or 'all existed'}")
     return 0
 

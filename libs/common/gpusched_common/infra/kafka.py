@@ -264,14 +264,18 @@ def _launch(server: KafkaServer, *, heap_mb: int, timeout_s: float) -> KafkaServ
     start = server.log.stat().st_size if server.log.exists() else 0
     argv = _java("kafka.Kafka", [str(server.config)], heap_mb=heap_mb, log4j=_log4j_file(home))
     server.pid = spawn("kafka", argv, home, dict(os.environ))
-    wait_for_port(server.port, timeout_s, pid=server.pid, log=server.log)
-    deadline = time.monotonic() + timeout_s
-    while STARTED_LINE not in _read_from(server.log, start):
-        if not alive(server.pid):
-            raise RuntimeError(f"Apache Kafka exited while starting:\n{_read_from(server.log, start)[-3000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"Apache Kafka did not start within {timeout_s}s; see {server.log}")
-        time.sleep(0.05)
+    try:
+        wait_for_port(server.port, timeout_s, pid=server.pid, log=server.log)
+        deadline = time.monotonic() + timeout_s
+        while STARTED_LINE not in _read_from(server.log, start):
+            if not alive(server.pid):
+                raise RuntimeError(f"Apache Kafka exited while starting:\n{_read_from(server.log, start)[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Apache Kafka did not start within {timeout_s}s; see {server.log}")
+            time.sleep(0.05)
+    except BaseException:
+        stop_pid(server.pid)  # a broker that never came up must not outlive the caller
+        raise
     return server
 
 
