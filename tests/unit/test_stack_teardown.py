@@ -3,6 +3,7 @@ by process group, a reused pid is left alone, a damaged record is skipped with a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -69,8 +70,11 @@ async def test_live_jobs_are_stopped_by_group_and_a_reused_pid_and_damaged_recor
 
 async def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, started):
     runner = JobRunner(tmp_path / "agents" / "node-2")
-    job = await runner.start("stubborn", ["sh", "-c", "trap '' TERM; sleep 600"], (0,), {})
+    ready = tmp_path / "ignoring-sigterm"
+    job = await runner.start("stubborn", ["sh", "-c", f"trap '' TERM; touch '{ready}'; sleep 600"], (0,), {})
     started.append(job)
+    while not ready.exists():  # SIGTERM before the trap would end it politely
+        await asyncio.sleep(0.01)
     out, progress = lines()
     assert stop_stack_jobs(tmp_path, {}, progress, grace_s=0.3) == 1
     assert not _group_has_members(job.pid)
