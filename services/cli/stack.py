@@ -60,7 +60,10 @@ async def prepare_database(home: Path, database_name: str, fresh: bool, pg_serve
     on a private server in the stack's home (infra/postgres.py)."""
     explicit = os.environ.get("GPUSCHED_DATABASE_URL")
     if explicit:
-        await ensure_database(explicit)
+        try:
+            await ensure_database(explicit)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise RuntimeError(f"cannot use the database of GPUSCHED_DATABASE_URL: {exc}") from exc
         return explicit, False, None
     private = None
     server = pg_server or postgres.LOCAL_SERVER
@@ -111,11 +114,23 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
              fresh: bool = True, extra_env: dict[str, str] | None = None, broker: BrokerKind = "tansu",
              pg_server: str | None = None, progress=print) -> StackState:
     """Start the stack on `broker` (Tansu by default); `pg_server`: a PostgreSQL server to create the
-    stack's database in (see prepare_database)."""
+    stack's database in (see prepare_database). When a step fails, what was started is stopped again."""
     home = home_dir()
     if (home / "stack.json").exists():
         raise RuntimeError(f"a stack is already up ({home / 'stack.json'}); run `gpusched down` first")
     (home / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        return await _start(home, nodes=nodes, gpu_models=gpu_models, gpus_per_node=gpus_per_node,
+                            database_name=database_name, fresh=fresh, extra_env=extra_env, broker=broker,
+                            pg_server=pg_server, progress=progress)
+    except BaseException:
+        down(progress=lambda line: None)
+        raise
+
+
+async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node: int, database_name: str,
+                 fresh: bool, extra_env: dict[str, str] | None, broker: BrokerKind, pg_server: str | None,
+                 progress) -> StackState:
     running = start_broker(broker, home / "broker")
     bootstrap = running.bootstrap
     state = StackState(home=str(home), kafka_bootstrap=bootstrap, database_url="", owns_database=False,
