@@ -1,7 +1,8 @@
 """Kafka's own security on the real Apache Kafka broker: one SASL_SSL listener (TLS + SCRAM-SHA-512) and
 the StandardAuthorizer denying whatever no ACL allows (infra/kafka_security.py). Real aiokafka and
 faststream clients prove that nobody without credentials or with a wrong password gets in, that an
-authenticated principal gets exactly its ACLs, and that gpusched's Settings reach every client.
+authenticated principal gets exactly its ACLs, and that gpusched's Settings reach every client. The KRaft
+controller's own port (SASL_SSL with PLAIN, the admin its only user) lets nobody else in either.
 
 One broker serves the whole module (starting a JVM costs seconds); each test uses its own record values
 or groups, so the tests do not depend on each other's order.
@@ -22,8 +23,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     ClusterAuthorizationFailedError, GroupAuthorizationFailedError, KafkaConnectionError, SaslAuthenticationFailed,
-    TopicAuthorizationFailedError,
+    TopicAuthorizationFailedError, UnsupportedSaslMechanismError,
 )
+from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import ConsumerRecord
 
@@ -100,6 +102,24 @@ def host_port(secured: Secured) -> tuple[str, int]:
     return host, int(port)
 
 
+def controller_address(secured: Secured) -> tuple[str, int]:
+    return "127.0.0.1", secured.broker.server.controller_port
+
+
+def plain(secured: Secured, user: str, password: str) -> dict:
+    """create_conn options for a PLAIN login over TLS: what the controller listener speaks."""
+    return {"security_protocol": "SASL_SSL", "ssl_context": secured.tls(), "sasl_mechanism": "PLAIN",
+            "sasl_plain_username": user, "sasl_plain_password": password}
+
+
+# Kafka's codes: resource CLUSTER 4 / ANY 1, pattern LITERAL 3 / ANY 1, operation ALL 2 / ANY 1, ALLOW 3 / ANY 1
+STRANGER_MAY_DO_EVERYTHING = CreateAclsRequest(4, "kafka-cluster", 3, f"User:{STRANGER}", "*", 2, 3)
+
+
+def acls_of(principal: str | None) -> DescribeAclsRequest:
+    return DescribeAclsRequest(1, None, 1, principal, None, 1, 1)
+
+
 async def read_back(options: dict, topic: str, value: bytes, timeout_s: float = 20.0) -> ConsumerRecord:
     """The record with `value` on `topic`, read from the start without a group."""
     consumer = AIOKafkaConsumer(topic, auto_offset_reset="earliest", enable_auto_commit=False, **options)
@@ -154,6 +174,48 @@ async def test_a_wrong_password_or_an_unknown_user_fails_authentication(secured:
     with pytest.raises(KafkaConnectionError, match="Unable to bootstrap"):
         await producer.start()
     await producer.stop()
+
+
+async def test_the_controller_answers_the_admin_logged_in_with_plain(secured: Secured) -> None:
+    # the control for the next test: this port is the live controller, and it answers the ACL requests a
+    # super user may send it (with User:ANONYMOUS a super user, it answered anybody's)
+    conn = await create_conn(*controller_address(secured), **plain(secured, ADMIN, USERS[ADMIN]))
+    try:
+        response = await conn.send(acls_of(None))
+    finally:
+        conn.close()
+    assert response.error_code == 0
+    principals = {acl[0] for resource in response.resources for acl in resource[-1]}
+    assert principals == {f"User:{NODE}"}  # the node's ACLs, granted by the fixture
+
+
+@pytest.mark.parametrize(("options", "refusal", "match"), [
+    (lambda s: {"security_protocol": "PLAINTEXT"}, KafkaConnectionError, "closed"),
+    (lambda s: {"security_protocol": "SSL", "ssl_context": s.tls()}, KafkaConnectionError, "closed"),
+    (lambda s: s.sasl(ADMIN, USERS[ADMIN]), UnsupportedSaslMechanismError, None),  # only PLAIN is enabled
+    (lambda s: plain(s, ADMIN, "not-the-password"), SaslAuthenticationFailed, "Invalid username or password"),
+    (lambda s: plain(s, STRANGER, USERS[STRANGER]), SaslAuthenticationFailed, "Invalid username or password"),
+], ids=["plaintext", "tls-without-sasl", "the-admins-scram-login", "plain-wrong-password", "a-scram-user-via-plain"])
+async def test_nobody_but_the_admin_gets_anything_from_the_controller(secured: Secured, options, refusal,
+                                                                       match: str | None) -> None:
+    # what a local process would try: grant itself everything on the cluster straight at the controller
+    opts = options(secured)
+    opts.pop("bootstrap_servers", None)
+
+    async def grant_the_stranger_everything() -> None:
+        conn = await create_conn(*controller_address(secured), **opts)
+        try:
+            await conn.send(STRANGER_MAY_DO_EVERYTHING)
+        finally:
+            conn.close()
+
+    with pytest.raises(refusal, match=match):
+        await grant_the_stranger_everything()
+    conn = await create_conn(*controller_address(secured), **plain(secured, ADMIN, USERS[ADMIN]))
+    try:
+        assert (await conn.send(acls_of(f"User:{STRANGER}"))).resources == []
+    finally:
+        conn.close()
 
 
 async def test_an_authenticated_principal_without_acls_cannot_produce_to_any_gpusched_topic(

@@ -1,13 +1,16 @@
 """gpusched's Kafka ACL layout and the AclCommand plumbing, as data (no broker): a node gets exactly its
-topics and group, services get what they consume and produce, and the tool is asked for no more."""
+topics and group, services get what they consume and produce, and the tool is asked for no more; the
+broker's listeners all authenticate, and only the admin is a super user."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from gpusched_common.infra.kafka_security import (
-    SERVICE_ACCESS, Acl, acl_command_args, acl_layout, node_acls, parse_acl_listing, scram_format_args,
-    service_acls,
+    SERVICE_ACCESS, Acl, Certificates, acl_command_args, acl_layout, broker_overrides, controller_jaas,
+    node_acls, parse_acl_listing, scram_format_args, service_acls,
 )
 from gpusched_common.topics import ALL_TOPICS, agent_group
 
@@ -83,3 +86,29 @@ def test_a_refused_password_is_not_repeated_in_the_error() -> None:
     with pytest.raises(ValueError) as refused:
         scram_format_args({"admin": "s3cret,with-comma"})
     assert "s3cret" not in str(refused.value)
+
+
+def overrides(admin_password: str = "admin-pw") -> dict[str, str]:
+    return broker_overrides(Certificates(Path("broker.p12"), Path("ca.pem"), "store-pw"), port=9093,
+                            controller_port=9094, admin_password=admin_password)
+
+
+def test_every_listener_authenticates_and_only_the_admin_is_a_super_user() -> None:
+    props = overrides()
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:SASL_SSL"
+    assert props["super.users"] == "User:admin"
+    # KRaft's controller cannot use SCRAM (its users live in the metadata log the controller serves)
+    assert props["sasl.mechanism.controller.protocol"] == "PLAIN"
+    assert props["listener.name.controller.sasl.enabled.mechanisms"] == "PLAIN"
+    jaas = props["listener.name.controller.plain.sasl.jaas.config"]
+    assert jaas.startswith("org.apache.kafka.common.security.plain.PlainLoginModule required ")
+    assert 'username="admin" password="admin-pw" user_admin="admin-pw";' in jaas
+
+
+def test_a_controller_login_that_would_need_quoting_is_refused_without_repeating_the_password() -> None:
+    for name, password in [("admin", 's3cret" user_evil="x'), ('admin" user_evil="x', "s3cret")]:
+        with pytest.raises(ValueError, match="may only use") as refused:
+            controller_jaas(name, password)
+        assert "s3cret" not in str(refused.value)
+    with pytest.raises(ValueError, match="may only use"):
+        overrides("with space")

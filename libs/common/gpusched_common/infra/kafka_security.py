@@ -3,7 +3,12 @@
 A shared broker must not let anyone who reaches its port read or forge scheduling events, so it should
 run one SASL_SSL listener: TLS keeps credentials and events private, SCRAM-SHA-512 says who a client is
 (the broker stores salted hashes only), and the StandardAuthorizer with `allow.everyone.if.no.acl.found=false`
-lets each principal do only what its ACLs grant (`acl_layout()` is gpusched's intended layout).
+lets each principal do only what its ACLs grant (`acl_layout()` is gpusched's intended layout). The KRaft
+controller's listener is authenticated too: a Kafka 4 admin client may talk to a controller directly, and
+whoever the controller takes for a super user may rewrite ACLs, topics and configs. It speaks SASL_SSL with
+the PLAIN mechanism (SCRAM credentials live in the metadata log the controller itself serves, so KRaft's
+controller listener cannot use SCRAM), knows only the admin (with the admin's password, which PLAIN sends
+inside TLS only), and the broker logs in to it as the admin.
 
 `start_secure_kafka()` builds such a broker on loopback for tests and local stacks: a throwaway CA and
 broker certificate made with the JDK's keytool (no Python crypto dependency), users bootstrapped into the
@@ -35,6 +40,8 @@ from gpusched_common.topics import (
 SCRAM = "SCRAM-SHA-512"
 ADMIN = "admin"
 LISTENER = "SASL_SSL"
+CONTROLLER = "CONTROLLER"  # kafka.local_properties' controller.listener.names
+CONTROLLER_MECHANISM = "PLAIN"
 ACL_COMMAND = "org.apache.kafka.tools.AclCommand"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 # Names and passwords travel inside `[name=...,password=...]`, a JAAS string and a .properties file, each
@@ -121,26 +128,39 @@ def scram_jaas(username: str, password: str) -> str:
             f'username="{_checked("user name", username)}" password="{_checked("password", password)}";')
 
 
+def controller_jaas(admin: str, password: str) -> str:
+    """The controller listener's PLAIN login: `username`/`password` are what the broker (the controller's
+    client in this JVM) logs in with, `user_<admin>` the one account the controller accepts."""
+    admin, password = _checked("user name", admin), _checked("password", password)
+    return (f'org.apache.kafka.common.security.plain.PlainLoginModule required '
+            f'username="{admin}" password="{password}" user_{admin}="{password}";')
+
+
 def broker_overrides(certs: Certificates, *, port: int, controller_port: int, admin_password: str,
                      admin: str = ADMIN, host: str = "127.0.0.1") -> dict[str, str]:
     """Server properties (over `kafka.local_properties`) for one SASL_SSL listener serving clients and
-    inter-broker traffic (the broker logs in as `admin`, a super user) and a PLAINTEXT controller listener
-    that stays on loopback. The broker reaches its controller there as User:ANONYMOUS, which the controller
-    must authorize for broker registration, so ANONYMOUS is a super user too: it exists only on that
-    listener, and the SASL_SSL listener never yields it."""
+    inter-broker traffic with SCRAM (the broker logs in as `admin`, a super user) and a controller listener
+    on loopback that is SASL_SSL too, with PLAIN and the admin as its only user: the broker registers with
+    its controller, and forwards requests to it, as the admin. No listener yields User:ANONYMOUS, and
+    only the admin is a super user."""
+    controller = CONTROLLER.lower()
     return {
-        "listeners": f"{LISTENER}://{host}:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "listeners": f"{LISTENER}://{host}:{port},{CONTROLLER}://127.0.0.1:{controller_port}",
         "advertised.listeners": f"{LISTENER}://{host}:{port}",
-        "listener.security.protocol.map": f"{LISTENER}:SASL_SSL,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": f"{LISTENER}:SASL_SSL,{CONTROLLER}:SASL_SSL",
         "inter.broker.listener.name": LISTENER,
         "sasl.enabled.mechanisms": SCRAM, "sasl.mechanism.inter.broker.protocol": SCRAM,
         f"listener.name.{LISTENER.lower()}.{SCRAM.lower()}.sasl.jaas.config": scram_jaas(admin, admin_password),
+        f"listener.name.{controller}.sasl.enabled.mechanisms": CONTROLLER_MECHANISM,
+        "sasl.mechanism.controller.protocol": CONTROLLER_MECHANISM,
+        f"listener.name.{controller}.{CONTROLLER_MECHANISM.lower()}.sasl.jaas.config":
+            controller_jaas(admin, admin_password),
         "ssl.keystore.type": "PKCS12", "ssl.keystore.location": str(certs.keystore),
         "ssl.keystore.password": certs.password, "ssl.key.password": certs.password,
         "ssl.truststore.type": "PEM", "ssl.truststore.location": str(certs.ca_pem),
         "ssl.client.auth": "none",
         "authorizer.class.name": AUTHORIZER,
-        "super.users": f"User:{admin};User:ANONYMOUS",
+        "super.users": f"User:{_checked('user name', admin)}",
         "allow.everyone.if.no.acl.found": "false",
     }
 
