@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
 BROKER  ?= both
 
-.PHONY: install kafka run up down test test-fast test-unit test-pg18 bench-e2e bench-placement bench-telemetry bench-quota schemas clean
+.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 bench-e2e bench-placement bench-telemetry bench-quota schemas clean
 
 install: $(STAMP)
 
@@ -31,9 +31,18 @@ up: install
 down: install
 	$(BIN)/gpusched down
 
-## test: every suite (unit, integration, end to end) on both brokers; starts its own brokers and PostgreSQL
+## test: every suite (unit, integration, end to end) on both brokers, but for the end-to-end modules'
+## repeat on Apache Kafka (test-slow); starts its own brokers and PostgreSQL
 test: install $(if $(filter tansu,$(BROKER)),,kafka)
-	$(BIN)/python -m pytest -q --broker $(BROKER)
+	$(BIN)/python -m pytest -q -m "not slow" --broker $(BROKER)
+
+## test-slow: the end-to-end modules on Apache Kafka (CI runs it after `make test`)
+test-slow: install kafka
+	$(BIN)/python -m pytest -q -m slow --broker both
+
+## test-all: both of the above in one run
+test-all: install kafka
+	$(BIN)/python -m pytest -q --broker both
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" --broker tansu

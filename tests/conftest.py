@@ -38,9 +38,15 @@ def selected_brokers(config: pytest.Config) -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # module scope: an end-to-end module's stack runs once per broker; integration tests get a fresh
-    # broker each all the same (the broker_bootstrap fixture is per test)
-    if "broker_kind" in metafunc.fixturenames:
-        metafunc.parametrize("broker_kind", selected_brokers(metafunc.config), scope="module")
+    # broker each all the same (the broker_bootstrap fixture is per test). An end-to-end module's run on
+    # Apache Kafka repeats its Tansu run on the production broker and is marked slow (`make test-slow`,
+    # run by CI), unless the module is about the broker itself (BROKER_BEHAVIOUR = True).
+    if "broker_kind" not in metafunc.fixturenames:
+        return
+    repeat = "e2e" in metafunc.definition.path.parts and not getattr(metafunc.module, "BROKER_BEHAVIOUR", False)
+    params = [pytest.param(kind, marks=pytest.mark.slow) if repeat and kind == "kafka" else kind
+              for kind in selected_brokers(metafunc.config)]
+    metafunc.parametrize("broker_kind", params, scope="module")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

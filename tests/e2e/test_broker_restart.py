@@ -22,6 +22,7 @@ from tests.builders import a_job
 from tests.integration.kafka_helpers import read_topic
 
 STACK_NODES = 2
+BROKER_BEHAVIOUR = True  # what the broker keeps across a restart: its Apache Kafka run is part of `make test`
 
 
 async def _count_with_status(database_url: str, ids: list[str], status: str) -> int:

@@ -21,6 +21,7 @@ from tests.builders import a_job
 from tests.e2e.test_preemption import wait_for_status
 
 NODES, GPUS_PER_NODE = 2, 4  # four 2-GPU jobs fill both nodes, so both agents have jobs to leave behind
+BROKER_BEHAVIOUR = True  # each broker's own processes (a JVM for Apache Kafka) must go too: part of `make test`
 
 
 @pytest.fixture
