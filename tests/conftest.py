@@ -43,10 +43,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # run by CI), unless the module is about the broker itself (BROKER_BEHAVIOUR = True).
     if "broker_kind" not in metafunc.fixturenames:
         return
+    # A module may also name brokers it cannot pass on yet, with why (BROKER_SKIP): reported as skipped.
     repeat = "e2e" in metafunc.definition.path.parts and not getattr(metafunc.module, "BROKER_BEHAVIOUR", False)
-    params = [pytest.param(kind, marks=pytest.mark.slow) if repeat and kind == "kafka" else kind
-              for kind in selected_brokers(metafunc.config)]
+    skips = getattr(metafunc.module, "BROKER_SKIP", {})
+    params = [pytest.param(kind, marks=_broker_marks(kind, repeat, skips)) for kind in selected_brokers(metafunc.config)]
     metafunc.parametrize("broker_kind", params, scope="module")
+
+
+def _broker_marks(kind: str, repeat: bool, skips: dict[str, str]) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.skip(reason=skips[kind])] if kind in skips else []
+    return marks + ([pytest.mark.slow] if repeat and kind == "kafka" else [])
 
 
 def pytest_report_header(config: pytest.Config) -> str:

