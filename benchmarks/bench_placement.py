@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from services.placement.engine import (  # noqa: E402
+from gpusched_core.placement import (  # noqa: E402
     Binding,
     ClusterSnapshot,
     Gpu,

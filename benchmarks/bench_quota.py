@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from services.quota.policy import (  # noqa: E402
+from gpusched_core.quota import (  # noqa: E402
     UNITS_PER_GPU,
     PendingJob,
     QuotaAsk,

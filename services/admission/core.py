@@ -23,7 +23,7 @@ from gpusched_common.resources import (
     model_memory_mib,
 )
 
-from services.placement.engine.mig import MIG_FAMILIES
+from gpusched_core.placement.mig import MIG_FAMILIES
 
 # MIG profiles each MIG-capable model offers (the placement engine's geometry, NVIDIA's names)
 MIG_PROFILES_BY_MODEL = {model: tuple(profiles) for model, profiles in MIG_FAMILIES.items()}

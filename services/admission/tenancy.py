@@ -14,8 +14,8 @@ import asyncpg
 
 from gpusched_common import events as ev
 
-from services.quota.policy import Tenancy
-from services.quota.policy.reasons import not_allowed, unknown_tenant
+from gpusched_core.quota import Tenancy
+from gpusched_core.quota.reasons import not_allowed, unknown_tenant
 from services.quota.revisions import TenancyStore
 from services.quota.tenancy import priority_class_for, queued_job, to_pending
 

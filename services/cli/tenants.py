@@ -26,7 +26,7 @@ from gpusched_common.settings import Settings
 from gpusched_common.topics import TENANCY_UPDATES
 
 from services.cli.table import render
-from services.quota.policy import TenancyError, format_gpus, load_tenancy
+from gpusched_core.quota import TenancyError, format_gpus, load_tenancy
 
 TENANCY_KEY = "tenancy"  # one partition key: updates stay in the order they were published
 

@@ -17,7 +17,7 @@ from gpusched_common.topics import CLUSTER_SCALING
 
 from services.metrics.core import ClusterSnapshot, GpuSlot, PendingJob, TenantQuota
 from services.metrics.scaling import Decision, InFlight, ModelState, ScaleOut, ScalerState
-from services.quota.policy import units_to_gpus
+from gpusched_core.quota import units_to_gpus
 
 SERVICE = "metrics"
 _SCALER_LOCK = 727_300  # one metrics replica decides scaling at a time

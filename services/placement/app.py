@@ -9,7 +9,7 @@ from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
 
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.handlers import SERVICE, check_leases, make_handler
 from services.placement.placing import expire_nominations, run_cycle
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.core import Deferral, Member, PendingJob, Placement, order_pending
 
 

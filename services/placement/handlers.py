@@ -16,7 +16,7 @@ from gpusched_common.resources import canonical_model
 from gpusched_common.store import claim
 from gpusched_common.topics import JOBS_EVENTS
 
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.leases import REQUEUE_REASON_CODES, NodeLease, is_stale, select_expired
 from services.placement.placing import SERVICE, lock_cycle, run_cycle, send_command
 

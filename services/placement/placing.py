@@ -16,7 +16,7 @@ from gpusched_common.store import enqueue
 from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import current_traceparent
 
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.core import Deferral, PendingJob, Placement
 from services.placement.cycle import GpuRow, Held, NodeRow, build_cluster, run_plan
 

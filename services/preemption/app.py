@@ -9,7 +9,7 @@ from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_PREEMPTION, JOBS_EVENTS, QUOTA_RECLAIMS
 
-from services.preemption import selection as sel
+from gpusched_core import preemption as sel
 from services.preemption.handlers import SERVICE, PreemptionSettings, make_handler, make_reclaim_handler
 
 

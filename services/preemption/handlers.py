@@ -24,7 +24,7 @@ from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 
 from services.placement.placing import load_cluster, lock_cycle
-from services.preemption import selection as sel
+from gpusched_core import preemption as sel
 from services.preemption.protocol import (
     SERVICE,
     PreemptionSettings,

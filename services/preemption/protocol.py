@@ -18,10 +18,10 @@ from gpusched_common.store import enqueue
 from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import current_traceparent
 
-from services.placement.engine import Decision
-from services.preemption import selection as sel
+from gpusched_core.placement import Decision
+from gpusched_core import preemption as sel
 from services.preemption.requests import member_nodes, preempt_commands
-from services.quota.policy.units import UNITS_PER_GPU
+from gpusched_core.quota.units import UNITS_PER_GPU
 from services.quota.revisions import TenancyStore
 
 SERVICE = "preemption"

@@ -15,10 +15,10 @@ from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.jobs import append_job_events, load_job
 
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.cycle import nomination_id
 from services.placement.placing import load_cluster, lock_cycle
-from services.preemption import selection as sel
+from gpusched_core import preemption as sel
 from services.preemption.protocol import (
     SERVICE,
     PreemptionSettings,

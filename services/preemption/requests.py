@@ -10,11 +10,11 @@ from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.resources import canonical_model
 
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.core import pending_from_spec
 from services.placement.cycle import request_for
-from services.preemption import selection as sel
-from services.quota.policy.units import GpuAsk, gpus_to_units, units_for
+from gpusched_core import preemption as sel
+from gpusched_core.quota.units import GpuAsk, gpus_to_units, units_for
 
 
 def request_of(job_id: str, spec: ev.JobSpec, model: str | None = None) -> engine.PodRequest | engine.GangRequest:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.placement.engine import build_snapshot, make_policy, policy_names
+from gpusched_core.placement import build_snapshot, make_policy, policy_names
 from services.simulator.trace import default_nodes_path, default_pods_path
 
 from .engine import simulate

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     GpuShare,
     MigSlice,
     Node,
@@ -29,7 +29,7 @@ from services.placement.engine import (
     build_snapshot,
     place,
 )
-from services.preemption.selection import PreemptionPlan, Preemptor, SelectionConfig, reserve, select_victims
+from gpusched_core.preemption import PreemptionPlan, Preemptor, SelectionConfig, reserve, select_victims
 
 from .state import FINISH, REQUEUE, UNPROTECT, PodRecord, SimConfig, SimState
 from .trace import SimPod

@@ -13,8 +13,8 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from services.placement.engine import ClusterSnapshot, Decision, PlacementPolicy, RequestId, apply, release
-from services.preemption.selection import RunningJob
+from gpusched_core.placement import ClusterSnapshot, Decision, PlacementPolicy, RequestId, apply, release
+from gpusched_core.preemption import RunningJob
 
 from .trace import SimPod
 

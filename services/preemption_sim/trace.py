@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.placement.engine import Node, PodRequest, build_snapshot, feasible_mask
+from gpusched_core.placement import Node, PodRequest, build_snapshot, feasible_mask
 from services.simulator.trace import load_nodes, pod_request
 
 PRIORITY_BY_QOS = {"LS": 100, "Guaranteed": 100, "Burstable": 50, "BE": 0}

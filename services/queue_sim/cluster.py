@@ -1,4 +1,4 @@
-"""The simulated cluster: whole-GPU nodes placed by the placement engine (``services.placement.engine``).
+"""The simulated cluster: whole-GPU nodes placed by the placement engine (``gpusched_core.placement``).
 
 The engine chooses the node(s) and GPUs under a named policy (default ``bestfit``) on an immutable
 snapshot; this class keeps the current snapshot plus a free-GPU count per node, so a job that cannot
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.placement import engine
+from gpusched_core import placement as engine
 
 FLAVOR = "philly-gpu"
 DEFAULT_PLACEMENT = "bestfit"

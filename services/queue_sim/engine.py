@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.quota.policy import PendingJob, PendingQueue, QuotaCycle, QuotaSnapshot, Tenancy
+from gpusched_core.quota import PendingJob, PendingQueue, QuotaCycle, QuotaSnapshot, Tenancy
 
 from .cluster import FLAVOR, Cluster
 from .policies import Policy

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from services.quota.policy import units_to_gpus
+from gpusched_core.quota import units_to_gpus
 
 from .state import SimState
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.quota.policy import FairShareOrder, FifoOrder, JobOrder, PendingJob
-from services.quota.policy.ordering import SortKey
+from gpusched_core.quota import FairShareOrder, FifoOrder, JobOrder, PendingJob
+from gpusched_core.quota.ordering import SortKey
 
 DEFAULT_POLICY = "fairshare"
 DEFAULT_HALF_LIFE_S = 6 * 3600.0

@@ -9,7 +9,7 @@ no tenant is pushed below its nominal quota by someone else's work.
 
 from __future__ import annotations
 
-from services.quota.policy import UNITS_PER_GPU, QuotaBook, QuotaSnapshot, ReclaimRequest, dominant_shares
+from gpusched_core.quota import UNITS_PER_GPU, QuotaBook, QuotaSnapshot, ReclaimRequest, dominant_shares
 
 from .cluster import FLAVOR, gang_parts
 from .state import Run, SimState

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.quota.policy import QuotaBook, Tenancy, gpus_to_units, parse_tenancy
+from gpusched_core.quota import QuotaBook, Tenancy, gpus_to_units, parse_tenancy
 
 from .cluster import FLAVOR
 from .engine import Progress, SimConfig, simulate

@@ -1,7 +1,7 @@
 """Mutable state of one simulated run: the clock, queues, running jobs, quota usage and records.
 
 Only the engine and the preemption helpers change it; the decisions themselves come from the pure
-quota core (``services.quota.policy``) and the placement core (through ``cluster``).
+quota core (``gpusched_core.quota``) and the placement core (through ``cluster``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 
-from services.quota.policy import (
+from gpusched_core.quota import (
     UNITS_PER_GPU,
     JobOrder,
     PendingJob,

@@ -1,5 +1,5 @@
 """Quota service: reserves and releases quota for jobs under the tenancy tree (cohorts, borrowing, fair
-share; ``services.quota.policy``), asks the preemption service to reclaim borrowed quota, and takes tenancy
+share; ``gpusched_core.quota``), asks the preemption service to reclaim borrowed quota, and takes tenancy
 revisions from operators at run time.
 
 The tenancy in force is the newest revision in PostgreSQL. At start the file named by
@@ -22,7 +22,7 @@ from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_QUOTA, JOBS_EVENTS, TENANCY_UPDATES
 
 from services.quota.admin import GROUP_QUOTA_ADMIN, make_tenancy_update_handler
-from services.quota.policy import load_tenancy
+from gpusched_core.quota import load_tenancy
 from services.quota.policy_handlers import (
     SERVICE,
     CycleOptions,

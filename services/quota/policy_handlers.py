@@ -1,4 +1,4 @@
-"""Quota's Kafka edge for job events: cohorts, borrowing, fair share and reclaims (``services.quota.policy``).
+"""Quota's Kafka edge for job events: cohorts, borrowing, fair share and reclaims (``gpusched_core.quota``).
 
 Per batch, each touched cohort gets one reservation cycle (``reserve_for_cohort``): lock the cohort's usage
 rows, build a ``QuotaSnapshot``, ``plan_cycle``, append ``QuotaReserved`` / ``QuotaDeferred``, charge the
@@ -32,7 +32,7 @@ from gpusched_common.topics import QUOTA_RECLAIMS
 from gpusched_common.tracing import current_traceparent
 
 from services.quota import policy_store as store
-from services.quota.policy import (
+from gpusched_core.quota import (
     UNITS_PER_GPU,
     QuotaPlan,
     QuotaSnapshot,

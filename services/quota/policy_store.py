@@ -13,7 +13,7 @@ import asyncpg
 
 from gpusched_common import events as ev
 
-from services.quota.policy import Tenancy, UsageHistory
+from gpusched_core.quota import Tenancy, UsageHistory
 from services.quota.reclaims import SentReclaim
 from services.quota.tenancy import QueuedJob, cohort_names, limit_units, takes_guests
 

@@ -21,7 +21,7 @@ from datetime import datetime
 import asyncpg
 
 from services.quota import policy_store as store
-from services.quota.policy import QuotaSnapshot, Tenancy, UsageHistory, plan_cycle
+from gpusched_core.quota import QuotaSnapshot, Tenancy, UsageHistory, plan_cycle
 from services.quota.revisions import TenancyStore
 from services.quota.tenancy import (
     QueuedJob,

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from gpusched_common import events as ev
 
-from services.quota.policy import ReclaimRequest, Tenancy, format_gpus, units_to_gpus
+from gpusched_core.quota import ReclaimRequest, Tenancy, format_gpus, units_to_gpus
 
 
 @dataclass(frozen=True)

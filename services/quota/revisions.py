@@ -12,7 +12,7 @@ from datetime import datetime
 
 import asyncpg
 
-from services.quota.policy import Tenancy, load_tenancy
+from gpusched_core.quota import Tenancy, load_tenancy
 from services.quota.policy_store import apply_limits
 
 TENANCY_LOCK = 727_400  # advisory lock id: shared by decisions, exclusive while a revision is installed

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gpusched_common import events as ev
 
-from services.quota.policy import GpuAsk, PendingJob, QuotaBook, Tenancy, UnitError, pending_job
+from gpusched_core.quota import GpuAsk, PendingJob, QuotaBook, Tenancy, UnitError, pending_job
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpusched_common import events as ev
 from gpusched_common.credentials import OPERATOR, Verdict
 
-from services.quota.policy import Tenancy, TenancyError, load_tenancy
+from gpusched_core.quota import Tenancy, TenancyError, load_tenancy
 
 
 @dataclass(frozen=True)

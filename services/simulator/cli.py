@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.placement.engine import policy_infos, policy_names, workload_from_requests
+from gpusched_core.placement import policy_infos, policy_names, workload_from_requests
 
 from .replay import replay
 from .report import RunResult, document, summarise, table

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     Node,
     PodRequest,
     RequestId,

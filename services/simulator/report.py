@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.placement.engine import PolicyInfo
+from gpusched_core.placement import PolicyInfo
 
 from .metrics import unallocated_pct
 from .published import published_unallocated

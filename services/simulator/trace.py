@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     MILLI_PER_GPU,
     MODEL_LABEL,
     Gpu,

@@ -9,7 +9,7 @@ from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.handlers import check_leases, process
 
 POLICY = engine.make_policy("bestfit")

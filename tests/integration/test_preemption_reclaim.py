@@ -21,7 +21,7 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.runtime import running
 from gpusched_common.topics import NODES_COMMANDS, QUOTA_RECLAIMS
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.handlers import process
 from services.preemption.app import preemption_settings, setup
 from services.preemption.handlers import SERVICE, consider
@@ -262,7 +262,7 @@ tenants:
 async def test_guests_are_reclaimed_for_and_from_as_the_tenant_they_are_charged_to(settings, guest):
     """guest team-a: the waiting job is a guest's (charged to team-a, the tenant quota reclaims for);
     guest team-b: the borrower's running job is a guest's (charged to team-b, the borrower quota names)."""
-    from services.quota.policy import load_tenancy
+    from gpusched_core.quota import load_tenancy
     from services.quota.revisions import install, lock_revisions
 
     text = GUEST_TENANCY.format(guest=guest)

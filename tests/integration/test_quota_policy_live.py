@@ -16,7 +16,7 @@ from gpusched_common.ids import job_stream
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming
 from gpusched_common.store import load
-from services.quota.policy import UNITS_PER_GPU, UsageHistory, load_tenancy
+from gpusched_core.quota import UNITS_PER_GPU, UsageHistory, load_tenancy
 from services.quota.policy_handlers import make_policy_job_event_handler, reserve_for_cohort
 from services.quota.policy_store import save_history
 from services.quota.revisions import TenancyStore, install, lock_revisions

@@ -12,7 +12,7 @@ import pytest
 from gpusched_common import decider
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.handlers import apply, process
 from services.placement.placing import ClusterCache, run_cycle
 from tests.builders import T0, a_job

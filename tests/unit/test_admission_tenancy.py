@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.admission.tenancy import check_against_tenancy
-from services.quota.policy import load_tenancy
+from gpusched_core.quota import load_tenancy
 from tests.builders import a_job
 
 TENANCY = load_tenancy("""

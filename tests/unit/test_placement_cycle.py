@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.placement.core import PendingJob
 from services.placement.cycle import GpuRow, Held, NodeRow, build_cluster, plan_cycle
 

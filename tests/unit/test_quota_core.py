@@ -10,7 +10,7 @@ import pytest
 from gpusched_common import events as ev
 from gpusched_common.credentials import OPERATOR, Verdict
 from services.cli.stack import local_tenancy, node_specs
-from services.quota.policy import UNITS_PER_GPU, QuotaSnapshot, ReclaimRequest, parse_tenancy, plan_cycle
+from gpusched_core.quota import UNITS_PER_GPU, QuotaSnapshot, ReclaimRequest, parse_tenancy, plan_cycle
 from services.quota.reclaims import SentReclaim, reclaim_event, select_reclaims
 from services.quota.tenancy import as_guest, cohort_of, queued_job, to_pending
 from services.quota.updates import Accepted, Rejected, review_update
@@ -87,7 +87,7 @@ def test_without_a_guest_tenant_an_unknown_tenant_waits_with_a_reason():
     ("org", "guest_tenant: 'org' is an organisation; name a team"),
 ])
 def test_the_guest_tenant_must_be_a_team_of_the_file(guest, problem):
-    from services.quota.policy import TenancyError
+    from gpusched_core.quota import TenancyError
 
     with pytest.raises(TenancyError, match=problem):
         tenancy(guest=guest)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     DEFAULT_TOPOLOGY_KEY,
     ClusterSnapshot,
     GangRequest,

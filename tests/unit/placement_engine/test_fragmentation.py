@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     Binding,
     MigPlacement,
     NodeId,
@@ -16,7 +16,7 @@ from services.placement.engine import (
     node_fragmentation,
     workload_from_requests,
 )
-from services.placement.engine.mig import MIG_FAMILIES, free_starts, mig_family, stranded_slices
+from gpusched_core.placement.mig import MIG_FAMILIES, free_starts, mig_family, stranded_slices
 
 from .builders import a_cluster, a_node, a_request
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     Binding,
     ClusterSnapshot,
     MigPlacement,

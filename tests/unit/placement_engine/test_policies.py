@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     RequestShape,
     WorkloadDistribution,
     apply,
@@ -16,9 +16,9 @@ from services.placement.engine import (
     place,
     policy_infos,
 )
-from services.placement.engine.fgd import FragmentationMemo, frag_growth, sigmoid_score
-from services.placement.engine.fragmentation import shape_arrays
-from services.placement.engine.policies import BestFitPolicy, Candidates, PackingPolicy
+from gpusched_core.placement.fgd import FragmentationMemo, frag_growth, sigmoid_score
+from gpusched_core.placement.fragmentation import shape_arrays
+from gpusched_core.placement.policies import BestFitPolicy, Candidates, PackingPolicy
 
 from .builders import a_cluster, a_node, a_request
 from .test_properties import clusters, requests
@@ -46,7 +46,7 @@ def test_bestfit_scores_the_weighted_leftover_of_the_largest_node() -> None:
 
 
 def test_packing_prefers_shared_gpus_then_used_nodes_then_idle_nodes() -> None:
-    from services.placement.engine import Binding, NodeId, RequestId, apply_bindings
+    from gpusched_core.placement import Binding, NodeId, RequestId, apply_bindings
 
     snapshot = a_cluster(a_node("idle").gpus(4), a_node("used").gpus(4), a_node("shared").gpus(4))
     snapshot = apply_bindings(snapshot, RequestId("x"), [Binding(NodeId("used"), (0,), gpu_milli=1000),

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     MIG_FAMILIES,
     ClusterSnapshot,
     GangRequest,

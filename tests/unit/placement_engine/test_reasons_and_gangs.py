@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.placement.engine import NodeClassReason, apply, make_policy, place, place_whole_gpus
+from gpusched_core.placement import NodeClassReason, apply, make_policy, place, place_whole_gpus
 
 from .builders import a_cluster, a_gang, a_node, a_request
 
@@ -63,7 +63,7 @@ def test_a_gang_stays_in_the_tightest_topology_block_that_fits() -> None:
 
 
 def test_a_gang_releases_as_one_allocation() -> None:
-    from services.placement.engine import release
+    from gpusched_core.placement import release
 
     snapshot = a_cluster(*(a_node(f"n{i}").gpus(8) for i in range(2)))
     decision = place(snapshot, a_gang("g", nodes=2, gpus_per_node=8), make_policy("bestfit"))

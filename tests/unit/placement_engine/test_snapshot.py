@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     Binding,
     MigPlacement,
     NodeId,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     Binding,
     ClusterSnapshot,
     GangRequest,
@@ -22,7 +22,7 @@ from services.placement.engine import (
     build_snapshot,
     with_gpu_state,
 )
-from services.preemption.selection import Preemptor, RunningJob
+from gpusched_core.preemption import Preemptor, RunningJob
 
 
 @dataclass

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 from gpusched_common import decider
 from gpusched_common import events as ev
-from services.placement import engine
+from gpusched_core import placement as engine
 from services.preemption.requests import preempt_commands, quota_units_of, reclaim_ask, request_of
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)

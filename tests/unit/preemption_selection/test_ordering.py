@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.preemption.selection import (
+from gpusched_core.preemption import (
     VICTIM_ORDERS,
     CandidateFacts,
     RunningJob,

@@ -9,8 +9,8 @@ from itertools import combinations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.placement.engine import RequestId, make_policy, place
-from services.preemption.selection import released, reserve, select_victims
+from gpusched_core.placement import RequestId, make_policy, place
+from gpusched_core.preemption import released, reserve, select_victims
 
 from .builders import a_cluster, a_node, share, whole
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.placement.engine import PodRequest, RequestId, WholeGpus
-from services.preemption.selection import FreedFor, Preemptor, ReclaimAsk, plan_reclaim, quota_need_units
+from gpusched_core.placement import PodRequest, RequestId, WholeGpus
+from gpusched_core.preemption import FreedFor, Preemptor, ReclaimAsk, plan_reclaim, quota_need_units
 
 from .builders import a_cluster, a_node
 

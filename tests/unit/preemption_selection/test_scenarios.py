@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.preemption.selection import (
+from gpusched_core.preemption import (
     FairShareTrigger,
     ReclaimRequest,
     SelectionConfig,

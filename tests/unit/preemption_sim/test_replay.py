@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from services.placement.engine import Gpu, Node, NodeId, PodRequest, RequestId, WholeGpus, make_policy
+from gpusched_core.placement import Gpu, Node, NodeId, PodRequest, RequestId, WholeGpus, make_policy
 from services.preemption_sim.cli import add_simulate_preemption_parser, main
 from services.preemption_sim.engine import simulate
 from services.preemption_sim.metrics import JSON_KEYS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from services.quota.policy import UNITS_PER_GPU, PendingJob, QuotaAsk, Tenancy, parse_tenancy
+from gpusched_core.quota import UNITS_PER_GPU, PendingJob, QuotaAsk, Tenancy, parse_tenancy
 
 A100 = "A100"
 CLASSES = {"high": 100, "normal": 10, "low": 0}

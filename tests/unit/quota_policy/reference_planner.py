@@ -12,12 +12,12 @@ import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.quota.policy.ledger import QuotaBook
-from services.quota.policy.model import Tenancy
-from services.quota.policy.ordering import FairShareOrder, JobOrder, PendingJob, SortKey
-from services.quota.policy.planner import Candidate, ReclaimRequest, Reservation
-from services.quota.policy.queues import UNKNOWN_PRIORITY, PendingQueue
-from services.quota.policy.reasons import (
+from gpusched_core.quota.ledger import QuotaBook
+from gpusched_core.quota.model import Tenancy
+from gpusched_core.quota.ordering import FairShareOrder, JobOrder, PendingJob, SortKey
+from gpusched_core.quota.planner import Candidate, ReclaimRequest, Reservation
+from gpusched_core.quota.queues import UNKNOWN_PRIORITY, PendingQueue
+from gpusched_core.quota.reasons import (
     WAITING_FOR_CAPACITY,
     WaitCategory,
     WaitingJob,
@@ -25,8 +25,8 @@ from services.quota.policy.reasons import (
     quota_block,
     unknown_tenant,
 )
-from services.quota.policy.snapshot import QuotaSnapshot, dominant_shares
-from services.quota.policy.units import format_gpus, gpu_equivalents
+from gpusched_core.quota.snapshot import QuotaSnapshot, dominant_shares
+from gpusched_core.quota.units import format_gpus, gpu_equivalents
 
 
 

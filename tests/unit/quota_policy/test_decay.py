@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.quota.policy import UsageHistory, accrued, advance, average_rate, decayed
+from gpusched_core.quota import UsageHistory, accrued, advance, average_rate, decayed
 
 H = 3600.0
 

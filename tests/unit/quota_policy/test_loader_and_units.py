@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from services.quota.policy import (
+from gpusched_core.quota import (
     UNITS_PER_GPU,
     GpuAsk,
     TenancyError,

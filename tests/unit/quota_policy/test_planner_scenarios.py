@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.quota.policy import (
+from gpusched_core.quota import (
     QuotaBook,
     QuotaSnapshot,
     UsageHistory,
@@ -144,7 +144,7 @@ def test_positions_count_waiting_jobs_of_higher_priority_ahead():
 
 
 def test_a_candidate_deferred_for_capacity_says_so():
-    from services.quota.policy import FairShareOrder, QuotaCycle, build_queues
+    from gpusched_core.quota import FairShareOrder, QuotaCycle, build_queues
 
     tenancy = a_cohort(team("team-a", 8))
     snapshot = QuotaSnapshot(tenancy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.quota.policy import (
+from gpusched_core.quota import (
     FairShareOrder,
     QuotaBook,
     QuotaCycle,

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.placement.engine import GpuShare, WholeGpus, workload_from_requests
+from gpusched_core.placement import GpuShare, WholeGpus, workload_from_requests
 from services.simulator.metrics import allocated_pct_at, unallocated_pct
 from services.simulator.published import published_unallocated
 from services.simulator.replay import arrival_order, replay

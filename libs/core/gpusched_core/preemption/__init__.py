@@ -2,7 +2,7 @@
 
 Typical use, once per blocked job (time and ids are arguments)::
 
-    from services.preemption import selection as sel
+    from gpusched_core import preemption as sel
 
     plan = sel.select_victims(
         snapshot,                       # the placement engine's ClusterSnapshot (reservations included)

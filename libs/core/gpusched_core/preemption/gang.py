@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.placement.engine import ClusterSnapshot, GangRequest, feasible_mask
+from gpusched_core.placement import ClusterSnapshot, GangRequest, feasible_mask
 
 from .eligibility import Eligibility
 from .model import SelectionConfig

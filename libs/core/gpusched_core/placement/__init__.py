@@ -2,7 +2,7 @@
 
 Typical use::
 
-    from services.placement import engine
+    from gpusched_core import placement as engine
 
     snapshot = engine.build_snapshot(nodes)                      # nodes: list[engine.Node]
     policy = engine.make_policy("bestfit")                        # or "fgd", "ours", ...

@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from services.placement.engine import ClusterSnapshot, PlacementPolicy
-from services.quota.policy.units import format_gpus
+from gpusched_core.placement import ClusterSnapshot, PlacementPolicy
+from gpusched_core.quota.units import format_gpus
 
 from . import reasons as text
 from .eligibility import Eligibility, classify

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, TypeAlias
 
-from services.placement.engine import Decision, GangRequest, PodRequest
+from gpusched_core.placement import Decision, GangRequest, PodRequest
 
 Outcome: TypeAlias = Literal["fits", "await", "preempt", "none"]
 CrossTenant: TypeAlias = Literal["any", "borrowing-only"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.placement.engine import GangRequest, PodRequest, describe
+from gpusched_core.placement import GangRequest, PodRequest, describe
 
 from .model import FairShareTrigger, Preemptor, ReclaimRequest, Trigger
 from .ordering import CandidateFacts, VictimOrder

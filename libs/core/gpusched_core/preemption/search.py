@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from services.placement.engine import PodRequest
+from gpusched_core.placement import PodRequest
 
 from .eligibility import Eligibility
 from .model import SelectionConfig

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     MIG_FAMILIES,
     MILLI_PER_GPU,
     Binding,

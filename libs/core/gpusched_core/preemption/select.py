@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.placement.engine import (
+from gpusched_core.placement import (
     ClusterSnapshot,
     Decision,
     GangRequest,

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.placement.engine import MILLI_PER_GPU, ClusterSnapshot, mig_profile
+from gpusched_core.placement import MILLI_PER_GPU, ClusterSnapshot, mig_profile
 
 from .model import (
     FairShareTrigger,

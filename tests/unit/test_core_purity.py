@@ -1,0 +1,57 @@
+"""The decision cores stay pure (libs/core/gpusched_core/__init__.py): what they may import, and no clock,
+random source or fresh id anywhere in them. A static check over every module, so a violation fails here
+before it can make a decision unrepeatable."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import gpusched_core
+
+CORE = Path(gpusched_core.__file__).parent
+MODULES = sorted(CORE.rglob("*.py"))
+ALLOWED = {"__future__", "collections", "dataclasses", "enum", "functools", "heapq", "itertools", "math",
+           "operator", "re", "types", "typing", "zlib", "numpy", "pydantic", "yaml", "gpusched_core",
+           "bisect", "statistics", "abc", "datetime", "decimal", "fractions", "string", "textwrap"}
+# calls that read the clock, a random source or the environment
+FORBIDDEN_CALLS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("datetime", "now"),
+                   ("datetime", "utcnow"), ("date", "today"), ("uuid", "uuid4"), ("uuid", "uuid1"),
+                   ("os", "getenv"), ("random", "random"), ("random", "choice"), ("random", "shuffle"),
+                   ("np", "random")}
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _calls(tree: ast.AST) -> set[tuple[str, str]]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            found.add((node.value.id, node.attr))
+    return found
+
+
+def test_there_are_cores_to_check():
+    assert {p.parent.name for p in MODULES} >= {"placement", "quota", "preemption"}
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(CORE)))
+def test_a_core_module_imports_nothing_but_the_standard_library_numpy_pydantic_yaml_and_cores(path):
+    tree = ast.parse(path.read_text())
+    assert _imports(tree) - ALLOWED == set()
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(CORE)))
+def test_a_core_module_reads_no_clock_random_source_or_environment(path):
+    tree = ast.parse(path.read_text())
+    assert _calls(tree) & FORBIDDEN_CALLS == set()
