@@ -36,7 +36,7 @@ from gpusched_common.kafka_admin import create_topics  # noqa: E402
 from gpusched_common.settings import Settings  # noqa: E402
 from gpusched_common.topics import NODES_TELEMETRY  # noqa: E402
 from gpusched_common.infra.brokers import start_broker, stop_broker  # noqa: E402
-from services.cli.table import render  # noqa: E402
+from gpusched_common.table import render  # noqa: E402
 from services.metrics.telemetry_consumer import TelemetryConsumer  # noqa: E402
 from services.metrics.tracker import TelemetryTracker  # noqa: E402
 from services.node_agent.simulated import SimulatedNvml  # noqa: E402

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from services.cli.table import render
+from gpusched_common.table import render
 
 
 def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

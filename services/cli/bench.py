@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from gpusched_common import events as ev
 
 from services.cli import stack
-from services.cli.table import render
+from gpusched_common.table import render
 from services.cli.workload import progress_line, submit_all, wait_until_finished
 
 

@@ -12,7 +12,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 
 from services.cli import stack
 from services.cli.queries import summary
-from services.cli.table import render
+from gpusched_common.table import render
 from services.cli.workload import demo_workload, progress_line, submit_all, wait_until_finished
 
 TENANTS = ["research", "inference", "platform", "ml-eval"]

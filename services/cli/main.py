@@ -20,7 +20,7 @@ from gpusched_common.kafka_client import KafkaSecurityError, client_options
 from gpusched_common.settings import Settings
 
 from services.cli import stack
-from services.cli.table import render
+from gpusched_common.table import render
 
 
 def _settings() -> Settings:
@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export_schemas)
 
     from services.cli.agent_check import add_agent_parser
-    from services.node_agent.logs import add_logs_parser
+    from services.cli.logs import add_logs_parser
 
     add_agent_parser(sub)
     add_logs_parser(sub)

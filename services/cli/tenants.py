@@ -25,7 +25,7 @@ from gpusched_common.messaging import build_broker, publish
 from gpusched_common.settings import Settings
 from gpusched_common.topics import TENANCY_UPDATES
 
-from services.cli.table import render
+from gpusched_common.table import render
 from gpusched_core.quota import TenancyError, format_gpus, load_tenancy
 
 TENANCY_KEY = "tenancy"  # one partition key: updates stay in the order they were published

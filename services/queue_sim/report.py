@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.cli.table import render
+from gpusched_common.table import render
 
 METRIC_KEYS = ("avg_jct_s", "p99_jct_s", "avg_wait_s", "p99_wait_s", "makespan_s", "gpu_utilization_pct",
                "jain_fairness", "max_quota_overshoot_gpus", "jobs", "wall_s")

@@ -1,4 +1,4 @@
-"""Plain-text tables for the CLI."""
+"""Plain-text tables for the CLI, the simulators and the benchmarks."""
 
 from __future__ import annotations
 
