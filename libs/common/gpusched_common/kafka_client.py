@@ -29,8 +29,7 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     if "SSL" not in settings.kafka_security_protocol:
         return None
     cafile = str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
-    context = ssl.create_default_context(cafile=cafile)  # verifies the certificate and the host name
-    return context
+    return ssl.create_default_context(cafile=cafile)  # verifies the certificate and the host name
 
 
 def _credentials(settings: Settings) -> tuple[str, str]:

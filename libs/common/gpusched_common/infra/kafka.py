@@ -31,10 +31,10 @@ DEPLOY_DIR = Path(__file__).resolve().parents[4] / "deploy" / "kafka"
 POM = DEPLOY_DIR / "pom.xml"
 STARTED_LINE = "Kafka Server started"
 _LOG4J = """status = warn
-appender.file.type = Console
-appender.file.name = OUT
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = INFO
 rootLogger.appenderRef.out.ref = OUT
 logger.kafka.name = kafka
@@ -309,7 +309,7 @@ def main(argv: list[str]) -> int:
         elif command == "lock":
             print(f"wrote {write_lock()}")
         else:
-            print(f"usage: python -m gpusched_common.infra.kafka [fetch|lock]", file=sys.stderr)
+            print("usage: python -m gpusched_common.infra.kafka [fetch|lock]", file=sys.stderr)
             return 2
     except KafkaUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
