@@ -12,7 +12,7 @@ import pytest
 
 from gpusched_common.db import drop_database
 from gpusched_common.settings import Settings
-from services.cli import stack
+from gpusched_cli import stack
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from gpusched_common.db import connect
 from gpusched_common.infra.brokers import restart_broker
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.topics import JOBS_EVENTS
-from services.cli import stack
-from services.cli.client import Client
-from services.cli.workload import wait_until_finished
+from gpusched_cli import stack
+from gpusched_cli.client import Client
+from gpusched_cli.workload import wait_until_finished
 from tests.builders import a_job
 from tests.integration.kafka_helpers import read_topic
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from gpusched_common.db import drop_database
-from services.cli import stack
-from services.cli.client import Client
-from services.cli.teardown import agents_dir, job_records
+from gpusched_cli import stack
+from gpusched_cli.client import Client
+from gpusched_cli.teardown import agents_dir, job_records
 from tests.builders import a_job
 from tests.e2e.test_preemption import wait_for_status
 

@@ -7,10 +7,10 @@ import json
 
 from gpusched_common.db import connect
 from gpusched_common.topics import DEADLETTER
-from services.cli import stack
-from services.cli.client import Client, submission_bytes
-from services.cli.queries import get_job
-from services.cli.workload import wait_until_finished
+from gpusched_cli import stack
+from gpusched_cli.client import Client, submission_bytes
+from gpusched_cli.queries import get_job
+from gpusched_cli.workload import wait_until_finished
 from tests.builders import a_job
 from tests.e2e.conftest import read_spans
 from tests.integration.kafka_helpers import read_topic

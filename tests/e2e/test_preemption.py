@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from gpusched_common.db import connect
-from services.cli.client import Client
-from services.cli.workload import wait_until_finished
+from gpusched_cli.client import Client
+from gpusched_cli.workload import wait_until_finished
 from tests.builders import a_job
 from tests.e2e.test_pipeline import job_view
 
@@ -79,7 +79,7 @@ async def test_killing_the_preemption_service_and_the_agent_mid_protocol_loses_n
     import os
     import signal
 
-    from services.cli import stack
+    from gpusched_cli import stack
 
     low = a_job("x").tenant("research").gpus(2).model("H100-80GB").priority(0).command("sh", "-c", LOW_PRIORITY_JOB)
     async with Client(stack_settings) as client:

@@ -27,8 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpusched_common.db import connect
-from services.cli.client import Client
-from services.cli.workload import wait_until_finished
+from gpusched_cli.client import Client
+from gpusched_cli.workload import wait_until_finished
 from tests.builders import a_job
 from tests.e2e.test_pipeline import job_view
 

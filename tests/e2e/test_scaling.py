@@ -8,8 +8,8 @@ import asyncio
 import math
 
 from gpusched_common.db import connect
-from services.cli.client import Client
-from services.cli.workload import wait_until_finished
+from gpusched_cli.client import Client
+from gpusched_cli.workload import wait_until_finished
 from tests.builders import a_job
 
 COOLDOWN_S = 5

@@ -8,8 +8,8 @@ import json
 
 from gpusched_common.credentials import KEY_ID_HEADER, SIGNATURE_HEADER, load_keys, sign
 from gpusched_common.db import connect
-from services.cli.client import Client, submission_bytes
-from services.cli.workload import wait_until_finished
+from gpusched_cli.client import Client, submission_bytes
+from gpusched_cli.workload import wait_until_finished
 from tests.builders import a_job
 from tests.e2e.test_pipeline import job_view
 
@@ -70,9 +70,9 @@ async def test_a_repeated_request_creates_one_job(local_stack, stack_settings):
 
 
 async def test_the_queue_shows_each_waiting_job_with_its_position_and_reason(local_stack, stack_settings):
-    from services.cli.queries import queue
+    from gpusched_cli.queries import queue
 
-    # platform may hold at most half of each model (the local tenancy, services/cli/stack.py): of two 4-GPU
+    # platform may hold at most half of each model (the local tenancy, libs/cli/gpusched_cli/stack.py): of two 4-GPU
     # jobs on the stack's 8 A100s, one waits for quota (which one depends on the order their events arrive
     # from different partitions)
     spec = a_job("x").tenant("platform").gpus(4).model("A100-80GB").command("sleep", "8").spec()

@@ -23,7 +23,7 @@ from services.admission.app import setup as admission_setup
 from services.admission.core import AdmissionLimits
 from services.admission.handlers import AdmissionPolicy, make_submission_handler
 from services.admission.ratelimit import RateLimit
-from services.cli.client import Client, submission_bytes
+from gpusched_cli.client import Client, submission_bytes
 from tests.builders import T0, a_job
 from tests.integration.kafka_helpers import create_topic, read_topic
 

@@ -218,7 +218,7 @@ async def test_a_tenant_removed_by_a_new_revision_keeps_what_it_holds_until_it_e
 
 
 async def test_the_queue_a_reader_sees_is_the_cycles_fair_share_order_with_each_reason(conn):
-    from services.cli.queries import get_job, queue
+    from gpusched_cli.queries import get_job, queue
 
     for job_id, tenant, gpus in (("b1", "team-b", 4), ("a1", "team-a", 2), ("a2", "team-a", 1), ("b2", "team-b", 1)):
         await submit_and_deliver(conn, job_id, tenant, gpus)

@@ -11,7 +11,7 @@ from gpusched_common.db import connect
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.runtime import running
 from gpusched_common.topics import DEADLETTER, TENANCY_UPDATES
-from services.cli.tenants import TENANCY_KEY, publish_tenancy, update_message, wait_for_outcome
+from gpusched_cli.tenants import TENANCY_KEY, publish_tenancy, update_message, wait_for_outcome
 from services.quota.app import quota_setup
 from tests.builders import T0
 from tests.integration.kafka_helpers import read_topic

@@ -6,7 +6,7 @@ import pytest
 
 from gpusched_common import events as ev
 from services.admission.core import AdmissionLimits, Unparseable, parse_submission
-from services.cli.client import submission_bytes
+from gpusched_cli.client import submission_bytes
 from tests.builders import T0, a_job
 
 LIMITS = AdmissionLimits()

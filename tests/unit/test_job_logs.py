@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli.logs import add_logs_parser, find_job_logs, tail_lines
+from gpusched_cli.logs import add_logs_parser, find_job_logs, tail_lines
 
 
 def test_logs_are_found_per_node_and_tailed(tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 
 from gpusched_common import events as ev
 from gpusched_common.credentials import OPERATOR, Verdict
-from services.cli.stack import local_tenancy, node_specs
+from gpusched_cli.stack import local_tenancy, node_specs
 from gpusched_core.quota import UNITS_PER_GPU, QuotaSnapshot, ReclaimRequest, parse_tenancy, plan_cycle
 from services.quota.reclaims import SentReclaim, reclaim_event, select_reclaims
 from services.quota.tenancy import as_guest, cohort_of, queued_job, to_pending

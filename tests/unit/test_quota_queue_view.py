@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.cli.queries import describe_wait, higher_ahead
+from gpusched_cli.queries import describe_wait, higher_ahead
 from gpusched_core.quota import UNITS_PER_GPU, UsageHistory, load_tenancy
 from services.quota.queue_view import NEXT_CYCLE, QuotaQueueEntry, rank_cohort
 from services.quota.tenancy import QueuedJob

@@ -6,7 +6,7 @@ import pytest
 
 from gpusched_common import events as ev
 from gpusched_common.schema_export import render_schemas
-from services.cli.podspec import PodSpecError, cpu_milli, memory_mib, spec_from_pod_yaml
+from gpusched_cli.podspec import PodSpecError, cpu_milli, memory_mib, spec_from_pod_yaml
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -1,4 +1,4 @@
-"""Stopping a stack's jobs at `down` (services/cli/teardown.py) with real processes: live jobs are stopped
+"""Stopping a stack's jobs at `down` (libs/cli/gpusched_cli/teardown.py) with real processes: live jobs are stopped
 by process group, a reused pid is left alone, a damaged record is skipped with a message."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.teardown import agents_dir, stop_stack_jobs
+from gpusched_cli.teardown import agents_dir, stop_stack_jobs
 from services.node_agent.runner import JobRecord, JobRunner, _alive, _start_ticks
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from services.cli.agent_check import add_agent_parser
+from gpusched_cli.agent_check import add_agent_parser
 from services.node_agent.real_nvml import NvmlUnavailable, RealNvml
 
 

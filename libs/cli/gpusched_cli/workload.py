@@ -12,7 +12,7 @@ import asyncpg
 from gpusched_common import events as ev
 from gpusched_common.settings import Settings
 
-from services.cli.client import Client
+from gpusched_cli.client import Client
 
 TERMINAL = ("Succeeded", "Failed", "Rejected", "Cancelled")
 

@@ -21,7 +21,7 @@ def agents_dir() -> Path:
     explicit = os.environ.get("GPUSCHED_AGENT_WORK_DIR")
     if explicit:
         return Path(explicit)
-    from services.cli import stack  # the CLI's own module; imported late: stack imports a lot
+    from gpusched_cli import stack  # the CLI's own module; imported late: stack imports a lot
 
     state = stack.load()
     if state is not None and state.env.get("GPUSCHED_AGENT_WORK_DIR"):

@@ -19,7 +19,7 @@ from gpusched_common.kafka_admin import TopicCreationFailed, create_topics
 from gpusched_common.kafka_client import KafkaSecurityError, client_options
 from gpusched_common.settings import Settings
 
-from services.cli import stack
+from gpusched_cli import stack
 from gpusched_common.table import render
 
 
@@ -59,7 +59,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def build_spec(args: argparse.Namespace) -> ev.JobSpec:
-    from services.cli.podspec import cpu_milli, memory_mib, spec_from_pod_yaml
+    from gpusched_cli.podspec import cpu_milli, memory_mib, spec_from_pod_yaml
 
     if args.file:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
@@ -79,7 +79,7 @@ def build_spec(args: argparse.Namespace) -> ev.JobSpec:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from services.cli.client import Client
+    from gpusched_cli.client import Client
 
     try:
         spec = build_spec(args)
@@ -97,7 +97,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from services.cli.queries import list_jobs
+    from gpusched_cli.queries import list_jobs
 
     async def go():
         conn = await connect(_settings().database_url)
@@ -114,7 +114,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from services.cli.queries import queue
+    from gpusched_cli.queries import queue
 
     async def go():
         conn = await connect(_settings().database_url)
@@ -132,7 +132,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    from services.cli.queries import get_job
+    from gpusched_cli.queries import get_job
 
     async def go():
         conn = await connect(_settings().database_url)
@@ -272,13 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_job)
 
     p = sub.add_parser("demo", help="run a demo workload on the local stack and print a summary")
-    from services.cli.demo import add_demo_arguments, cmd_demo
+    from gpusched_cli.demo import add_demo_arguments, cmd_demo
 
     add_demo_arguments(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench-e2e", help="benchmark the running local stack end to end")
-    from services.cli.bench import add_bench_arguments, cmd_bench
+    from gpusched_cli.bench import add_bench_arguments, cmd_bench
 
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
@@ -292,13 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="fail if the files differ from the models")
     p.set_defaults(func=cmd_export_schemas)
 
-    from services.cli.agent_check import add_agent_parser
-    from services.cli.logs import add_logs_parser
+    from gpusched_cli.agent_check import add_agent_parser
+    from gpusched_cli.logs import add_logs_parser
 
     add_agent_parser(sub)
     add_logs_parser(sub)
 
-    from services.cli.tenants import add_tenants_parser
+    from gpusched_cli.tenants import add_tenants_parser
 
     add_tenants_parser(sub)
 

@@ -27,7 +27,7 @@ from gpusched_common.infra.processes import free_port, spawn, stop_pid
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
 
-from services.cli.teardown import stop_stack_jobs
+from gpusched_cli.teardown import stop_stack_jobs
 
 SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
 
@@ -203,7 +203,7 @@ def local_tenancy(specs: list[tuple[str, str]]) -> dict:
 def make_local_tenancy(home: Path, specs: list[tuple[str, str]]) -> Path:
     """Write the local tenancy into the stack's home; `gpusched tenants apply` changes it at run time."""
     path = home / "tenants.yaml"
-    header = "# The local stack's tenancy, written by `gpusched up` for its nodes (services/cli/stack.py).\n"
+    header = "# The local stack's tenancy, written by `gpusched up` for its nodes (libs/cli/gpusched_cli/stack.py).\n"
     path.write_text(header + yaml.safe_dump(local_tenancy(specs), sort_keys=False))
     return path
 

@@ -10,10 +10,10 @@ import time
 from gpusched_common.db import connect
 from gpusched_common.infra.brokers import BROKER_KINDS
 
-from services.cli import stack
-from services.cli.queries import summary
+from gpusched_cli import stack
+from gpusched_cli.queries import summary
 from gpusched_common.table import render
-from services.cli.workload import demo_workload, progress_line, submit_all, wait_until_finished
+from gpusched_cli.workload import demo_workload, progress_line, submit_all, wait_until_finished
 
 TENANTS = ["research", "inference", "platform", "ml-eval"]
 

@@ -91,7 +91,7 @@ async def wait_for_outcome(database_url: str, event_id: str, timeout_s: float) -
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from services.cli.main import _settings
+    from gpusched_cli.main import _settings
 
     settings = _settings()
     try:
@@ -128,7 +128,7 @@ async def load_overview(conn: asyncpg.Connection) -> dict:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from services.cli.main import _settings
+    from gpusched_cli.main import _settings
 
     async def go() -> dict:
         conn = await connect(_settings().database_url)

@@ -19,9 +19,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from gpusched_common import events as ev
 
-from services.cli import stack
+from gpusched_cli import stack
 from gpusched_common.table import render
-from services.cli.workload import progress_line, submit_all, wait_until_finished
+from gpusched_cli.workload import progress_line, submit_all, wait_until_finished
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
