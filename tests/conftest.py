@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,8 @@ from gpusched_common.infra import postgres
 from gpusched_common.infra.brokers import BROKER_KINDS, RunningBroker, start_broker, stop_broker
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
+
+from services.node_agent.settings import AgentSettings
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -115,4 +117,13 @@ async def database_url(pg_server: str) -> AsyncIterator[str]:
 @pytest.fixture
 def settings(database_url: str, topics: str, running_broker: RunningBroker, tmp_path: Path) -> Settings:
     return Settings(database_url=database_url, kafka_bootstrap=topics, kafka_idempotence=running_broker.idempotence,
-                    handler_retry_backoff_s=0.01, kafka_session_timeout_ms=2000, agent_work_dir=tmp_path / "agents")
+                    handler_retry_backoff_s=0.01, kafka_session_timeout_ms=2000)
+
+
+@pytest.fixture
+def make_agent_settings(settings: Settings, tmp_path: Path) -> Callable[..., AgentSettings]:
+    """Node agent settings on the test's broker, working in the test's own directory, with ``fields``."""
+    def make(**fields: object) -> AgentSettings:
+        return AgentSettings.of(settings, agent_work_dir=tmp_path / "agents", **fields)
+
+    return make

@@ -6,19 +6,16 @@ import logging
 
 from gpusched_common.credentials import load_keys
 from gpusched_common.runtime import Runtime, run_service, utcnow
-from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_ADMISSION, JOBS_SUBMITTED
 
-from services.admission.core import AdmissionLimits
+from services.admission.core import AdmissionLimits, RateLimit
 from services.admission.handlers import SERVICE, AdmissionPolicy, make_submission_handler
-from services.admission.ratelimit import RateLimit
-
+from services.admission.settings import AdmissionSettings
 
 log = logging.getLogger(__name__)
 
 
-
-def build_policy(settings: Settings) -> AdmissionPolicy:
+def build_policy(settings: AdmissionSettings) -> AdmissionPolicy:
     keys = None
     if settings.tenant_keys_file is not None:
         keys = load_keys(settings.tenant_keys_file)
@@ -30,9 +27,9 @@ def build_policy(settings: Settings) -> AdmissionPolicy:
 
 
 async def setup(runtime: Runtime) -> None:
-    handler = make_submission_handler(build_policy(runtime.settings), utcnow)
+    handler = make_submission_handler(build_policy(AdmissionSettings.of(runtime.settings)), utcnow)
     runtime.subscribe_transactional(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler)
 
 
-async def main(settings: Settings | None = None) -> None:
-    await run_service(SERVICE, settings or Settings(), setup)
+async def main(settings: AdmissionSettings | None = None) -> None:
+    await run_service(SERVICE, settings or AdmissionSettings(), setup)

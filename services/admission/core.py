@@ -9,6 +9,7 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from gpusched_common import events as ev
+from gpusched_common.identity import OPERATOR, Verdict
 from gpusched_common.ids import is_valid_id
 from gpusched_common.resources import (
     GPU_MODELS,
@@ -24,6 +25,9 @@ from gpusched_common.resources import (
 )
 
 from gpusched_core.placement.mig import MIG_FAMILIES
+from gpusched_core.quota import Tenancy
+from gpusched_core.quota.jobs import priority_class_for, queued_job, to_pending
+from gpusched_core.quota.reasons import not_allowed, unknown_tenant
 
 # MIG profiles each MIG-capable model offers (the placement engine's geometry, NVIDIA's names)
 MIG_PROFILES_BY_MODEL = {model: tuple(profiles) for model, profiles in MIG_FAMILIES.items()}
@@ -96,7 +100,7 @@ def check_identity(spec_tenant: str | None, credential_tenant: str | None, auth_
     the credential's, is a reason to reject. `*` (an operator key) may act for any tenant."""
     if auth_reason is not None:
         return (auth_reason,)
-    if credential_tenant not in (None, "*") and spec_tenant is not None and spec_tenant != credential_tenant:
+    if credential_tenant not in (None, OPERATOR) and spec_tenant is not None and spec_tenant != credential_tenant:
         return (f"tenant {spec_tenant!r} does not match the credential's tenant {credential_tenant!r}",)
     return ()
 
@@ -182,3 +186,79 @@ def _oversized(raw: bytes, limits: AdmissionLimits) -> Submission:
         raise Unparseable(f"submission of {len(raw)} bytes exceeds {limits.max_submission_bytes} bytes")
     reason = f"submission is {len(raw)} bytes; the limit is {limits.max_submission_bytes} bytes"
     return Submission(event_id, job_id, None, None, (reason,), tenant if isinstance(tenant, str) else None, None)
+
+
+def check_against_tenancy(job_id: str, spec: ev.JobSpec, tenancy: Tenancy) -> tuple[str, ...]:
+    """Every reason the tenancy refuses the job: unknown tenant, a priority class the tenant may not use,
+    a GPU model with no quota anywhere, a request that cannot be charged (e.g. an unknown MIG shape)."""
+    charged = tenancy.charged_tenant(spec.tenant)
+    tenant = tenancy.tenants.get(charged)
+    if tenant is None or not tenant.is_leaf:
+        return (unknown_tenant(spec.tenant),)
+    reasons = []
+    priority_class = priority_class_for(tenancy, spec.priority)
+    if priority_class not in tenant.priority_classes:
+        reasons.append(not_allowed(spec.tenant, priority_class, tenant.priority_classes))
+    if spec.gpu_model is not None and spec.gpu_model not in tenancy.flavors:
+        reasons.append(f"GPU model {spec.gpu_model} has no quota in the tenancy (flavors: {', '.join(tenancy.flavors)})")
+    else:
+        pending = to_pending(tenancy, queued_job(job_id, spec, 0.0))
+        if isinstance(pending, str):
+            reasons.append(pending)
+    return tuple(reasons)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    tokens: float
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    per_s: float
+    burst: float
+
+
+def take(bucket: Bucket | None, limit: RateLimit, now: datetime) -> tuple[bool, Bucket]:
+    """Refill for the time passed (never beyond the burst), then take one token if there is one."""
+    if bucket is None:
+        tokens = limit.burst
+    else:
+        elapsed = max(0.0, (now - bucket.updated_at).total_seconds())
+        tokens = min(limit.burst, bucket.tokens + elapsed * limit.per_s)
+    if tokens >= 1.0:
+        return True, Bucket(tokens - 1.0, now)
+    return False, Bucket(tokens, now)
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What admission decided for one submission: its rejection reasons (none: admit), the tenant's rate
+    bucket after it (None: unchanged), the authentication failure to record, and whether to look the
+    request id up (a repeat of an admitted request creates no second job)."""
+
+    reasons: tuple[str, ...]
+    bucket: Bucket | None = None
+    auth_failure: str | None = None
+    check_repeat: bool = False
+
+
+def decide_submission(submission: Submission, verdict: Verdict, bucket: Bucket | None, rate: RateLimit,
+                      tenancy: Tenancy | None, now: datetime) -> Verdicts:
+    """The checks in order, the first that fails deciding: who sent it (the credential's tenant must be
+    the spec's), the tenant's submission rate (a token is taken only from an authenticated tenant), then
+    the tenancy in force (None: none installed yet, quota alone decides). The parse's own reasons come
+    with every rejection."""
+    spec = submission.spec
+    reasons = check_identity(spec.tenant if spec else submission.tenant_hint, verdict.tenant, verdict.reason)
+    if reasons:
+        return Verdicts(reasons, auth_failure=reasons[0])
+    if spec is None:
+        return Verdicts(())
+    allowed, after = take(bucket, rate, now)
+    if not allowed:
+        return Verdicts((f"tenant {spec.tenant} exceeded its submission rate ({rate.per_s:g}/s, "
+                         f"burst {rate.burst:g})",), after)
+    reasons = check_against_tenancy(submission.job_id, spec, tenancy) if tenancy is not None else ()
+    return Verdicts(reasons, after, check_repeat=not reasons and bool(spec.tenant and submission.request_id))

@@ -12,13 +12,13 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from gpusched_common.runtime import Runtime, run_service, utcnow
-from gpusched_common.settings import Settings
 
-from services.metrics.core import Thresholds, Views, plan_views
+from gpusched_core.metrics.views import Thresholds, Views, plan_views
 from services.metrics.exporter import Latest, MetricsExporter
 from services.metrics.http import MetricsEndpoint
-from services.metrics.scaling import ScaleOut, ScalePolicy, observe, plan_scaling
-from services.metrics.store import SERVICE, decide_scaling, load_snapshot
+from gpusched_core.metrics.scaling import ScaleOut, ScalePolicy, observe, plan_scaling
+from services.metrics.settings import MetricsSettings
+from services.metrics.store import SERVICE, decide_scaling, load_snapshot, record_utilization
 from services.metrics.telemetry_consumer import TelemetryConsumer
 from services.metrics.tracker import TelemetryTracker
 
@@ -26,13 +26,13 @@ log = logging.getLogger(__name__)
 
 
 
-def thresholds(settings: Settings) -> Thresholds:
+def thresholds(settings: MetricsSettings) -> Thresholds:
     return Thresholds(max_sample_age=timedelta(seconds=max(3 * settings.telemetry_interval_s, 15.0)),
                       busy_pct=settings.metrics_idle_threshold_pct,
                       idle_after=timedelta(seconds=settings.metrics_idle_after_s))
 
 
-def scale_policy(settings: Settings) -> ScalePolicy:
+def scale_policy(settings: MetricsSettings) -> ScalePolicy:
     return ScalePolicy(window_s=settings.scale_out_window_s, clear_s=settings.scale_out_clear_s,
                        cooldown_s=settings.scale_out_cooldown_s, max_nodes=settings.scale_out_max_nodes,
                        scale_in_idle_s=settings.scale_in_idle_s, scale_in_cooldown_s=settings.scale_in_cooldown_s,
@@ -43,8 +43,8 @@ def scale_policy(settings: Settings) -> ScalePolicy:
 class MetricsService:
     """The evaluation loop's state: telemetry tracker, latest views and the exporter reading them."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], datetime] = utcnow) -> None:
-        self.settings = settings
+    def __init__(self, settings: MetricsSettings, clock: Callable[[], datetime] = utcnow) -> None:
+        self.settings = settings = MetricsSettings.of(settings)
         self.clock = clock
         self.tracker = TelemetryTracker(busy_pct=settings.metrics_idle_threshold_pct)
         self.latest = Latest()
@@ -72,10 +72,7 @@ class MetricsService:
                  c.gpus_allocated, c.gpus_busy, c.mean_utilization * 100,
                  {b.model: b.pending_gpus for b in views.backlog} or "empty")
         async with pool.acquire() as conn:
-            await conn.execute(
-                "INSERT INTO cluster_utilization (sampled_at, gpus_reporting, gpus_busy, mean_utilization)"
-                " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                now, c.gpus_reporting, c.gpus_busy, c.mean_utilization)
+            await record_utilization(conn, now, c)
         return views
 
     async def setup(self, runtime: Runtime) -> None:
@@ -101,7 +98,7 @@ class MetricsService:
         self.exporter.shutdown()
 
 
-def _otlp_readers(settings: Settings) -> list:
+def _otlp_readers(settings: MetricsSettings) -> list:
     if settings.trace_exporter != "otlp":
         return []
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -110,8 +107,8 @@ def _otlp_readers(settings: Settings) -> list:
     return [PeriodicExportingMetricReader(OTLPMetricExporter())]
 
 
-async def main(settings: Settings | None = None) -> None:
-    settings = settings or Settings()
+async def main(settings: MetricsSettings | None = None) -> None:
+    settings = settings or MetricsSettings()
     service = MetricsService(settings)
     try:
         await run_service(SERVICE, settings, service.setup)

@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, generate_latest
 
-from services.metrics.core import ClusterSnapshot, GroupView, Views
+from gpusched_core.metrics.views import ClusterSnapshot, GroupView, Views
 from services.metrics.tracker import TelemetryTracker
 
 MIB = 1024 * 1024

@@ -1,5 +1,5 @@
-"""The metrics service's PostgreSQL edge: read the cluster snapshot (inventory and allocations owned by
-placement, the queue from the jobs read model, quota from the quota service's usage rows), keep the scaler's state, and
+"""All of the metrics service's SQL: read the cluster snapshot (inventory and allocations through placement's
+store functions, the queue from the jobs read model, quota through quota's), keep the scaler's state, and
 record scale decisions with their outbox rows in one transaction."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.store import enqueue
+from gpusched_common.stores import cluster, quota
 from gpusched_common.topics import CLUSTER_SCALING
 
-from services.metrics.core import ClusterSnapshot, GpuSlot, PendingJob, TenantQuota
-from services.metrics.scaling import Decision, InFlight, ModelState, ScaleOut, ScalerState
+from gpusched_core.metrics.scaling import Decision, InFlight, ModelState, ScaleOut, ScalerState
+from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, GroupView, PendingJob, TenantQuota
+from gpusched_core.placement.cycle import charged_model
 from gpusched_core.quota import units_to_gpus
 
 SERVICE = "metrics"
@@ -24,30 +26,31 @@ _SCALER_LOCK = 727_300  # one metrics replica decides scaling at a time
 
 
 async def load_snapshot(conn: asyncpg.Connection, pool_label: str) -> ClusterSnapshot:
-    # one slot per GPU: a GPU shared by several jobs (shares, MIG slices) shows its earliest allocation
-    gpus = await conn.fetch(
-        "SELECT DISTINCT ON (g.node_id, g.gpu_index) g.node_id, g.gpu_index, g.model, g.healthy,"
-        " n.labels ->> $1 AS pool, a.job_id, a.allocated_at"
-        " FROM gpus g JOIN nodes n USING (node_id) LEFT JOIN gpu_allocations a USING (node_id, gpu_index)"
-        " ORDER BY g.node_id, g.gpu_index, a.allocated_at, a.job_id", pool_label)
+    """The cluster (placement's), the jobs waiting or running (the jobs read model) with the model each
+    runs on, and the tenants' quota (quota's), read through their owners' store functions."""
+    gpus = await cluster.gpu_slots(conn, pool_label)
+    jobs = await conn.fetch("SELECT job_id, tenant, status, gpus, gpu_model FROM jobs"
+                            " WHERE status IN ('Admitted', 'Queued', 'Placed', 'Running')")
+    waiting = [r for r in jobs if r["status"] in ("Admitted", "Queued")]
     # a job that names no model runs on the one its quota was charged for, also when it is requeued
-    jobs = await conn.fetch(
-        "SELECT j.job_id, j.tenant, j.status, j.gpus, coalesce(j.gpu_model, r.flavor) AS gpu_model FROM jobs j"
-        " LEFT JOIN quota_policy_reservations r USING (job_id)"
-        " WHERE j.status IN ('Admitted', 'Queued', 'Placed', 'Running')")
-    quotas = await conn.fetch(
-        "SELECT tenant, sum(nominal_units) AS nominal, sum(reserved_units) AS reserved FROM quota_policy_usage"
-        " GROUP BY tenant ORDER BY tenant")
+    flavors = await quota.reserved_flavors(conn, [r["job_id"] for r in waiting])
     return ClusterSnapshot(
-        gpus=tuple(GpuSlot(r["node_id"], r["gpu_index"], r["model"], r["pool"] or "default", r["healthy"],
-                           r["job_id"], r["allocated_at"]) for r in gpus),
-        pending=tuple(PendingJob(r["job_id"], r["tenant"] or "", r["gpus"] or 0, r["gpu_model"],
-                                 quota_reserved=r["status"] == "Queued")
-                      for r in jobs if r["status"] in ("Admitted", "Queued")),
-        quotas=tuple(TenantQuota(r["tenant"], units_to_gpus(r["nominal"]), units_to_gpus(r["reserved"]))
-                     for r in quotas),
+        gpus=tuple(GpuSlot(g.node_id, g.gpu_index, g.model, g.pool or "default", g.healthy, g.job_id,
+                           g.allocated_at) for g in gpus),
+        pending=tuple(PendingJob(r["job_id"], r["tenant"] or "", r["gpus"] or 0,
+                                 charged_model(r["gpu_model"], flavors.get(r["job_id"])),
+                                 quota_reserved=r["status"] == "Queued") for r in waiting),
+        quotas=tuple(TenantQuota(q.tenant, units_to_gpus(q.nominal_units), units_to_gpus(q.reserved_units))
+                     for q in await quota.tenant_totals(conn)),
         job_tenants={r["job_id"]: r["tenant"] for r in jobs if r["status"] in ("Placed", "Running")},
     )
+
+
+async def record_utilization(conn: asyncpg.Connection, at: datetime, cluster: GroupView) -> None:
+    await conn.execute(
+        "INSERT INTO cluster_utilization (sampled_at, gpus_reporting, gpus_busy, mean_utilization)"
+        " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+        at, cluster.gpus_reporting, cluster.gpus_busy, cluster.mean_utilization)
 
 
 # --- scaler state ---------------------------------------------------------------------------------------
@@ -85,19 +88,6 @@ def load_state(doc: dict | None) -> ScalerState:
                        frozenset(doc.get("requested_in", [])))
 
 
-def to_payload(decision: Decision, now: datetime) -> ev.Payload:
-    if isinstance(decision, ScaleOut):
-        return ev.ScaleOutRequested(
-            gpu_model=decision.model, nodes=decision.nodes, reason=decision.reason,
-            pending_gpus=decision.pending_gpus, unplaceable_gpus=decision.unplaceable_gpus,
-            free_gpus=decision.free_gpus, gpus_per_node=decision.gpus_per_node,
-            in_flight_nodes=decision.in_flight_nodes, pressure_since=decision.pressure_since, decided_at=now)
-    return ev.ScaleInRequested(
-        node_id=decision.node_id, gpu_model=decision.model, reason=decision.reason, empty_since=decision.empty_since,
-        idle_s=decision.idle_s, nodes_of_model=decision.nodes_of_model, pending_gpus=decision.pending_gpus,
-        decided_at=now, pool=decision.pool)
-
-
 async def decide_scaling(pool: asyncpg.Pool, plan, now: datetime) -> tuple[Decision, ...]:
     """Load the scaler state, call `plan(state) -> (state, decisions)`, and store state, decisions and their
     outbox rows in one transaction (so a crash neither loses nor repeats a decision)."""
@@ -110,7 +100,7 @@ async def decide_scaling(pool: asyncpg.Pool, plan, now: datetime) -> tuple[Decis
             " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, updated_at = EXCLUDED.updated_at",
             dump_state(state), now)
         for decision in decisions:
-            payload = to_payload(decision, now)
+            payload = decision.event(now)
             event_id = str(uuid.uuid4())
             out = isinstance(decision, ScaleOut)
             await conn.execute(

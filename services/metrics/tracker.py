@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from gpusched_common import events as ev
 from gpusched_common.messaging import PoisonMessage
 
-from services.metrics.core import BUSY_THRESHOLD_PCT, GpuReading
+from gpusched_core.metrics.views import BUSY_THRESHOLD_PCT, GpuReading
 
 GpuKey = tuple[str, int]
 

@@ -1,5 +1,14 @@
+"""`python -m services.node_agent` runs this node's agent (configured by GPUSCHED_* settings, as always);
+with `--check` it prints the node's inventory, health and telemetry samples instead, and exits (check.py)."""
+
 import asyncio
+import sys
 
-from services.node_agent.app import main
+if "--check" in sys.argv[1:]:
+    from services.node_agent.check import main as check
 
-asyncio.run(main())
+    sys.exit(check(sys.argv[1:]))
+else:
+    from services.node_agent.app import main
+
+    asyncio.run(main())

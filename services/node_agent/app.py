@@ -9,13 +9,15 @@ from faststream.kafka import KafkaBroker
 
 from gpusched_common.messaging import publish
 from gpusched_common.runtime import Runtime, run_service
-from gpusched_common.settings import Settings
 from gpusched_common.topics import NODES_COMMANDS, agent_group
 
-from services.node_agent.agent import SERVICE, Agent, AgentConfig, Send
+from services.node_agent.agent import Agent
+from services.node_agent.config import AgentConfig
 from services.node_agent.fleet import Fleet, fleet_node_ids
 from services.node_agent.nvml import make_backend
+from services.node_agent.reporter import SERVICE, Send
 from services.node_agent.runner import JobRunner
+from services.node_agent.settings import AgentSettings
 
 
 def broker_sender(broker: KafkaBroker) -> Send:
@@ -25,13 +27,13 @@ def broker_sender(broker: KafkaBroker) -> Send:
     return send
 
 
-def build_agent(settings: Settings, node_id: str, send: Send) -> Agent:
+def build_agent(settings: AgentSettings, node_id: str, send: Send) -> Agent:
     backend = make_backend(settings.nvml_backend, node_id, settings.simulated_gpus)
     runner = JobRunner(settings.agent_work_dir / node_id)
     return Agent(AgentConfig.from_settings(settings, node_id), send, backend, runner)
 
 
-def build_fleet(settings: Settings, send: Send) -> Fleet:
+def build_fleet(settings: AgentSettings, send: Send) -> Fleet:
     if settings.simulated_nodes > 1:
         if settings.nvml_backend != "simulated":
             raise ValueError("GPUSCHED_SIMULATED_NODES > 1 needs GPUSCHED_NVML_BACKEND=simulated")
@@ -41,8 +43,9 @@ def build_fleet(settings: Settings, send: Send) -> Fleet:
     return Fleet(build_agent(settings, node_id, send) for node_id in node_ids)
 
 
-def agent_setup(settings: Settings) -> tuple[Callable[[Runtime], Awaitable[None]], list[Fleet]]:
+def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[None]], list[Fleet]]:
     """The runtime setup of an agent process, and a list that holds its fleet once built."""
+    settings = AgentSettings.of(settings)
     built: list[Fleet] = []
 
     async def setup(runtime: Runtime) -> None:
@@ -55,8 +58,8 @@ def agent_setup(settings: Settings) -> tuple[Callable[[Runtime], Awaitable[None]
     return setup, built
 
 
-async def main(settings: Settings | None = None) -> None:
-    settings = settings or Settings()
+async def main(settings: AgentSettings | None = None) -> None:
+    settings = settings or AgentSettings()
     setup, built = agent_setup(settings)
     name = f"{SERVICE}-{settings.node_id}" if settings.simulated_nodes <= 1 else f"{SERVICE}-fleet-{settings.node_id}"
     try:

@@ -5,8 +5,6 @@ Backends (real NVML or simulated) produce these; the agent turns them into repor
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -94,32 +92,6 @@ def nvlink_domains(node_id: str, peers: Mapping[int, Iterable[int]], switched: b
             for index in group:
                 domains[index] = f"{node_id}/nvlink-{first}"
     return domains
-
-
-_MIG_PROFILE = re.compile(r"^(\d)g\.(\d+)gb$")
-
-
-# memory per MIG memory slice (8 slices per GPU), in GB, for the MIG-capable models we know
-MIG_SLICE_GB = {"A100-40GB": 5, "A100-80GB": 10, "H100-80GB": 10, "H200-141GB": 18}
-
-
-def mig_profile_name(compute_slices: int, memory_mib: int, model: str | None = None) -> str:
-    """NVML reports slices and usable memory (a little under the nominal size: 3g.40gb has 40192 MiB);
-    profiles are named `<slices>g.<GB>gb`. For a known model the size snaps to its slice multiples."""
-    gb = memory_mib / 1024
-    slice_gb = MIG_SLICE_GB.get(model or "")
-    if slice_gb is not None:
-        nominal = min((slice_gb * k for k in (1, 2, 4, 8)), key=lambda size: abs(size - gb))
-        return f"{compute_slices}g.{nominal}gb"
-    return f"{compute_slices}g.{max(1, math.ceil(gb - 0.05))}gb"
-
-
-def parse_mig_profile(profile: str) -> tuple[int, int]:
-    """`3g.40gb` -> (3 compute slices, 40 GB); raises ValueError."""
-    match = _MIG_PROFILE.match(profile.strip().lower())
-    if not match:
-        raise ValueError(f"MIG profile {profile!r} is not like 3g.40gb")
-    return int(match.group(1)), int(match.group(2))
 
 
 def attribute_processes(samples: list[GpuSample], job_of_pid: Mapping[int, str]) -> list[GpuSample]:

@@ -15,7 +15,8 @@ from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, Mi
 from gpusched_common.resources import canonical_model
 
 from services.node_agent.faults import Fault
-from services.node_agent.inventory import HealthObservation, NodeInfo, mig_profile_name, nvlink_domains, pick_mig_device
+from gpusched_core.placement.mig import mig_profile_name
+from services.node_agent.inventory import HealthObservation, NodeInfo, nvlink_domains, pick_mig_device
 
 T = TypeVar("T")
 

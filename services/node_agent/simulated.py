@@ -14,18 +14,9 @@ from dataclasses import dataclass, field
 from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, MigDeviceInventory
 from gpusched_common.resources import canonical_model, model_memory_mib
 
+from gpusched_core.placement.mig import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MIG_SLICE_GB, parse_mig_profile
 from services.node_agent.faults import Fault
-from services.node_agent.inventory import (
-    MIG_SLICE_GB,
-    HealthObservation,
-    NodeInfo,
-    mig_device_slices,
-    parse_mig_profile,
-    pick_mig_device,
-)
-
-MIG_COMPUTE_SLICES = 7
-MIG_MEMORY_SLICES = 8
+from services.node_agent.inventory import HealthObservation, NodeInfo, mig_device_slices, pick_mig_device
 
 
 @dataclass(frozen=True)
@@ -81,7 +72,7 @@ def mig_layout(model: str, profiles: tuple[str, ...]) -> list[tuple[str, int, in
         align = 1 if mem == 1 else min(mem, 4)
         start = next((s for s in range(0, MIG_MEMORY_SLICES - mem + 1, align) if not any(used[s:s + mem])), None)
         if start is None:
-            raise ValueError(f"MIG layout {'+'.join(profiles)} does not fit the 8 memory slices of {model}")
+            raise ValueError(f"MIG layout {'+'.join(profiles)} does not fit the {MIG_MEMORY_SLICES} memory slices of {model}")
         used[start:start + mem] = [True] * mem
         placed.append((profile, start, mem))
     return sorted(placed, key=lambda p: p[1])

@@ -1,4 +1,4 @@
-"""Placement service: places quota-reserved jobs on whole GPUs and tells node agents to start them."""
+"""Placement service: places quota-reserved jobs on GPUs and tells node agents to start them."""
 
 from __future__ import annotations
 
@@ -6,45 +6,48 @@ import asyncio
 import logging
 
 from gpusched_common.runtime import Runtime, run_service, utcnow
-from gpusched_common.settings import Settings
-from gpusched_common.topics import GROUP_PLACEMENT, JOBS_EVENTS, NODES_REPORTS
+from gpusched_common.topics import GROUP_PLACEMENT_JOBS, GROUP_PLACEMENT_NODES, JOBS_EVENTS, NODES_REPORTS
 
 from gpusched_core import placement as engine
-from services.placement.handlers import SERVICE, check_leases, make_handler
-from services.placement.placing import expire_nominations, run_cycle
+from services.placement import store
+from services.placement.handlers import check_leases, make_handler, run_cycle
+from services.placement.settings import PlacementSettings
+from services.placement.store import SERVICE, ClusterCache
 
 log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0
 
 
-
 async def setup(runtime: Runtime) -> None:
-    policy = engine.make_policy(runtime.settings.placement_policy)
+    settings: PlacementSettings = runtime.settings
+    policy = engine.make_policy(settings.placement_policy)
     log.info("placement policy: %s", policy.name)
-    handler = make_handler(utcnow, policy)
+    cache = ClusterCache()  # one per placement process
+    handler = make_handler(utcnow, policy, cache)
     # one group per topic: each subscription is its own consumer
-    runtime.subscribe_transactional(JOBS_EVENTS.name, f"{GROUP_PLACEMENT}-jobs", handler)
-    runtime.subscribe_transactional(NODES_REPORTS.name, f"{GROUP_PLACEMENT}-nodes", handler)
+    runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS, handler)
+    runtime.subscribe_transactional(NODES_REPORTS.name, GROUP_PLACEMENT_NODES, handler)
 
     async def lease_loop() -> None:
         # Heartbeats that arrived while placement was down are still in Kafka, not yet in the table: give
         # every node a fresh lease at start rather than declare the whole cluster lost.
-        await runtime.pool.execute("UPDATE nodes SET last_seen_at = greatest(last_seen_at, $1)", utcnow())
+        async with runtime.pool.acquire() as conn:
+            await store.refresh_leases(conn, utcnow())
         last_cycle = 0.0
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
-                    lost = await check_leases(conn, utcnow(), policy)
-                    if asyncio.get_running_loop().time() - last_cycle >= runtime.settings.reconcile_interval_s:
+                    lost = await check_leases(conn, utcnow(), policy, cache)
+                    if asyncio.get_running_loop().time() - last_cycle >= settings.reconcile_interval_s:
                         # the bus wakes placement up, the store is its memory: a periodic cycle from the
                         # store alone places whatever a lost or delayed message left waiting
                         last_cycle = asyncio.get_running_loop().time()
-                        lapsed = await expire_nominations(conn, utcnow(), runtime.settings.nomination_ttl_s)
+                        lapsed = await store.expire_nominations(conn, utcnow(), settings.nomination_ttl_s)
                         if lapsed:
                             log.warning("GPUs held for %s were not used within %.0f s; released to everyone",
-                                        ", ".join(lapsed), runtime.settings.nomination_ttl_s)
-                        await run_cycle(conn, utcnow(), policy)
+                                        ", ".join(lapsed), settings.nomination_ttl_s)
+                        await run_cycle(conn, utcnow(), policy, cache)
             except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
                 log.exception("lease check failed; retrying")
                 continue
@@ -55,5 +58,5 @@ async def setup(runtime: Runtime) -> None:
     runtime.background.append(lease_loop)
 
 
-async def main(settings: Settings | None = None) -> None:
-    await run_service(SERVICE, settings or Settings(), setup)
+async def main(settings: PlacementSettings | None = None) -> None:
+    await run_service(SERVICE, settings or PlacementSettings(), setup)

@@ -1,4 +1,7 @@
-"""Placement's Kafka edge: quota reservations, node inventory and job reports in; placements out."""
+"""Placement's handlers: quota reservations, cancellations and node reports in; placements and node
+commands out. Each parses nothing itself (``make_handler`` does), loads what it needs through ``store``,
+decides with the pure cores (``gpusched_core.placement``, ``gpusched_core.lifecycle``) and appends the
+job's events with the outbox, in the consumer's transaction."""
 
 from __future__ import annotations
 
@@ -7,24 +10,28 @@ from datetime import datetime
 
 import asyncpg
 
-from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, parse_event
-from gpusched_common.resources import canonical_model
 from gpusched_common.store import claim
+from gpusched_common.stores.cluster import lock_cycle, pending_jobs
 from gpusched_common.topics import JOBS_EVENTS
 
+from gpusched_core import lifecycle
 from gpusched_core import placement as engine
-from services.placement.leases import REQUEUE_REASON_CODES, NodeLease, is_stale, select_expired
-from services.placement.placing import SERVICE, lock_cycle, run_cycle, send_command
-
+from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, run_plan
+from gpusched_core.placement.launch import start_commands
+from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, select_expired
+from services.placement import store
+from services.placement.store import SERVICE, ClusterCache
 
 _JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled)
+# messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
+_WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
 
 
-def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy) -> TxHandler:
+def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache) -> TxHandler:
     """One handler for job events and node reports: record the effect; cycle once per batch if needed."""
 
     async def on_message(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
@@ -34,187 +41,194 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy) 
         if not await claim(conn, SERVICE, envelope.event_id):
             return
         if await apply(conn, payload, clock()):
-            batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy))
+            batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
 
     return on_message
 
 
-async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime,
-                  policy: engine.PlacementPolicy) -> None:
-    """Apply one message and, when capacity or pending work changed, run a placement cycle."""
+async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime, policy: engine.PlacementPolicy,
+                  cache: ClusterCache | None = None) -> None:
+    """Apply one message and, when capacity or pending work changed, run a placement cycle (with no
+    ``cache``, the cycle loads the cluster from the store)."""
     if await apply(conn, payload, now):
-        await run_cycle(conn, now, policy)
-
-
-# messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
-_WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
+        await run_cycle(conn, now, policy, cache)
 
 
 async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> bool:
     """Record one message's effect; True when free capacity or pending work may have changed."""
     if isinstance(payload, _WRITES_CLUSTER):
         await lock_cycle(conn)
-    match payload:
-        case ev.QuotaReserved():
-            await queue_for_placement(conn, payload.job_id, bound_to_charge(payload.spec, payload.gpu_model))
-            return True
-        case ev.JobCancelled():
-            await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", payload.job_id)
-            await conn.execute("DELETE FROM gpu_nominations WHERE job_id = $1", payload.job_id)
-            await release_gpus(conn, payload.job_id, now, stop_reason=payload.reason)
-            return True
-        case ev.NodeRegistered():
-            await upsert_node(conn, payload, now)
-            return True
-        case ev.NodeHeartbeat():
-            await conn.execute(
-                "UPDATE nodes SET last_seen_at = $2, lease_epoch = $3, lease_ttl_s = $4, fence_grace_s = $5"
-                " WHERE node_id = $1 AND (lost_epoch IS NULL OR lost_epoch < $3)",
-                payload.node_id, now, payload.lease_epoch, payload.lease_ttl_s, payload.fence_grace_s)
-            return False
-        case ev.GpuHealthChanged():
-            if await _stale(conn, payload.node_id, payload.lease_epoch):
-                return False
-            await conn.execute("UPDATE gpus SET healthy = $3 WHERE node_id = $1 AND gpu_index = $2",
-                               payload.node_id, payload.gpu_index, payload.healthy)
-            return payload.healthy  # a GPU back in service may let waiting work run
-        case ev.JobStartReported():
-            if await _stale(conn, payload.node_id, payload.lease_epoch):
-                return False
-            state = await load_job(conn, payload.job_id)
-            command = decider.RecordStart(payload.node_id, payload.pid, payload.started_at)
-            await append_job_events(conn, state, decider.decide(state, command, now), producer=SERVICE, now=now)
-            return False
-        case ev.JobExitReported():
-            return await record_exit(conn, payload, now)
-        case ev.JobCheckpointReported():
-            if await _stale(conn, payload.node_id, payload.lease_epoch):
-                return False
-            state = await load_job(conn, payload.job_id)
-            command = decider.RecordCheckpoint(payload.node_id, payload.checkpoint_ref, payload.checkpointed_at)
-            await append_job_events(conn, state, decider.decide(state, command, now), producer=SERVICE, now=now)
-            return False
+    handler = _HANDLERS.get(type(payload))
+    return False if handler is None else await handler(conn, payload, now)
+
+
+async def on_reserved(conn: asyncpg.Connection, reserved: ev.QuotaReserved, now: datetime) -> bool:
+    await store.queue_for_placement(conn, reserved.job_id, bound_to_charge(reserved.spec, reserved.gpu_model))
+    return True
+
+
+async def on_cancelled(conn: asyncpg.Connection, cancelled: ev.JobCancelled, now: datetime) -> bool:
+    await store.forget_pending(conn, cancelled.job_id)
+    for node_id in await store.release_gpus(conn, cancelled.job_id):
+        stop = ev.StopJob(job_id=cancelled.job_id, node_id=node_id, reason=cancelled.reason)
+        await store.send_command(conn, stop, node_id, now)
+    return True
+
+
+async def on_registered(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> bool:
+    """Record the node's inventory and new lease, then tell the agent which jobs should run there. Under
+    the cycle lock, the list holds every placement committed so far, and any later one commits (and so is
+    published) after this answer: the agent never sees a StartJob its ReconcileJobs denies."""
+    await store.upsert_node(conn, node, now)
+    reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=await store.jobs_on(conn, node.node_id),
+                                 lease_epoch=node.lease_epoch)
+    await store.send_command(conn, reconcile, node.node_id, now)
+    return True
+
+
+async def on_heartbeat(conn: asyncpg.Connection, beat: ev.NodeHeartbeat, now: datetime) -> bool:
+    await store.record_heartbeat(conn, beat, now)
     return False
 
 
-async def record_exit(conn: asyncpg.Connection, report: ev.JobExitReported, now: datetime) -> bool:
+async def on_gpu_health(conn: asyncpg.Connection, change: ev.GpuHealthChanged, now: datetime) -> bool:
+    if await _stale(conn, change.node_id, change.lease_epoch):
+        return False
+    await store.set_gpu_health(conn, change.node_id, change.gpu_index, change.healthy)
+    return change.healthy  # a GPU back in service may let waiting work run
+
+
+async def on_started(conn: asyncpg.Connection, report: ev.JobStartReported, now: datetime) -> bool:
+    if not await _stale(conn, report.node_id, report.lease_epoch):
+        await _decide(conn, report.job_id, lifecycle.RecordStart(report.node_id, report.pid, report.started_at), now)
+    return False
+
+
+async def on_checkpointed(conn: asyncpg.Connection, report: ev.JobCheckpointReported, now: datetime) -> bool:
+    if not await _stale(conn, report.node_id, report.lease_epoch):
+        command = lifecycle.RecordCheckpoint(report.node_id, report.checkpoint_ref, report.checkpointed_at)
+        await _decide(conn, report.job_id, command, now)
+    return False
+
+
+async def on_exited(conn: asyncpg.Connection, report: ev.JobExitReported, now: datetime) -> bool:
     if await _stale(conn, report.node_id, report.lease_epoch):
         return False  # the node was declared lost at this epoch and its jobs were requeued already
     if report.reason_code in REQUEUE_REASON_CODES:
         reason = f"requeued from {report.node_id}: {REQUEUE_REASON_CODES[report.reason_code]}"
         return await requeue(conn, report.job_id, report.node_id, reason, now)
     state = await load_job(conn, report.job_id)
-    command = decider.RecordExit(report.node_id, report.exit_code, report.runtime_s, report.error)
-    events = decider.decide(state, command, now)
+    events = lifecycle.decide(state, lifecycle.RecordExit(report.node_id, report.exit_code, report.runtime_s,
+                                                          report.error), now)
     await append_job_events(conn, state, events, producer=SERVICE, now=now)
     if not events:
         return False
     if isinstance(events[0], ev.GangMemberExited):  # the rest of the gang runs on; this node's GPUs are free
-        await conn.execute("DELETE FROM gpu_allocations WHERE job_id = $1 AND node_id = $2", report.job_id,
-                           report.node_id)
+        await store.release_gpus(conn, report.job_id, report.node_id)
         return True
     # a gang that failed on one node: stop the members still running elsewhere
-    others = [n for n in state.node_ids if n != report.node_id and n not in state.exited_nodes]
-    await release_gpus(conn, report.job_id, now)
-    for node_id in others:
-        reason = f"gang member on {report.node_id} ended the job"
-        await send_command(conn, ev.StopJob(job_id=report.job_id, node_id=node_id, reason=reason), node_id, now)
+    await store.release_gpus(conn, report.job_id)
+    await _stop_members(conn, state, report.node_id, f"gang member on {report.node_id} ended the job", now)
     return True
 
 
-async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
-    share = spec.gpu_share
-    await conn.execute(
-        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
-        " share_memory_mib, mig_profile, cpu_milli, memory_mib) VALUES ($1, $2, $3, $4, $5,"
-        " (SELECT submitted_at FROM jobs WHERE job_id = $1), $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
-        job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, spec.nodes, share.milli if share else None,
-        share.memory_mib if share else None, spec.mig_profile, spec.cpu_milli, spec.memory_mib)
-
-
-async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:
-    lost_epoch = await conn.fetchval("SELECT lost_epoch FROM nodes WHERE node_id = $1", node_id)
-    return is_stale(epoch, lost_epoch)
+_HANDLERS = {ev.QuotaReserved: on_reserved, ev.JobCancelled: on_cancelled, ev.NodeRegistered: on_registered,
+             ev.NodeHeartbeat: on_heartbeat, ev.GpuHealthChanged: on_gpu_health, ev.JobStartReported: on_started,
+             ev.JobCheckpointReported: on_checkpointed, ev.JobExitReported: on_exited}
 
 
 async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: str, now: datetime) -> bool:
     """Take a job off a node through no fault of its own and queue it for placement again."""
     state = await load_job(conn, job_id)
-    events = decider.decide(state, decider.Requeue(node_id, reason), now)
+    events = lifecycle.decide(state, lifecycle.Requeue(node_id, reason), now)
     if not events:
         return False
     await append_job_events(conn, state, events, producer=SERVICE, now=now)
-    await conn.execute("DELETE FROM gpu_allocations WHERE job_id = $1", job_id)
-    for other in state.node_ids:  # a gang runs whole or not at all: its other members stop too
-        if other != node_id and other not in state.exited_nodes:
-            await send_command(conn, ev.StopJob(job_id=job_id, node_id=other, reason=reason), other, now)
+    await store.release_gpus(conn, job_id)
+    await _stop_members(conn, state, node_id, reason, now)  # a gang runs whole or not at all
     assert state.spec is not None
     # requeued, it still runs on the model its quota is charged for
-    await queue_for_placement(conn, job_id, bound_to_charge(state.spec, state.charged_model))
+    await store.queue_for_placement(conn, job_id, bound_to_charge(state.spec, state.charged_model))
     return True
 
 
-def bound_to_charge(spec: ev.JobSpec, charged_model: str | None) -> ev.JobSpec:
-    """A reservation charged to one GPU model binds the job to it (a flavor that is not a model, such as
-    a MIG family, does not)."""
-    charged = canonical_model(charged_model) if charged_model else None
-    return spec if charged is None else spec.model_copy(update={"gpu_model": charged})
-
-
-async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy) -> list[str]:
+async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy,
+                       cache: ClusterCache | None = None) -> list[str]:
     """Declare silent nodes lost, requeue their jobs once, and place again; returns the nodes lost."""
     await lock_cycle(conn)
-    rows = await conn.fetch(
-        "SELECT node_id, lease_epoch, last_seen_at, lease_ttl_s, fence_grace_s, status FROM nodes")
-    leases = [NodeLease(r["node_id"], r["lease_epoch"], r["last_seen_at"], r["lease_ttl_s"], r["fence_grace_s"],
-                        r["status"] == "Lost") for r in rows]
-    expired = select_expired(leases, now)
+    expired = select_expired(await store.leases(conn), now)
     for lease in expired:
-        await conn.execute("UPDATE nodes SET status = 'Lost', lost_epoch = lease_epoch WHERE node_id = $1",
-                           lease.node_id)
+        await store.mark_lost(conn, lease.node_id)
         silent_s = (now - lease.last_seen_at).total_seconds()
-        jobs = await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations WHERE node_id = $1 ORDER BY job_id",
-                                lease.node_id)
-        for row in jobs:
-            await requeue(conn, row["job_id"], lease.node_id,
+        for job_id in await store.jobs_on(conn, lease.node_id):
+            await requeue(conn, job_id, lease.node_id,
                           f"requeued: node {lease.node_id} lost its lease (silent for {silent_s:.0f}s)", now)
     if expired:
-        await run_cycle(conn, now, policy)
+        await run_cycle(conn, now, policy, cache)
     return [lease.node_id for lease in expired]
 
 
-async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> None:
-    """Record the node's inventory and new lease, then tell the agent which jobs should run there."""
-    await conn.execute(
-        "INSERT INTO nodes (node_id, hostname, labels, cpu_milli, memory_mib, nvml_backend, registered_at,"
-        " last_seen_at, lease_epoch) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (node_id) DO UPDATE"
-        " SET hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
-        " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
-        " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready'",
-        node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
-        node.lease_epoch)
-    await conn.executemany(
-        "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy, mig_enabled, nvlink_domain)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-        " ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid, model = EXCLUDED.model,"
-        " memory_mib = EXCLUDED.memory_mib, healthy = EXCLUDED.healthy, mig_enabled = EXCLUDED.mig_enabled,"
-        " nvlink_domain = EXCLUDED.nvlink_domain",
-        [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain)
-         for g in node.gpus])
-    # Under the cycle lock, the list holds every placement committed so far, and any later one commits
-    # (and so is published) after this answer: the agent never sees a StartJob its ReconcileJobs denies.
+async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy,
+                    cache: ClusterCache | None = None) -> None:
+    """Place what waits: load the queue and the cluster under the cycle lock, plan with the engine, commit.
+    With no ``cache`` the cluster is loaded from the store."""
+    cache = cache or ClusterCache()
     await lock_cycle(conn)
-    assigned = await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations WHERE node_id = $1 ORDER BY job_id",
-                                node.node_id)
-    reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=[r["job_id"] for r in assigned],
-                                 lease_epoch=node.lease_epoch)
-    await send_command(conn, reconcile, node.node_id, now)
+    pending, last_reasons = await pending_jobs(conn)
+    if not pending:
+        return
+    nodes, snapshot = await cache.load(conn)
+    placements, deferrals, after = run_plan(snapshot, pending, policy, nodes)
+    exact = True
+    for placement in placements:
+        exact &= await commit_placement(conn, placement, now, policy.name)
+    for deferral in deferrals:
+        await record_deferral(conn, deferral, last_reasons[deferral.job_id], now)
+    if exact:
+        await cache.keep(conn, nodes, after)
+    else:  # a placement the job's stream refused: the store and the plan differ, so load it next time
+        cache.forget()
 
 
-async def release_gpus(conn: asyncpg.Connection, job_id: str, now: datetime, stop_reason: str | None = None) -> None:
-    rows = await conn.fetch("DELETE FROM gpu_allocations WHERE job_id = $1 RETURNING node_id", job_id)
-    if stop_reason is not None:
-        for node_id in sorted({r["node_id"] for r in rows}):
-            await send_command(conn, ev.StopJob(job_id=job_id, node_id=node_id, reason=stop_reason), node_id, now)
+async def record_deferral(conn: asyncpg.Connection, deferral: Deferral, last: list[str] | None,
+                          now: datetime) -> None:
+    if last == list(deferral.reasons):
+        return  # the same reasons again: nothing new to tell
+    await _decide(conn, deferral.job_id, lifecycle.DeferPlacement(deferral.reasons), now)
+    await store.set_last_reasons(conn, deferral.job_id, deferral.reasons)
 
 
+async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: datetime, policy: str) -> bool:
+    """Record one placement; False when the job's stream refused it (it was placed or ended meanwhile)."""
+    state = await load_job(conn, placement.job_id)
+    events = lifecycle.decide(state, placement.command(policy), now)
+    await store.forget_pending(conn, placement.job_id)
+    if not events:
+        return False
+    await store.allocate(conn, placement, now)
+    placed = await append_job_events(conn, state, events, producer=SERVICE, now=now)
+    assert state.spec is not None
+    hostnames = await store.hostnames(conn, [m.node_id for m in placement.all_members])
+    for start in start_commands(placement, state.spec, attempt=placed.runs, checkpoint_ref=state.checkpoint_ref,
+                                hostnames=hostnames):
+        # the agent continues the job's trace from the JobPlaced event
+        await store.send_command(conn, start, start.node_id, now, traceparent=placed.trace_parent)
+    return True
+
+
+async def _decide(conn: asyncpg.Connection, job_id: str, command: lifecycle.Command, now: datetime) -> None:
+    state = await load_job(conn, job_id)
+    await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
+
+
+async def _stop_members(conn: asyncpg.Connection, state: lifecycle.JobState, except_node: str, reason: str,
+                        now: datetime) -> None:
+    """Stop the job's gang members still running on nodes other than ``except_node``."""
+    for node_id in state.node_ids:
+        if node_id != except_node and node_id not in state.exited_nodes:
+            await store.send_command(conn, ev.StopJob(job_id=state.job_id, node_id=node_id, reason=reason), node_id,
+                                     now)
+
+
+async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:
+    return is_stale(epoch, await store.lost_epoch(conn, node_id))

@@ -1,9 +1,9 @@
-"""Preemption's Kafka edge. Two triggers:
+"""Preemption's handlers. Two triggers:
 
 - a job whose placement was deferred (``PlacementDeferred`` on the job events): ask the selection core
-  whom of lower priority to preempt for it;
+  whom of lower priority to preempt for it (``consider``);
 - a quota ``ReclaimRequested`` (``gpusched.quota.reclaims``): return capacity that borrowers hold to a
-  tenant under its nominal quota (``reclaiming``).
+  tenant under its nominal quota (``reclaim``).
 
 Each runs under placement's cycle lock, so the snapshot it decides on is the one placement would use,
 and the GPUs it nominates for the preemptor cannot be handed to anyone else in between.
@@ -11,36 +11,35 @@ and the GPUs it nominates for the preemptor cannot be handed to anyone else in b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 
 import asyncpg
 
-from gpusched_common import decider
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
+from gpusched_common.stores.cluster import has_nomination, load_cluster, lock_cycle, nominate
+from gpusched_common.stores.tenancy import TenancyStore
 
-from services.placement.placing import load_cluster, lock_cycle
+from gpusched_core import lifecycle
+from gpusched_core import placement as engine
 from gpusched_core import preemption as sel
-from services.preemption.protocol import (
-    SERVICE,
-    PreemptionSettings,
-    charged_tenant,
-    load_running,
-    nominate,
-    record_evaluation,
-    stop_victims,
-)
-from services.preemption.reclaiming import reclaim
-from services.preemption.requests import request_of
+from gpusched_core.placement.cycle import nomination_id
+from gpusched_core.preemption.jobs import quota_units_of, reclaim_ask, request_of
+from services.preemption import store
+from services.preemption.settings import PreemptionPolicy
+from services.preemption.store import SERVICE
 
-__all__ = ["SERVICE", "PreemptionSettings", "consider", "make_handler", "make_reclaim_handler"]
+log = logging.getLogger(__name__)
+
+WAITING = frozenset({lifecycle.JobStatus.ADMITTED, lifecycle.JobStatus.QUEUED})  # blocked: not placed yet
 
 
-def make_handler(settings: PreemptionSettings, clock: Callable[[], datetime]) -> TxHandler:
+def make_handler(policy: PreemptionPolicy, clock: Callable[[], datetime], tenancies: TenancyStore) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, ev.PlacementDeferred):
@@ -48,12 +47,13 @@ def make_handler(settings: PreemptionSettings, clock: Callable[[], datetime]) ->
         if not await claim(conn, SERVICE, envelope.event_id):
             return
         job_id = payload.job_id
-        batch.after(f"preempt:{job_id}", lambda c: consider(c, job_id, settings, clock()))
+        batch.after(f"preempt:{job_id}", lambda c: consider(c, job_id, policy, clock(), tenancies))
 
     return on_job_event
 
 
-def make_reclaim_handler(settings: PreemptionSettings, clock: Callable[[], datetime]) -> TxHandler:
+def make_reclaim_handler(policy: PreemptionPolicy, clock: Callable[[], datetime],
+                         tenancies: TenancyStore) -> TxHandler:
     async def on_reclaim(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, ev.ReclaimRequested):
@@ -62,35 +62,82 @@ def make_reclaim_handler(settings: PreemptionSettings, clock: Callable[[], datet
             return  # a redelivery: its victims (if any) are already stopping
         # in arrival order within the batch (deferred work runs sorted by key)
         key = f"reclaim:{message.partition:05d}:{message.offset:015d}"
-        batch.after(key, lambda c: reclaim(c, payload, settings, clock()))
+        batch.after(key, lambda c: reclaim(c, payload, policy, clock(), tenancies))
 
     return on_reclaim
 
 
-async def consider(conn: asyncpg.Connection, job_id: str, settings: PreemptionSettings, now: datetime) -> None:
+async def consider(conn: asyncpg.Connection, job_id: str, policy: PreemptionPolicy, now: datetime,
+                   tenancies: TenancyStore | None = None) -> None:
+    """Preempt for a job placement deferred, if the selection core finds victims whose release lets it run."""
     await lock_cycle(conn)
     state = await load_job(conn, job_id)
-    if state.status is not decider.JobStatus.QUEUED or state.spec is None:
+    if state.status is not lifecycle.JobStatus.QUEUED or state.spec is None:
         return  # placed (or gone) since it was deferred
-    if await conn.fetchval("SELECT 1 FROM gpu_nominations WHERE job_id = $1 LIMIT 1", job_id):
+    if await has_nomination(conn, job_id):
         return  # its victims are already stopping
     nodes, snapshot = await load_cluster(conn)
     spec = state.spec
-    tenant = await charged_tenant(conn, job_id, spec.tenant)  # as quota compares tenants
+    tenant = await store.charged_tenant(conn, job_id, spec.tenant, tenancies or TenancyStore())  # as quota compares
     preemptor = sel.Preemptor(job_id, tenant, spec.priority, request_of(job_id, spec))
-    plan = sel.select_victims(snapshot, preemptor, await load_running(conn), now.timestamp(), config=settings.config)
-    await record_evaluation(conn, plan, now)
+    plan = sel.select_victims(snapshot, preemptor, await store.load_running(conn), now.timestamp(),
+                              config=policy.config)
+    await store.record_evaluation(conn, plan, now)
     if plan.outcome == "preempt":
-        await preempt(conn, state, preemptor, plan, settings, now)
+        assert plan.placement is not None
+        stopped = await store.stop_victims(conn, preemptor, plan.victims, policy, now)
+        await nominate(conn, state.job_id, plan.placement, now)
+        reason = "; ".join(plan.reasons) or f"preempting {', '.join(plan.victim_ids)}"
+        await _victims_selected(conn, state, plan, stopped, reason, now)
 
 
-async def preempt(conn: asyncpg.Connection, state: decider.JobState, preemptor: sel.Preemptor,
-                  plan: sel.PreemptionPlan, settings: PreemptionSettings, now: datetime) -> None:
-    """Stop the victims, hold the slot, and record the decision on the preemptor's stream."""
-    assert plan.placement is not None
-    stopped = await stop_victims(conn, preemptor, plan.victims, settings, now)
-    await nominate(conn, state.job_id, plan.placement, now)
+async def reclaim(conn: asyncpg.Connection, request: ev.ReclaimRequested, policy: PreemptionPolicy, now: datetime,
+                  tenancies: TenancyStore | None = None) -> sel.PreemptionPlan | None:
+    """Answer one reclaim request: quota asks to return borrowed capacity of one flavor to a tenant under its
+    nominal quota. For the request's first blocked job, let the selection core choose victims among the
+    borrowers (``plan_reclaim``) on the cluster as placement sees it, stop them as a priority preemption
+    does, hold the freed GPUs for the blocked job, and remember the victims so that a repeated request
+    counts what is already being given back. Returns the plan (None when its job no longer waits)."""
+    await lock_cycle(conn)
+    if not request.for_jobs:
+        log.info("reclaim for tenant %s names no blocked job; nothing to do", request.tenant)
+        return None
+    job_id = request.for_jobs[0]
+    state = await load_job(conn, job_id)
+    tenancies = tenancies or TenancyStore()
+    charged = await store.charged_tenant(conn, job_id, state.spec.tenant, tenancies) if state.spec else None
+    if state.spec is None or state.status not in WAITING or charged != request.tenant:
+        log.info("reclaim for job %s of tenant %s: nothing to do, the job is %s%s", job_id, request.tenant,
+                 state.status.value if state.status else "unknown",
+                 f" and charged to {charged}" if charged not in (None, request.tenant) else "")
+        return None
+    ask = reclaim_ask(request)
+    spec = state.spec
+    preemptor = sel.Preemptor(job_id, request.tenant, spec.priority, request_of(job_id, spec, ask.flavor),
+                              quota_units_of(spec, ask.flavor))
+    freed = await store.load_freed(conn, job_id)
+    _, snapshot = await load_cluster(conn)
+    held = engine.RequestId(nomination_id(job_id))
+    if held in snapshot.allocations:  # GPUs already held for this job are its own
+        snapshot = engine.release(snapshot, held)
+    running = await store.load_running(conn)
+    plan = sel.plan_reclaim(snapshot, preemptor, ask, running, freed, now.timestamp(),
+                            quota_reserved=state.status is lifecycle.JobStatus.QUEUED, config=policy.config)
+    await store.record_evaluation(conn, plan, now)
+    log.info("reclaim for job %s of tenant %s: %s", job_id, request.tenant, plan.reasons[1])
+    await store.forget_accounted(conn, job_id, freed, ask.requested_at_s)
+    if plan.outcome == "preempt":
+        stopped = await store.stop_victims(conn, preemptor, plan.victims, policy, now)
+        await store.remember(conn, job_id, ask.flavor, stopped, {job.job_id: job.units for job in running}, now)
+        await nominate(conn, job_id, plan.placement, now)
+        if state.status is lifecycle.JobStatus.QUEUED:  # its stream can say why (an Admitted one has no command)
+            await _victims_selected(conn, state, plan, stopped, "; ".join(plan.reasons), now)
+    return plan
+
+
+async def _victims_selected(conn: asyncpg.Connection, state: lifecycle.JobState, plan: sel.PreemptionPlan,
+                            stopped: list[store.Stopped], reason: str, now: datetime) -> None:
+    """Record the decision on the preemptor's stream: its victims and the nodes told to stop them."""
     node_ids = tuple(sorted({node for s in stopped for node in s.node_ids}))
-    reason = "; ".join(plan.reasons) or f"preempting {', '.join(plan.victim_ids)}"
-    command = decider.SelectVictims(plan.victim_ids, node_ids, reason)
-    await append_job_events(conn, state, decider.decide(state, command, now), producer=SERVICE, now=now)
+    command = lifecycle.SelectVictims(plan.victim_ids, node_ids, reason)
+    await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)

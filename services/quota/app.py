@@ -18,19 +18,20 @@ import asyncpg
 
 from gpusched_common.credentials import load_keys
 from gpusched_common.runtime import Runtime, run_service, utcnow
-from gpusched_common.settings import Settings
-from gpusched_common.topics import GROUP_QUOTA, JOBS_EVENTS, TENANCY_UPDATES
+from gpusched_common.stores.tenancy import TenancyStore
+from gpusched_common.topics import GROUP_QUOTA, GROUP_QUOTA_ADMIN, JOBS_EVENTS, TENANCY_UPDATES
 
-from services.quota.admin import GROUP_QUOTA_ADMIN, make_tenancy_update_handler
 from gpusched_core.quota import load_tenancy
-from services.quota.policy_handlers import (
+from services.quota.handlers import (
     SERVICE,
     CycleOptions,
-    make_policy_job_event_handler,
+    make_job_event_handler,
+    make_tenancy_update_handler,
     reconcile,
     reserve_everywhere,
 )
-from services.quota.revisions import TenancyStore, install, lock_revisions
+from services.quota.settings import QuotaSettings
+from services.quota.store import install, lock_revisions
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,12 @@ async def start_tenancy(pool: asyncpg.Pool, tenants_file: Path | None, tenancies
     log.info("quota: tenancy revision %d, %d tenants", current.revision, len(current.leaves()))
 
 
-async def reconcile_loop(runtime: Runtime, tenancies: TenancyStore, options: CycleOptions) -> None:
+async def reconcile_loop(runtime: Runtime, tenancies: TenancyStore, options: CycleOptions,
+                         interval_s: float) -> None:
     """Every few seconds, a cycle for each cohort with waiting work, from the store alone."""
     assert runtime.pool is not None
     while True:
-        await asyncio.sleep(runtime.settings.reconcile_interval_s)
+        await asyncio.sleep(interval_s)
         try:
             cycles = await reconcile(runtime.pool, tenancies, utcnow(), options)
         except Exception:  # noqa: BLE001 - a database outage must not end the reconciliation
@@ -71,8 +73,9 @@ async def reconcile_loop(runtime: Runtime, tenancies: TenancyStore, options: Cyc
             runtime.wake_relay()
 
 
-def quota_setup(settings: Settings) -> Callable[[Runtime], Awaitable[None]]:
+def quota_setup(settings: QuotaSettings) -> Callable[[Runtime], Awaitable[None]]:
     """Everything the quota service runs, built from settings (the runtime starts it)."""
+    settings = QuotaSettings.of(settings)
     options = CycleOptions(reclaim_cooldown_s=settings.quota_reclaim_cooldown_s)
     keys = load_keys(settings.tenant_keys_file) if settings.tenant_keys_file else None
     tenancies = TenancyStore()
@@ -82,16 +85,16 @@ def quota_setup(settings: Settings) -> Callable[[Runtime], Awaitable[None]]:
         await start_tenancy(runtime.pool, settings.tenants_file, tenancies, options)
         runtime.wake_relay()
         runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_QUOTA,
-                                        make_policy_job_event_handler(tenancies, utcnow, options))
+                                        make_job_event_handler(tenancies, utcnow, options))
         runtime.subscribe_transactional(TENANCY_UPDATES.name, GROUP_QUOTA_ADMIN,
                                         make_tenancy_update_handler(keys, utcnow, options))
-        runtime.background.append(lambda: reconcile_loop(runtime, tenancies, options))
+        runtime.background.append(lambda: reconcile_loop(runtime, tenancies, options, settings.reconcile_interval_s))
         if keys is None:
             log.warning("quota: no GPUSCHED_TENANT_KEYS_FILE: every tenancy update will be refused")
 
     return setup
 
 
-async def main(settings: Settings | None = None) -> None:
-    settings = settings or Settings()
+async def main(settings: QuotaSettings | None = None) -> None:
+    settings = settings or QuotaSettings()
     await run_service(SERVICE, settings, quota_setup(settings))

@@ -119,7 +119,7 @@ async def test_killing_services_with_sigkill_loses_no_job_and_places_none_twice(
 
 
 async def test_work_whose_wake_up_message_was_lost_is_placed_from_the_store(local_stack, stack_settings):
-    from gpusched_common import decider
+    from gpusched_core import lifecycle
     from gpusched_common.jobs import append_job_events, load_job
     from tests.builders import T0
 
@@ -129,9 +129,9 @@ async def test_work_whose_wake_up_message_was_lost_is_placed_from_the_store(loca
         async with conn.transaction():
             state = await load_job(conn, "lost-wakeup")
             spec = a_job("x").spec()
-            state = await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0),
+            state = await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, T0),
                                                                         T0), producer="test", now=T0)
-            await append_job_events(conn, state, decider.decide(state, decider.ReserveQuota(1, 16), T0),
+            await append_job_events(conn, state, lifecycle.decide(state, lifecycle.ReserveQuota(1, 16), T0),
                                     producer="test", now=T0)
             await conn.execute("DELETE FROM outbox WHERE producer = 'test'")  # the messages are lost
             await conn.execute("INSERT INTO quota_policy_reservations VALUES ('lost-wakeup', 'guests', 'H100-80GB', 7000)")

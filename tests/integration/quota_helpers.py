@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timezone
 
-from gpusched_common import decider
+from gpusched_core import lifecycle
 from gpusched_common.db import connect, create_pool
 from gpusched_common.ids import job_stream
 from gpusched_common.jobs import append_job_events, load_job
@@ -25,7 +25,7 @@ async def admit(settings: Settings, job_id: str, tenant: str, gpus: int, model: 
     try:
         async with conn.transaction():
             state = await load_job(conn, job_id)
-            await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, now), now),
+            await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, now), now),
                                     producer="test-admission", now=now)
     finally:
         await conn.close()

@@ -47,9 +47,9 @@ def of(found: list[dict], kind: str, job_id: str | None = None) -> list[dict]:
     return [m["payload"] for m in found if m["type"] == kind and (job_id is None or m["payload"].get("job_id") == job_id)]
 
 
-async def test_a_restarted_agent_adopts_its_running_job_and_reports_one_exit(settings, tmp_path):
-    agent_settings = settings.model_copy(update={"node_id": "node-a", "heartbeat_interval_s": 0.5,
-                                                 "telemetry_interval_s": 60.0})
+async def test_a_restarted_agent_adopts_its_running_job_and_reports_one_exit(settings, make_agent_settings, tmp_path):
+    agent_settings = make_agent_settings(node_id="node-a", heartbeat_interval_s=0.5,
+                                         telemetry_interval_s=60.0)
     go = tmp_path / "go"
     job = start_job("long", "node-a", "sh", "-c", f'while [ ! -f "{go}" ]; do sleep 0.05; done; exit 4')
     setup, _ = agent_setup(agent_settings)
@@ -71,10 +71,10 @@ async def test_a_restarted_agent_adopts_its_running_job_and_reports_one_exit(set
     assert [(e["exit_code"], e["reason_code"]) for e in of(found, "JobExitReported", "long")] == [(4, None)]
 
 
-async def test_an_xid_fault_produces_a_health_report_and_the_gpu_is_refused_for_new_jobs(settings):
-    agent_settings = settings.model_copy(update={
-        "node_id": "node-x", "simulated_gpus": "A100-80GB:2", "health_interval_s": 0.2,
-        "telemetry_interval_s": 60.0, "fence_grace_s": 0.4})
+async def test_an_xid_fault_produces_a_health_report_and_the_gpu_is_refused_for_new_jobs(settings, make_agent_settings):
+    agent_settings = make_agent_settings(
+        node_id="node-x", simulated_gpus="A100-80GB:2", health_interval_s=0.2,
+        telemetry_interval_s=60.0, fence_grace_s=0.4)
     setup, built = agent_setup(agent_settings)
     async with running("node-agent-x", agent_settings, setup, uses_database=False):
         await send_command(settings, start_job("victim", "node-x", "sleep", "30", gpus=(1,)), "node-x")
@@ -92,9 +92,9 @@ async def test_an_xid_fault_produces_a_health_report_and_the_gpu_is_refused_for_
     assert types.index("GpuHealthChanged") < types.index("JobExitReported")  # cordon before the GPU frees up
 
 
-async def test_one_process_runs_a_fleet_of_simulated_nodes(settings):
-    fleet_settings = settings.model_copy(update={"node_id": "sim", "simulated_nodes": 20,
-                                                 "telemetry_interval_s": 60.0, "heartbeat_interval_s": 60.0})
+async def test_one_process_runs_a_fleet_of_simulated_nodes(settings, make_agent_settings):
+    fleet_settings = make_agent_settings(node_id="sim", simulated_nodes=20,
+                                         telemetry_interval_s=60.0, heartbeat_interval_s=60.0)
     setup, built = agent_setup(fleet_settings)
     async with running("node-agent-fleet", fleet_settings, setup, uses_database=False):
         found = await reports(settings, 20, until=lambda f: len(of(f, "NodeRegistered")) >= 20)

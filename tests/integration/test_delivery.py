@@ -9,8 +9,7 @@ from datetime import datetime, timezone
 
 import asyncpg
 
-from gpusched_common import decider
-from gpusched_common import events as ev
+from gpusched_core import lifecycle
 from gpusched_common.batching import apply_batch
 from gpusched_common.db import connect, create_pool
 from gpusched_common.jobs import append_job_events, load_job
@@ -20,9 +19,8 @@ from gpusched_common.runtime import Runtime, running
 from gpusched_common.store import claim
 from gpusched_common.topics import DEADLETTER, JOBS_EVENTS, JOBS_SUBMITTED
 from services.admission.app import setup as admission_setup
-from services.admission.core import AdmissionLimits
+from services.admission.core import AdmissionLimits, RateLimit
 from services.admission.handlers import AdmissionPolicy, make_submission_handler
-from services.admission.ratelimit import RateLimit
 from gpusched_cli.client import Client, submission_bytes
 from tests.builders import T0, a_job
 from tests.integration.kafka_helpers import create_topic, read_topic
@@ -68,7 +66,7 @@ async def test_the_outbox_publishes_after_a_crash_between_commit_and_publish(set
         # a handler commits its events and "crashes" before any relay published them
         async with pool.acquire() as conn, conn.transaction():
             state = await load_job(conn, "j1")
-            events = decider.decide(state, decider.RegisterSubmission(a_job("j1").spec(), T0), T0)
+            events = lifecycle.decide(state, lifecycle.RegisterSubmission(a_job("j1").spec(), T0), T0)
             await append_job_events(conn, state, events, producer="admission", now=T0)
         # a new process starts its relay: the rows go out, in order, and are marked
         await broker.connect()

@@ -10,13 +10,13 @@ import json
 import asyncpg
 import pytest
 
-from gpusched_common import decider
+from gpusched_core import lifecycle
 from gpusched_common import events as ev
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import placement as engine
 from services.placement.handlers import process
-from services.placement.placing import load_cluster
+from gpusched_common.stores.cluster import load_cluster
 from tests.builders import T0, a_job
 
 POLICY = engine.make_policy("bestfit")
@@ -34,9 +34,9 @@ async def reserve(conn: asyncpg.Connection, job_id: str, gpus: int, cpu_milli: i
     spec = a_job(job_id).gpus(gpus).gang(nodes).host(cpu_milli, memory_mib).spec()
     spec = spec.model_copy(update={"env": env or {}})
     state = await load_job(conn, job_id)
-    state = await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+    state = await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, T0), T0),
                                     producer="test", now=T0)
-    events = decider.decide(state, decider.ReserveQuota(gpus * nodes, 64), T0)
+    events = lifecycle.decide(state, lifecycle.ReserveQuota(gpus * nodes, 64), T0)
     await append_job_events(conn, state, events, producer="test", now=T0)
     await process(conn, events[0], T0, POLICY)
 

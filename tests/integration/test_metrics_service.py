@@ -13,6 +13,7 @@ from gpusched_common.runtime import running
 from gpusched_common.topics import CLUSTER_SCALING
 
 from services.metrics.app import MetricsService
+from services.metrics.settings import MetricsSettings
 from services.node_agent.app import agent_setup
 from tests.integration.kafka_helpers import read_topic
 from tests.integration.test_agent_broker import send_command, start_job
@@ -49,12 +50,12 @@ async def scrape(port: int, path: str = "/metrics") -> str:
     return text.split("\r\n\r\n", 1)[1]
 
 
-async def test_job_telemetry_reaches_prometheus_and_a_backlog_scales_out_once(settings):
+async def test_job_telemetry_reaches_prometheus_and_a_backlog_scales_out_once(settings, make_agent_settings):
     await seed(settings.database_url)
-    agent_settings = settings.model_copy(update={"node_id": "node-m", "telemetry_interval_s": 0.2,
-                                                 "heartbeat_interval_s": 5.0})
-    metrics_settings = settings.model_copy(update={"metrics_port": 0, "metrics_log_interval_s": 0.3,
-                                                   "scale_out_window_s": 0.0, "scale_out_cooldown_s": 600.0})
+    agent_settings = make_agent_settings(node_id="node-m", telemetry_interval_s=0.2,
+                                         heartbeat_interval_s=5.0)
+    metrics_settings = MetricsSettings.of(settings, metrics_port=0, metrics_log_interval_s=0.3,
+                                          scale_out_window_s=0.0, scale_out_cooldown_s=600.0)
     service = MetricsService(metrics_settings)
     setup, _ = agent_setup(agent_settings)
     async with running("node-agent-m", agent_settings, setup, uses_database=False), \

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from gpusched_common import decider
+from gpusched_core import lifecycle
 from gpusched_common import events as ev
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
@@ -33,9 +33,9 @@ def heartbeat(node: str, epoch: int = 1) -> ev.NodeHeartbeat:
 async def queue_job(conn, job_id: str, gpus: int) -> ev.QuotaReserved:
     spec = a_job(job_id).gpus(gpus).spec()
     state = await load_job(conn, job_id)
-    state = await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+    state = await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, T0), T0),
                                     producer="test", now=T0)
-    events = decider.decide(state, decider.ReserveQuota(gpus, 8), T0)
+    events = lifecycle.decide(state, lifecycle.ReserveQuota(gpus, 8), T0)
     await append_job_events(conn, state, events, producer="test", now=T0)
     return events[0]
 
@@ -128,9 +128,9 @@ async def test_a_requeued_job_stays_on_the_gpu_model_its_quota_was_charged_for(d
                 await apply(conn, heartbeat(name), T0)
             spec = a_job("j1").gpus(2).spec()  # names no model: quota charged it to H100-80GB
             state = await load_job(conn, "j1")
-            state = await append_job_events(conn, state, decider.decide(
-                state, decider.RegisterSubmission(spec, T0), T0), producer="test", now=T0)
-            reserved = decider.decide(state, decider.ReserveQuota(2, 8, gpu_model="H100-80GB"), T0)
+            state = await append_job_events(conn, state, lifecycle.decide(
+                state, lifecycle.RegisterSubmission(spec, T0), T0), producer="test", now=T0)
+            reserved = lifecycle.decide(state, lifecycle.ReserveQuota(2, 8, gpu_model="H100-80GB"), T0)
             await append_job_events(conn, state, reserved, producer="test", now=T0)
             await apply(conn, reserved[0], T0)
         first = (await history(conn, "j1"))[-1]
@@ -147,7 +147,8 @@ async def test_a_requeued_job_stays_on_the_gpu_model_its_quota_was_charged_for(d
 
 
 async def test_gpus_held_for_a_preemptor_that_is_not_placed_on_them_go_back_after_the_ttl(database_url):
-    from services.placement.placing import expire_nominations, run_cycle
+    from services.placement.handlers import run_cycle
+    from services.placement.store import expire_nominations
 
     conn = await connect(database_url)
     try:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 import pytest
 
-from gpusched_common import decider
+from gpusched_core import lifecycle
 from gpusched_common import events as ev
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
@@ -23,9 +23,10 @@ from gpusched_common.runtime import running
 from gpusched_common.topics import NODES_COMMANDS, QUOTA_RECLAIMS
 from gpusched_core import placement as engine
 from services.placement.handlers import process
-from services.preemption.app import preemption_settings, setup
+from services.preemption.app import setup
+from services.preemption.settings import PreemptionSettings
 from services.preemption.handlers import SERVICE, consider
-from services.preemption.reclaiming import reclaim
+from services.preemption.handlers import reclaim
 from tests.builders import a_job
 from tests.integration.kafka_helpers import read_topic
 
@@ -43,10 +44,10 @@ def node(node_id: str, model: str, gpus: int = 8) -> ev.NodeRegistered:
 
 
 async def submit(conn: asyncpg.Connection, job_id: str, tenant: str, gpus: int, model: str,
-                 nodes: int = 1) -> decider.JobState:
+                 nodes: int = 1) -> lifecycle.JobState:
     spec = a_job(job_id).tenant(tenant).gpus(gpus).model(model).gang(nodes).spec()
     state = await load_job(conn, job_id)
-    return await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, STARTED),
+    return await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, STARTED),
                                                                 STARTED), producer="test", now=STARTED)
 
 
@@ -56,7 +57,7 @@ async def run(conn: asyncpg.Connection, job_id: str, tenant: str, model: str,
     the quota policy's ledger as the live quota service would."""
     gpus = len(members[0][1])
     state = await submit(conn, job_id, tenant, gpus, model, nodes=len(members))
-    state = await append_job_events(conn, state, decider.decide(state, decider.ReserveQuota(gpus, 64, model),
+    state = await append_job_events(conn, state, lifecycle.decide(state, lifecycle.ReserveQuota(gpus, 64, model),
                                                                 STARTED), producer="test", now=STARTED)
     placed = ev.JobPlaced(job_id=job_id, node_id=members[0][0], gpu_indices=list(members[0][1]),
                           gpu_uuids=[f"{members[0][0]}-{i}" for i in members[0][1]], gpu_model=model,
@@ -67,7 +68,7 @@ async def run(conn: asyncpg.Connection, job_id: str, tenant: str, model: str,
     state = await append_job_events(conn, state, (placed,), producer="test", now=STARTED)
     await conn.executemany("INSERT INTO gpu_allocations (node_id, gpu_index, job_id, allocated_at)"
                            " VALUES ($1, $2, $3, $4)", [(n, i, job_id, STARTED) for n, g in members for i in g])
-    state = await append_job_events(conn, state, decider.decide(state, decider.RecordStart(members[0][0], 1, STARTED),
+    state = await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RecordStart(members[0][0], 1, STARTED),
                                                                 STARTED), producer="test", now=STARTED)
     await conn.execute("INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units) VALUES ($1, $2, $3, $4)",
                        job_id, tenant, model, gpus * len(members) * GPU)
@@ -168,7 +169,7 @@ async def test_a_gang_victim_is_told_to_stop_on_every_node_it_runs_on(settings):
             await submit(conn, "a1", "team-a", 4, "A100-80GB")
         async with conn.transaction():
             plan = await reclaim(conn, reclaim_request(4, [("team-b", 8)], NOW),
-                                 preemption_settings(settings), NOW)
+                                 PreemptionSettings.of(settings).policy(), NOW)
         assert plan is not None and plan.victim_ids == ("gang",)
         commands = await conn.fetch("SELECT value FROM outbox WHERE topic = $1 AND producer = $2 ORDER BY id",
                                     NODES_COMMANDS.name, SERVICE)
@@ -184,7 +185,7 @@ async def test_nothing_to_reclaim_is_recorded_when_borrowers_hold_no_job_of_the_
     try:
         await cluster(conn)
         async with conn.transaction():
-            plan = await reclaim(conn, reclaim_request(4, [("team-x", 4)], NOW), preemption_settings(settings), NOW)
+            plan = await reclaim(conn, reclaim_request(4, [("team-x", 4)], NOW), PreemptionSettings.of(settings).policy(), NOW)
         assert plan is not None and plan.outcome == "none"
         assert plan.reasons[1].startswith("nothing to reclaim: borrowers (team-x) hold no preemptible job of A100-80GB")
         assert not await preemptions(conn)
@@ -198,18 +199,18 @@ async def test_a_request_made_before_earlier_victims_gave_their_quota_back_preem
     try:
         await cluster(conn)
         async with conn.transaction():
-            await reclaim(conn, reclaim_request(4, [("team-b", 6)], NOW), preemption_settings(settings), NOW)
+            await reclaim(conn, reclaim_request(4, [("team-b", 6)], NOW), PreemptionSettings.of(settings).policy(), NOW)
         later = NOW + timedelta(seconds=40)
         async with conn.transaction():  # b4 stops, placement frees its GPUs and quota takes its quota back
-            for command in (decider.RecordExit("n1", 143, 3600.0), decider.ReleaseQuota(0)):
+            for command in (lifecycle.RecordExit("n1", 143, 3600.0), lifecycle.ReleaseQuota(0)):
                 state = await load_job(conn, "b4")
-                await append_job_events(conn, state, decider.decide(state, command, later), producer="test",
+                await append_job_events(conn, state, lifecycle.decide(state, command, later), producer="test",
                                         now=later)
             await conn.execute("DELETE FROM gpu_allocations WHERE job_id = 'b4'")
             await conn.execute("DELETE FROM quota_policy_reservations WHERE job_id = 'b4'")
         async with conn.transaction():  # a request quota made before it saw b4's quota back
             plan = await reclaim(conn, reclaim_request(4, [("team-b", 6)], NOW + timedelta(seconds=20)),
-                                 preemption_settings(settings), later)
+                                 PreemptionSettings.of(settings).policy(), later)
         assert plan is not None and plan.outcome == "await" and not plan.victims
         assert [r["stream_id"] for r in await preemptions(conn)] == ["job-b4"]
     finally:
@@ -225,11 +226,11 @@ async def test_a_gang_victim_of_a_priority_preemption_is_told_to_stop_on_every_n
             await run(conn, "gang", "team-b", "A100-80GB", [("n1", (0, 1, 2, 3)), ("n2", (0, 1, 2, 3))])
             spec = a_job("h").tenant("team-b").gpus(4).model("A100-80GB").priority(100).spec()
             state = await load_job(conn, "h")
-            for command in (decider.RegisterSubmission(spec, NOW), decider.ReserveQuota(4, 64, "A100-80GB")):
-                state = await append_job_events(conn, state, decider.decide(state, command, NOW), producer="test",
+            for command in (lifecycle.RegisterSubmission(spec, NOW), lifecycle.ReserveQuota(4, 64, "A100-80GB")):
+                state = await append_job_events(conn, state, lifecycle.decide(state, command, NOW), producer="test",
                                                 now=NOW)
         async with conn.transaction():
-            await consider(conn, "h", preemption_settings(settings), NOW)
+            await consider(conn, "h", PreemptionSettings.of(settings).policy(), NOW)
         commands = await conn.fetch("SELECT value FROM outbox WHERE topic = $1 AND producer = $2 ORDER BY id",
                                     NODES_COMMANDS.name, SERVICE)
         preempts = [m["payload"] for m in map(json.loads, (bytes(r["value"]) for r in commands))
@@ -263,7 +264,7 @@ async def test_guests_are_reclaimed_for_and_from_as_the_tenant_they_are_charged_
     """guest team-a: the waiting job is a guest's (charged to team-a, the tenant quota reclaims for);
     guest team-b: the borrower's running job is a guest's (charged to team-b, the borrower quota names)."""
     from gpusched_core.quota import load_tenancy
-    from services.quota.revisions import install, lock_revisions
+    from services.quota.store import install, lock_revisions
 
     text = GUEST_TENANCY.format(guest=guest)
     waiting, running = ("v1", "b4") if guest == "team-a" else ("a1", "o4")
@@ -278,7 +279,7 @@ async def test_guests_are_reclaimed_for_and_from_as_the_tenant_they_are_charged_
             await submit(conn, waiting, "visitor" if guest == "team-a" else "team-a", 4, "A100-80GB")
         request = reclaim_request(4, [("team-b", 4)], NOW).model_copy(update={"for_jobs": [waiting]})
         async with conn.transaction():
-            plan = await reclaim(conn, request, preemption_settings(settings), NOW)
+            plan = await reclaim(conn, request, PreemptionSettings.of(settings).policy(), NOW)
         assert plan is not None and plan.victim_ids == (running,), plan and plan.reasons
         assert [r["stream_id"] for r in await preemptions(conn)] == [f"job-{running}"]
     finally:

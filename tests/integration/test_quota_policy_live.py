@@ -9,7 +9,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from gpusched_common import decider
+from gpusched_core import lifecycle
 from gpusched_common.batching import Batch
 from gpusched_common.db import connect
 from gpusched_common.ids import job_stream
@@ -17,9 +17,10 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming
 from gpusched_common.store import load
 from gpusched_core.quota import UNITS_PER_GPU, UsageHistory, load_tenancy
-from services.quota.policy_handlers import make_policy_job_event_handler, reserve_for_cohort
-from services.quota.policy_store import save_history
-from services.quota.revisions import TenancyStore, install, lock_revisions
+from services.quota.handlers import make_job_event_handler, reserve_for_cohort
+from services.quota.store import save_history
+from gpusched_common.stores.tenancy import TenancyStore
+from services.quota.store import install, lock_revisions
 from tests.builders import T0, a_job
 
 TENANTS_TEXT = """
@@ -42,7 +43,7 @@ AT_1H = T0 + timedelta(hours=1)
 
 
 def handler(at=T0):
-    return make_policy_job_event_handler(TenancyStore(), lambda: at)
+    return make_job_event_handler(TenancyStore(), lambda: at)
 
 
 async def put_in_force(conn: asyncpg.Connection, text: str = TENANTS_TEXT) -> None:
@@ -54,13 +55,13 @@ async def put_in_force(conn: asyncpg.Connection, text: str = TENANTS_TEXT) -> No
 async def submit(conn: asyncpg.Connection, job_id: str, tenant: str, gpus: int) -> None:
     spec = a_job(job_id).tenant(tenant).gpus(gpus).model("A100-80GB").spec()
     state = await load_job(conn, job_id)
-    await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+    await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, T0), T0),
                             producer="test", now=T0)
 
 
 async def cancel(conn: asyncpg.Connection, job_id: str) -> None:
     state = await load_job(conn, job_id)
-    await append_job_events(conn, state, decider.decide(state, decider.Cancel("test"), T0), producer="test", now=T0)
+    await append_job_events(conn, state, lifecycle.decide(state, lifecycle.Cancel("test"), T0), producer="test", now=T0)
 
 
 async def deliver(conn: asyncpg.Connection, job_id: str, event_type: str, at=T0) -> None:
@@ -168,11 +169,11 @@ async def test_the_database_refuses_usage_above_nominal_plus_borrowing(conn):
 async def test_a_preempted_job_gives_its_quota_back_and_queues_again(conn):
     await submit_and_deliver(conn, "a1", "team-a", 4)
     async with conn.transaction():
-        for command in (decider.Place("n1", (0, 1, 2, 3), ("u0", "u1", "u2", "u3"), "A100-80GB", "firstfit", "fits"),
-                        decider.RequestPreemption("x", 1000, "team-b", "reclaim", 30.0, T0),
-                        decider.RecordExit("n1", 0, 10.0)):
+        for command in (lifecycle.Place("n1", (0, 1, 2, 3), ("u0", "u1", "u2", "u3"), "A100-80GB", "firstfit", "fits"),
+                        lifecycle.RequestPreemption("x", 1000, "team-b", "reclaim", 30.0, T0),
+                        lifecycle.RecordExit("n1", 0, 10.0)):
             state = await load_job(conn, "a1")
-            await append_job_events(conn, state, decider.decide(state, command, T0), producer="test", now=T0)
+            await append_job_events(conn, state, lifecycle.decide(state, command, T0), producer="test", now=T0)
     async with conn.transaction():
         await deliver(conn, "a1", "JobPreempted", at=AT_1H)
 
@@ -190,7 +191,7 @@ async def test_gangs_shares_and_mig_slices_are_charged_what_they_hold(conn):
         spec = ev.JobSpec(tenant="team-b", gpu_model="A100-80GB", command=["true"], **shape)
         async with conn.transaction():
             state = await load_job(conn, job_id)
-            await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+            await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, T0), T0),
                                     producer="test", now=T0)
         async with conn.transaction():
             await deliver(conn, job_id, "JobAdmitted")
@@ -241,7 +242,7 @@ async def test_history_written_twice_encoded_before_migration_013_reads_back_as_
     import uuid
 
     from gpusched_common.db import MIGRATIONS_DIR, drop_database, ensure_database, migrate
-    from services.quota.policy_store import load_history
+    from gpusched_common.stores.quota import load_history
 
     url = f"{pg_server}/gpusched_test_{uuid.uuid4().hex[:10]}"
     await ensure_database(url)

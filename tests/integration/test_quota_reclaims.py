@@ -11,6 +11,7 @@ from gpusched_common.db import connect
 from gpusched_common.runtime import running
 from gpusched_common.topics import QUOTA_RECLAIMS
 from services.quota.app import quota_setup
+from services.quota.settings import QuotaSettings
 from tests.integration.kafka_helpers import read_topic
 from tests.integration.quota_helpers import admit, wait_for_event
 
@@ -31,8 +32,8 @@ tenants:
 async def test_a_tenant_blocked_by_a_borrower_under_its_nominal_quota_causes_exactly_one_reclaim(settings, tmp_path):
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS)
-    quota = settings.model_copy(update={"tenants_file": tenants, "reconcile_interval_s": 0.2,
-                                        "quota_reclaim_cooldown_s": 600.0})
+    quota = QuotaSettings.of(settings, tenants_file=tenants, reconcile_interval_s=0.2,
+                             quota_reclaim_cooldown_s=600.0)
     async with running("quota", quota, quota_setup(quota)):
         await admit(settings, "b1", "team-b", 8)  # all 8 GPUs of the cohort: 4 borrowed from idle team-a
         await wait_for_event(settings.database_url, "b1", "QuotaReserved")
@@ -65,8 +66,8 @@ async def test_a_tenant_blocked_by_a_borrower_under_its_nominal_quota_causes_exa
 async def test_a_reclaim_still_needed_is_asked_for_again_after_the_cooldown(settings, tmp_path):
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS)
-    quota = settings.model_copy(update={"tenants_file": tenants, "reconcile_interval_s": 0.2,
-                                        "quota_reclaim_cooldown_s": 1.0})
+    quota = QuotaSettings.of(settings, tenants_file=tenants, reconcile_interval_s=0.2,
+                             quota_reclaim_cooldown_s=1.0)
     async with running("quota", quota, quota_setup(quota)):
         await admit(settings, "b1", "team-b", 8)
         await wait_for_event(settings.database_url, "b1", "QuotaReserved")

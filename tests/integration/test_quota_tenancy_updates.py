@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import secrets
 
-from gpusched_common.credentials import OPERATOR, TenantKey, signed_headers, write_keys
+from gpusched_common.credentials import TenantKey, signed_headers, write_keys
+from gpusched_common.identity import OPERATOR
 from gpusched_common.db import connect
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.runtime import running
 from gpusched_common.topics import DEADLETTER, TENANCY_UPDATES
 from gpusched_cli.tenants import TENANCY_KEY, publish_tenancy, update_message, wait_for_outcome
 from services.quota.app import quota_setup
+from services.quota.settings import QuotaSettings
 from tests.builders import T0
 from tests.integration.kafka_helpers import read_topic
 from tests.integration.quota_helpers import admit, wait_for_event
@@ -47,8 +49,8 @@ async def test_an_operator_changes_the_tenancy_at_run_time_and_the_change_outliv
     operator_key = TenantKey("operator", OPERATOR, secrets.token_urlsafe(32).encode())
     write_keys(tmp_path / "keys.yaml", [operator_key, team_a_key])
     (tmp_path / "tenants.yaml").write_text(tenancy(1, 1))
-    quota = settings.model_copy(update={"tenants_file": tmp_path / "tenants.yaml",
-                                        "tenant_keys_file": tmp_path / "keys.yaml"})
+    quota = QuotaSettings.of(settings, tenants_file=tmp_path / "tenants.yaml",
+                             tenant_keys_file=tmp_path / "keys.yaml")
     async with running("quota", quota, quota_setup(quota)):
         await admit(settings, "a1", "team-a", 2)
         never = await wait_for_event(settings.database_url, "a1", "QuotaDeferred")

@@ -9,12 +9,13 @@ import asyncio
 import asyncpg
 import pytest
 
-from gpusched_common import decider
+from gpusched_core import lifecycle
 from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import placement as engine
 from services.placement.handlers import apply, process
-from services.placement.placing import ClusterCache, run_cycle
+from services.placement.handlers import run_cycle
+from services.placement.store import ClusterCache
 from tests.builders import T0, a_job
 from tests.integration.test_placement_leases import registered
 
@@ -24,9 +25,9 @@ POLICY = engine.make_policy("bestfit")
 async def reserve(conn, job_id: str, gpus: int):
     spec = a_job(job_id).gpus(gpus).spec()
     state = await load_job(conn, job_id)
-    state = await append_job_events(conn, state, decider.decide(state, decider.RegisterSubmission(spec, T0), T0),
+    state = await append_job_events(conn, state, lifecycle.decide(state, lifecycle.RegisterSubmission(spec, T0), T0),
                                     producer="test", now=T0)
-    events = decider.decide(state, decider.ReserveQuota(gpus, 64), T0)
+    events = lifecycle.decide(state, lifecycle.ReserveQuota(gpus, 64), T0)
     await append_job_events(conn, state, events, producer="test", now=T0)
     return events[0]
 

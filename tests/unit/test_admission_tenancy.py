@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.admission.tenancy import check_against_tenancy
+from services.admission.core import check_against_tenancy
 from gpusched_core.quota import load_tenancy
 from tests.builders import a_job
 

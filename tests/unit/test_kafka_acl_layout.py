@@ -12,9 +12,7 @@ from gpusched_common.infra.kafka_security import (
     SERVICE_ACCESS, Acl, Certificates, acl_command_args, acl_layout, broker_overrides, controller_jaas,
     node_acls, parse_acl_listing, scram_format_args, service_acls,
 )
-from gpusched_common.topics import ALL_TOPICS, agent_group
-
-from services.quota.admin import GROUP_QUOTA_ADMIN
+from gpusched_common.topics import ALL_TOPICS, GROUP_QUOTA_ADMIN, agent_group
 
 
 def expand(args: list[str]) -> set[Acl]:

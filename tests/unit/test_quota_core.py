@@ -8,12 +8,12 @@ from datetime import timedelta
 import pytest
 
 from gpusched_common import events as ev
-from gpusched_common.credentials import OPERATOR, Verdict
+from gpusched_common.identity import OPERATOR, Verdict
 from gpusched_cli.stack import local_tenancy, node_specs
 from gpusched_core.quota import UNITS_PER_GPU, QuotaSnapshot, ReclaimRequest, parse_tenancy, plan_cycle
-from services.quota.reclaims import SentReclaim, reclaim_event, select_reclaims
-from services.quota.tenancy import as_guest, cohort_of, queued_job, to_pending
-from services.quota.updates import Accepted, Rejected, review_update
+from gpusched_core.quota.reclaims import SentReclaim, reclaim_event, select_reclaims
+from gpusched_core.quota.jobs import as_guest, cohort_of, queued_job, to_pending
+from services.quota.core import Accepted, Rejected, review_update
 from tests.builders import T0
 
 A100, H100 = "A100-80GB", "H100-80GB"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpusched_cli.teardown import agents_dir, stop_stack_jobs
-from services.node_agent.runner import JobRecord, JobRunner, _alive, _start_ticks
+from gpusched_common.job_records import JobRecord, alive, start_ticks
+from services.node_agent.runner import JobRunner
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def started() -> Iterator[list[JobRecord]]:
     records: list[JobRecord] = []
     yield records
     for record in records:
-        if _alive(record.pid, record.proc_start_ticks):
+        if alive(record.pid, record.proc_start_ticks):
             os.killpg(record.pid, signal.SIGKILL)
 
 
@@ -51,7 +52,7 @@ async def test_live_jobs_are_stopped_by_group_and_a_reused_pid_and_damaged_recor
     done = await runner.start("done", ["true"], (0,), {})
     await runner.wait(done)
     reused = {**json.loads((runner.work_dir / "j0.json").read_text()), "job_id": "reused", "pid": bystander.pid,
-              "proc_start_ticks": _start_ticks(bystander.pid) + 1}  # the pid now runs another process
+              "proc_start_ticks": start_ticks(bystander.pid) + 1}  # the pid now runs another process
     (runner.work_dir / "reused.json").write_text(json.dumps(reused))
     (runner.work_dir / "torn.json").write_text('{"job_id": "torn", "pid": 12')
     (runner.work_dir / "partial.json").write_text('{"job_id": "partial"}')
@@ -60,7 +61,7 @@ async def test_live_jobs_are_stopped_by_group_and_a_reused_pid_and_damaged_recor
 
     assert stop_stack_jobs(tmp_path, {}, progress, grace_s=5) == 3
 
-    assert not any(_alive(j.pid, j.proc_start_ticks) for j in jobs)
+    assert not any(alive(j.pid, j.proc_start_ticks) for j in jobs)
     assert not any(_group_has_members(j.pid) for j in jobs), "a background process of a job survived"
     assert bystander.poll() is None, "a process that reused a recorded pid was signalled"
     skipped = [line for line in out if line.startswith("skipped")]

@@ -1,14 +1,18 @@
 """`gpusched agent --check [--json] [--simulated MODEL:COUNT]`: the node's inventory and a few telemetry
-samples, read the way the node agent reads them (real NVML, or the simulated backend)."""
+samples, read the way the node agent reads them (real NVML, or the simulated backend).
+
+The check belongs to the node agent (services/node_agent/check.py); this command runs it as
+`python -m services.node_agent --check ...` with the same flags, and passes on its output and exit code,
+so the CLI imports no service module.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import subprocess
 import sys
-import time
 
-from gpusched_common.table import render
+AGENT_MODULE = "services.node_agent"
 
 
 def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,53 +32,18 @@ def run_agent(args: argparse.Namespace) -> int:
         print("gpusched agent: only --check is supported here; agents run as `python -m services.node_agent`",
               file=sys.stderr)
         return 2
-    from services.node_agent.nvml import make_backend
-    from services.node_agent.real_nvml import NvmlUnavailable
-
-    try:
-        backend = make_backend("simulated" if args.simulated else "real", args.node_id, args.simulated or "")
-    except NvmlUnavailable as exc:
-        print(f"gpusched agent --check: {exc}; use --simulated MODEL:COUNT for the simulated backend",
-              file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"gpusched agent --check: {exc}", file=sys.stderr)
-        return 2
-    try:
-        report = check(backend, max(1, args.samples), max(0.0, args.interval))
-    finally:
-        backend.close()
-    print(json.dumps(report, indent=2) if args.json else render_report(report))
-    return 0 if all(h["reachable"] for h in report["health"]) else 1
+    done = subprocess.run([sys.executable, "-m", AGENT_MODULE, *check_argv(args)], capture_output=True, text=True,
+                          check=False)
+    # written through sys.stdout/sys.stderr (not inherited file descriptors), so callers that capture the
+    # command's output see the check's
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    return done.returncode
 
 
-def check(backend, samples: int, interval_s: float) -> dict:
-    info = backend.node_info()
-    taken = []
-    for n in range(samples):
-        if n:
-            time.sleep(interval_s)
-        taken.append([s.model_dump() for s in backend.sample()])
-    health = [{"index": h.index, "uuid": h.uuid, "reachable": h.reachable, "xids": list(h.xids),
-               "ecc_uncorrected": h.ecc_uncorrected, "throttle_reasons": list(h.throttle_reasons)}
-              for h in backend.health()]
-    return {"backend": info.backend, "hostname": info.hostname, "driver_version": info.driver_version,
-            "cuda_version": info.cuda_version, "cpu_milli": info.cpu_milli, "memory_mib": info.memory_mib,
-            "gpus": [g.model_dump() for g in info.gpus], "health": health, "samples": taken}
-
-
-def render_report(report: dict) -> str:
-    head = render(["FIELD", "VALUE"], [(k, report[k]) for k in ("backend", "hostname", "driver_version",
-                                                                 "cuda_version", "cpu_milli", "memory_mib")])
-    gpus = render(["GPU", "UUID", "MODEL", "MEMORY MiB", "MIG", "NVLINK DOMAIN", "PEERS"],
-                  [(g["index"], g["uuid"], g["model"], g["memory_mib"],
-                    ", ".join(d["profile"] for d in g["mig_devices"]) or ("on" if g["mig_enabled"] else "off"),
-                    g["nvlink_domain"], ",".join(map(str, g["nvlink_peers"]))) for g in report["gpus"]])
-    health = render(["GPU", "REACHABLE", "XIDS", "ECC UNCORRECTED", "THROTTLE"],
-                    [(h["index"], h["reachable"], ",".join(map(str, h["xids"])) or "-", h["ecc_uncorrected"],
-                      ",".join(h["throttle_reasons"]) or "-") for h in report["health"]])
-    rows = [(n + 1, s["index"], f"{s['utilization_pct']:.0f}%", f"{s['memory_used_mib']}/{s['memory_total_mib']}",
-             s["power_w"], s["temperature_c"], s["sm_clock_mhz"], len(s["processes"]))
-            for n, sample in enumerate(report["samples"]) for s in sample]
-    samples = render(["#", "GPU", "UTIL", "MEMORY MiB", "POWER W", "TEMP C", "SM MHz", "PROCS"], rows)
-    return f"{head}\n\n{gpus}\n\n{health}\n\n{samples}"
+def check_argv(args: argparse.Namespace) -> list[str]:
+    """The agent's check flags for these parsed arguments (`--flag=value`, so a value may start with `-`)."""
+    argv = ["--check", *(["--json"] if args.json else [])]
+    if args.simulated:
+        argv.append(f"--simulated={args.simulated}")
+    return [*argv, f"--samples={args.samples}", f"--interval={args.interval!r}", f"--node-id={args.node_id}"]

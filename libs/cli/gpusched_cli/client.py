@@ -11,6 +11,7 @@ from opentelemetry import trace
 
 from gpusched_common import events as ev
 from gpusched_common.credentials import key_for, load_keys, signed_headers
+from gpusched_common.ids import job_stream
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.settings import Settings
 from gpusched_common.topics import JOBS_SUBMITTED
@@ -25,7 +26,7 @@ def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None =
                      now: datetime | None = None, request_id: str | None = None) -> bytes:
     now = now or datetime.now(timezone.utc)
     payload = ev.JobSubmitted(job_id=job_id, spec=spec, submitted_at=now, request_id=request_id)
-    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"job-{job_id}", occurred_at=now,
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(job_id), occurred_at=now,
                                 producer="client", tenant=spec.tenant, traceparent=traceparent)
     return envelope.model_dump_json().encode()
 

@@ -302,19 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tenants_parser(sub)
 
-    from services.preemption_sim.cli import add_simulate_preemption_parser
-    from services.queue_sim.cli import add_simulate_queue_parser
+    from gpusched_simulation.placement.cli import add_simulate_parser, run_simulate
+    from gpusched_simulation.preemption.cli import add_simulate_preemption_parser
+    from gpusched_simulation.queue.cli import add_simulate_queue_parser
 
     add_simulate_queue_parser(sub)
     add_simulate_preemption_parser(sub)
-
-    try:
-        from services.simulator.cli import add_simulate_parser, run_simulate
-    except ImportError:
-        pass
-    else:
-        add_simulate_parser(sub)
-        sub.choices["simulate"].set_defaults(func=run_simulate)
+    add_simulate_parser(sub)
+    sub.choices["simulate"].set_defaults(func=run_simulate)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""Read models for the CLI: job lists and a job's event history, straight from the store."""
+"""Read models for the CLI: job lists and a job's event history from the event store, and the queues
+through the services' documented store functions (``gpusched_common.stores``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import asyncpg
 
 from gpusched_common import store
 from gpusched_common.ids import job_stream
+from gpusched_common.stores.cluster import pending_jobs
+from gpusched_common.stores.quota import quota_queue
+
+from gpusched_core.placement.cycle import order_pending
 
 _JOB_COLUMNS = ("job_id, tenant, status, gpus, gpu_model, priority, node_id, gpu_indices, exit_code, reasons,"
                 " submitted_at, placed_at, started_at, finished_at")
@@ -46,21 +51,18 @@ async def queue(conn: asyncpg.Connection, *, tenant: str | None = None,
                 now: datetime | None = None) -> list[dict[str, Any]]:
     """Waiting jobs, each in the order the service it waits for considers it. First the jobs holding quota
     that wait for capacity, in placement's order (priority, submission, arrival, id); then the jobs waiting
-    for quota, cohort by cohort in the quota cycle's own fair-share order (``services.quota.queue_view``).
+    for quota, cohort by cohort in the quota cycle's own fair-share order (``gpusched_common.stores.quota.quota_queue``).
     Each has its ``queue``, ``position`` in it, ``ahead_higher_priority`` (waiting jobs of a higher priority
     ahead of it in the same queue) and ``reason``. A job whose event a service has not handled yet comes
     last without a position. Positions count every tenant's jobs; ``tenant`` only filters the rows."""
-    from services.quota.queue_view import quota_queue
-
     jobs = {r["job_id"]: r for r in await conn.fetch(
         "SELECT job_id, tenant, status, gpus, gpu_model, priority, reasons, submitted_at FROM jobs"
         " WHERE status IN ('Admitted', 'Queued')")}
     out = []
-    placing = [r for r in await conn.fetch(
-        "SELECT job_id, priority FROM placement_pending ORDER BY priority DESC, submitted_at NULLS LAST, seq, job_id")
-        if r["job_id"] in jobs]
-    for position, (r, ahead) in enumerate(zip(placing, higher_ahead([r["priority"] for r in placing])), start=1):
-        row = jobs.pop(r["job_id"])
+    pending, _ = await pending_jobs(conn)
+    placing = [job for job in order_pending(pending) if job.job_id in jobs]
+    for position, (job, ahead) in enumerate(zip(placing, higher_ahead([job.priority for job in placing])), start=1):
+        row = jobs.pop(job.job_id)
         out.append(_waiting(row, "capacity", position, ahead, "; ".join(row["reasons"]) or "waiting for capacity"))
     for entry in await quota_queue(conn, now or datetime.now(UTC)):
         row = jobs.pop(entry.job_id, None)

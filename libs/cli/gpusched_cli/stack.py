@@ -19,7 +19,8 @@ from pathlib import Path
 import asyncpg
 import yaml
 
-from gpusched_common.credentials import OPERATOR, TenantKey, write_keys
+from gpusched_common.credentials import TenantKey, write_keys
+from gpusched_common.identity import OPERATOR
 from gpusched_common.db import drop_database, ensure_database, migrate
 from gpusched_common.infra import postgres
 from gpusched_common.infra.brokers import BrokerKind, RunningBroker, start_broker, stop_broker

@@ -4,7 +4,8 @@ A node agent leaves its jobs running when it stops, so that the agent started ne
 (services/node_agent/runner.py). `gpusched down` is different: nothing will adopt them, so once the agents
 are stopped it stops every job they recorded that still runs, by its process group (see
 `stop_job_groups`). The records are read from the agents' work directories, one per node, under
-GPUSCHED_AGENT_WORK_DIR as the stack started its agents with (`<home>/agents` by default).
+GPUSCHED_AGENT_WORK_DIR as the stack started its agents with (`<home>/agents` by default); their format
+is the contract in gpusched_common/job_records.py, so this module imports no service.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from services.node_agent.runner import JobRecord, JobRunner, stop_job_groups
+from gpusched_common.job_records import JobRecord, read_records, stop_job_groups
 
 Progress = Callable[[str], None]
 JOB_GRACE_S = 5.0  # how long a job has after SIGTERM before its process group is killed
-# What reading a damaged record may raise: unreadable, not JSON or not UTF-8, or not a record's fields.
-_BAD_RECORD = (OSError, ValueError, TypeError, KeyError, AttributeError)
 
 
 def agents_dir(home: str | Path, env: dict[str, str]) -> Path:
@@ -34,15 +33,11 @@ def job_records(root: Path, progress: Progress = print) -> list[JobRecord]:
     except OSError as exc:
         progress(f"skipped    job records in {root}: {exc}")
         return []
-    records = []
-    for node_dir in node_dirs:
-        runner = JobRunner(node_dir)
-        for path in sorted(node_dir.glob("*.json")):
-            try:
-                records.append(runner.record(path.stem))
-            except _BAD_RECORD as exc:
-                progress(f"skipped    {path}: not a readable job record ({type(exc).__name__}: {exc})")
-    return [r for r in records if r is not None]
+
+    def skipped(path: Path, exc: Exception) -> None:
+        progress(f"skipped    {path}: not a readable job record ({type(exc).__name__}: {exc})")
+
+    return [record for node_dir in node_dirs for record in read_records(node_dir, skipped)]
 
 
 def stop_stack_jobs(home: str | Path, env: dict[str, str], progress: Progress = print,

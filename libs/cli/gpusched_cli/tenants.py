@@ -19,7 +19,8 @@ from pathlib import Path
 import asyncpg
 
 from gpusched_common import events as ev
-from gpusched_common.credentials import OPERATOR, key_for, load_keys, signed_headers
+from gpusched_common.credentials import key_for, load_keys, signed_headers
+from gpusched_common.identity import OPERATOR
 from gpusched_common.db import connect
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.settings import Settings

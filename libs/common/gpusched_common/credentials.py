@@ -14,9 +14,10 @@ from pathlib import Path
 
 import yaml
 
+from gpusched_common.identity import OPERATOR, Verdict
+
 KEY_ID_HEADER = "gpusched-key-id"
 SIGNATURE_HEADER = "gpusched-signature"
-OPERATOR = "*"
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,6 @@ def sign(secret: bytes, value: bytes) -> str:
 
 def signed_headers(key: TenantKey, value: bytes) -> dict[str, str]:
     return {KEY_ID_HEADER: key.key_id, SIGNATURE_HEADER: sign(key.secret, value)}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    tenant: str | None  # the authenticated tenant ("*" for an operator key), None when not authenticated
-    reason: str | None  # why authentication failed
 
 
 def verify(keys: dict[str, TenantKey], headers: dict[str, str], value: bytes) -> Verdict:

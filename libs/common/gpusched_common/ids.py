@@ -1,14 +1,12 @@
-"""Identifier types. Ids are plain strings on the wire; NewType keeps them apart in signatures."""
+"""Identifiers: what a valid id is, and the stream id of a job's events (its SQL twin is the
+``job_stream`` function of migration 015)."""
 
 from __future__ import annotations
 
 import re
 from typing import NewType
 
-JobId = NewType("JobId", str)
-NodeId = NewType("NodeId", str)
-TenantId = NewType("TenantId", str)
-StreamId = NewType("StreamId", str)
+StreamId = NewType("StreamId", str)  # an event stream: one per job, node or tenant
 
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 

@@ -12,7 +12,7 @@ from opentelemetry import trace
 
 from gpusched_common import events as ev
 from gpusched_common import store
-from gpusched_common.decider import JobState, JobStatus, evolve
+from gpusched_core.lifecycle import JobState, JobStatus, evolve
 from gpusched_common.ids import job_stream
 from gpusched_common.topics import JOBS_EVENTS
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer

@@ -1,9 +1,13 @@
-"""Settings from the environment (prefix GPUSCHED_). Built by each process's `app`, never at import."""
+"""Settings from the environment (prefix GPUSCHED_). Built by each process's `app`, never at import.
+
+``Settings`` holds what every process shares (database, broker, tracing, consumers); each service adds
+its own fields in its ``settings`` module (``services/<service>/settings.py``), a subclass of this one.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,57 +46,22 @@ class Settings(BaseSettings):
     consumer_batch_wait_ms: int = 5  # how long a fetch may wait to fill a batch
     handler_retry_backoff_s: float = 0.2
     outbox_poll_interval_s: float = 0.05
-    reconcile_interval_s: float = 5.0
 
-    # tenant credentials (HMAC keys); unset: authentication is off (development only, logged loudly)
-    tenant_keys_file: Path | None = None
-    admission_rate_per_s: float = 500.0  # per tenant
-    admission_rate_burst: float = 5000.0
-
-    # the tenancy tree (deploy/tenants.example.yaml): put in force at start when newer than the revision in
-    # PostgreSQL (operators publish later ones with `gpusched tenants apply`); required on a fresh database
-    tenants_file: Path | None = None
-    quota_reclaim_cooldown_s: float = 300.0  # a reclaim of borrowed quota still needed is asked again after this
-
-    # preemption: the victims' checkpoint grace, how long a (re)started run is protected, and whether a
-    # higher-priority job may preempt another tenant's work always ("any") or only borrowed capacity
-    preemption_grace_s: float = 30.0
-    preemption_min_runtime_s: float = 60.0
-    preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
-    # GPUs held for a preemptor go back to everyone when it has not been placed on them this long (a job
-    # still waiting for quota, say); its victims have stopped long before (preemption_grace_s)
-    nomination_ttl_s: float = 300.0
-
-    placement_policy: str = "bestfit"  # any name from `gpusched simulate --list-policies`
-
-    node_id: str = "node-1"
-    nvml_backend: Literal["simulated", "real"] = "simulated"
-    simulated_gpus: str = "H100-80GB:8"
-    agent_work_dir: Path = Path(".gpusched/agents")
+    # how often node agents sample GPUs; the metrics service holds a GPU silent for 3 intervals stale
     telemetry_interval_s: float = 5.0
-    heartbeat_interval_s: float = 10.0
-    # node agent: labels (`rack=r1,gpusched.io/pool=train`), lease, health and fault injection
-    node_labels: str = ""
-    lease_ttl_s: float = 30.0
-    fence_grace_s: float = 10.0  # SIGTERM -> SIGKILL grace when the agent stops jobs
-    health_interval_s: float = 2.0
-    gpu_fault_policy: Literal["stop", "keep"] = "stop"
-    health_ignored_xids: str = "13,31,43,45,68,109"  # application errors, not GPU faults
-    mps_pipe_dir: Path | None = None  # CUDA MPS control pipe; shares are enforced only when it exists
-    simulated_faults: str = ""  # e.g. `xid:3:79@30s,ecc:1@60s,thermal:2@10s`; see node_agent/faults.py
-    simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents
 
-    metrics_log_interval_s: float = 10.0
-    metrics_port: int | None = None  # Prometheus scrape endpoint (/metrics); None: no endpoint
-    metrics_host: str = "127.0.0.1"
-    metrics_pool_label: str = "gpusched.io/pool"
-    metrics_idle_threshold_pct: float = 5.0
-    metrics_idle_after_s: float = 300.0  # allocated GPUs idle longer than this are reported with their jobs
-    scale_out_window_s: float = 60.0
-    scale_out_clear_s: float = 15.0
-    scale_out_cooldown_s: float = 300.0
-    scale_out_max_nodes: int = 16
-    scale_in_idle_s: float = 600.0
-    scale_in_cooldown_s: float = 300.0
-    scale_min_nodes_per_model: int = 0
-    scale_provision_timeout_s: float = 900.0
+    # tenant credentials (HMAC keys; the CLI signs with them, admission and quota verify with them); unset:
+    # authentication is off (development only, logged loudly)
+    tenant_keys_file: Path | None = None
+
+    @classmethod
+    def of(cls, shared: Settings, **fields: object) -> Self:
+        """These settings for a process given the shared ones (a test's, a stack's): ``shared`` itself when
+        it is of this class already and nothing is overridden, else its shared fields with ``fields``, the
+        rest from the environment and this class's defaults."""
+        if isinstance(shared, cls) and not fields:
+            return shared
+        unknown = set(fields) - set(cls.model_fields)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no setting(s) {', '.join(sorted(unknown))}")
+        return cls(**{**shared.model_dump(exclude_unset=True), **fields})

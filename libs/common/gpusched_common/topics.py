@@ -34,11 +34,16 @@ ALL_TOPICS: tuple[Topic, ...] = (
     DEADLETTER,
 )
 
-# Consumer groups: one per service so each sees every event once.
+# Consumer groups: one per service and topic it consumes, so each sees every event once (each
+# subscription is its own consumer; the broker's ACLs name the same groups, infra/kafka_security.py).
 GROUP_ADMISSION = "gpusched-admission"
-GROUP_QUOTA = "gpusched-quota"
+GROUP_QUOTA = "gpusched-quota"  # job events
+GROUP_QUOTA_ADMIN = "gpusched-quota-admin"  # tenancy revisions
 GROUP_PLACEMENT = "gpusched-placement"
-GROUP_PREEMPTION = "gpusched-preemption"
+GROUP_PLACEMENT_JOBS = f"{GROUP_PLACEMENT}-jobs"
+GROUP_PLACEMENT_NODES = f"{GROUP_PLACEMENT}-nodes"
+GROUP_PREEMPTION = "gpusched-preemption"  # job events (the group's name from before reclaims existed)
+GROUP_PREEMPTION_RECLAIMS = f"{GROUP_PREEMPTION}-reclaims"
 GROUP_METRICS = "gpusched-metrics"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from services.metrics.core import ClusterSnapshot, GpuSlot, PendingJob, TenantQuota
+from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, PendingJob, TenantQuota
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

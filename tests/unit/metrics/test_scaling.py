@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.metrics.scaling import (
+from gpusched_core.metrics.scaling import (
     ScaleIn, ScaleOut, ScalePolicy, ScalerState, nodes_to_pack, observe, plan_scaling,
 )
 from tests.unit.metrics.builders import at, cluster

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from gpusched_common import events as ev
 
-from services.metrics.core import GpuReading, Thresholds, fragmentation, plan_views
+from gpusched_core.metrics.views import GpuReading, Thresholds, fragmentation, plan_views
 from services.metrics.exporter import Latest, MetricsExporter
 from services.metrics.http import MetricsEndpoint
 from services.metrics.tracker import TelemetryTracker

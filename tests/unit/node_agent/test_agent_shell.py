@@ -11,7 +11,8 @@ from pathlib import Path
 from gpusched_common import events as ev
 from gpusched_common.messaging import Incoming
 
-from services.node_agent.agent import Agent, AgentConfig
+from services.node_agent.agent import Agent
+from services.node_agent.config import AgentConfig
 from services.node_agent.faults import Fault
 from services.node_agent.nvml import SimulatedNvml
 from services.node_agent.runner import JobRunner

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from services.node_agent.faults import Fault, due_faults, parse_faults, partitioned
-from services.node_agent.inventory import mig_profile_name, nvlink_domains, parse_labels
+from gpusched_core.placement.mig import mig_profile_name
+from services.node_agent.inventory import nvlink_domains, parse_labels
 from services.node_agent.shares import job_environment
 from services.node_agent.simulated import SimulatedNvml, mig_layout, parse_gpu_spec
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.node_agent.lease import acquire, check, renewed
+from gpusched_core.agent.lease import acquire, check, renewed
 
 
 def test_a_lease_renewed_in_time_never_fences():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.node_agent.reconcile import (
+from gpusched_core.agent.reconcile import (
     LEASE_LOST, MISSING, NOT_ASSIGNED, Adopt, Forget, ObservedJob, ReportExit, ReportMissing, Stop, plan_reconcile,
 )
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from gpusched_common import decider
+from gpusched_core import lifecycle
 from gpusched_common import events as ev
 from gpusched_core import placement as engine
-from services.preemption.requests import preempt_commands, quota_units_of, reclaim_ask, request_of
+from gpusched_core.preemption.jobs import preempt_commands, quota_units_of, reclaim_ask, request_of
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
@@ -18,14 +18,14 @@ def spec(**fields) -> ev.JobSpec:
 
 
 def test_a_gang_victim_is_told_to_stop_on_every_member_node():
-    state = decider.JobState("g", decider.JobStatus.RUNNING, node_id="n1", node_ids=("n1", "n2", "n3"))
+    state = lifecycle.JobState("g", lifecycle.JobStatus.RUNNING, node_id="n1", node_ids=("n1", "n2", "n3"))
     commands = preempt_commands(state, 30.0, T0, "reclaim")
     assert [(c.job_id, c.node_id, c.reason) for c in commands] == [("g", "n1", "reclaim"), ("g", "n2", "reclaim"),
                                                                     ("g", "n3", "reclaim")]
 
 
 def test_a_single_node_victim_is_told_once_even_without_node_ids():
-    state = decider.JobState("j", decider.JobStatus.RUNNING, node_id="n1")
+    state = lifecycle.JobState("j", lifecycle.JobStatus.RUNNING, node_id="n1")
     assert [c.node_id for c in preempt_commands(state, 30.0, T0, "r")] == ["n1"]
 
 

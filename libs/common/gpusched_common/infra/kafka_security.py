@@ -32,7 +32,8 @@ from pathlib import Path
 from gpusched_common.infra import kafka
 from gpusched_common.infra.processes import free_port
 from gpusched_common.topics import (
-    CLUSTER_SCALING, DEADLETTER, GROUP_ADMISSION, GROUP_METRICS, GROUP_PLACEMENT, GROUP_PREEMPTION, GROUP_QUOTA,
+    CLUSTER_SCALING, DEADLETTER, GROUP_ADMISSION, GROUP_METRICS, GROUP_PLACEMENT_JOBS, GROUP_PLACEMENT_NODES, GROUP_PREEMPTION,
+    GROUP_PREEMPTION_RECLAIMS, GROUP_QUOTA, GROUP_QUOTA_ADMIN,
     JOBS_EVENTS, JOBS_SUBMITTED, NODES_COMMANDS, NODES_REPORTS, NODES_TELEMETRY, QUOTA_RECLAIMS, TENANCY_UPDATES,
     agent_group,
 )
@@ -244,17 +245,16 @@ class ServiceAccess:
 
 # What each service consumes and produces (each app.py's subscriptions and outbox topics). Every consumer
 # built by `messaging` dead-letters what it cannot handle, so each consumer may write gpusched.deadletter;
-# without it one poison message would stop its partition for good. "gpusched-quota-admin" is
-# services.quota.admin.GROUP_QUOTA_ADMIN (a library cannot import a service; a unit test keeps them equal).
+# without it one poison message would stop its partition for good.
 SERVICE_ACCESS: dict[str, ServiceAccess] = {
     "admission": ServiceAccess(((JOBS_SUBMITTED.name, GROUP_ADMISSION),), (JOBS_EVENTS.name, DEADLETTER.name)),
-    "quota": ServiceAccess(((JOBS_EVENTS.name, GROUP_QUOTA), (TENANCY_UPDATES.name, "gpusched-quota-admin")),
+    "quota": ServiceAccess(((JOBS_EVENTS.name, GROUP_QUOTA), (TENANCY_UPDATES.name, GROUP_QUOTA_ADMIN)),
                            (JOBS_EVENTS.name, QUOTA_RECLAIMS.name, DEADLETTER.name)),
-    "placement": ServiceAccess(((JOBS_EVENTS.name, f"{GROUP_PLACEMENT}-jobs"),
-                                (NODES_REPORTS.name, f"{GROUP_PLACEMENT}-nodes")),
+    "placement": ServiceAccess(((JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS),
+                                (NODES_REPORTS.name, GROUP_PLACEMENT_NODES)),
                                (JOBS_EVENTS.name, NODES_COMMANDS.name, DEADLETTER.name)),
     "preemption": ServiceAccess(((JOBS_EVENTS.name, GROUP_PREEMPTION),
-                                 (QUOTA_RECLAIMS.name, f"{GROUP_PREEMPTION}-reclaims")),
+                                 (QUOTA_RECLAIMS.name, GROUP_PREEMPTION_RECLAIMS)),
                                 (JOBS_EVENTS.name, NODES_COMMANDS.name, DEADLETTER.name)),
     "metrics": ServiceAccess(((NODES_TELEMETRY.name, GROUP_METRICS),), (CLUSTER_SCALING.name,)),
     # the operator's CLI: submissions and tenancy revisions (creating topics stays with the admin)

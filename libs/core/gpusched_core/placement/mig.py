@@ -1,4 +1,6 @@
-"""MIG geometry: the profiles of A100-40GB, A100-80GB and H100-80GB and where each may start.
+"""MIG geometry, the one home of it: slices per GPU, the profiles of A100-40GB, A100-80GB and H100-80GB and
+where each may start, and how profiles are named (quota charges a slice by its compute slices, node agents
+name the instances NVML reports, the gpu_allocations CHECK of migration 009 is tested against these).
 
 A MIG-capable GPU has 8 memory slices and 7 compute slices. A profile occupies ``memory_slices``
 consecutive memory slices starting at one of its valid ``starts`` (NVIDIA's placement table). With
@@ -8,10 +10,17 @@ an 8-bit mask of memory slices per GPU.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 MIG_MEMORY_SLICES = 8
+MIG_COMPUTE_SLICES = 7
 FULL_MIG_MASK = (1 << MIG_MEMORY_SLICES) - 1
+# memory per MIG memory slice, in GB, of the MIG-capable models we know (placement places slices on the
+# families below; H200 instances are named, not yet placed)
+MIG_SLICE_GB = {"A100-40GB": 5, "A100-80GB": 10, "H100-80GB": 10, "H200-141GB": 18}
+_PROFILE_NAME = re.compile(r"^(\d)g\.(\d+)gb$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,24 +34,23 @@ class MigProfile:
         return ((1 << self.memory_slices) - 1) << start
 
 
-def _family(sizes: tuple[int, int, int, int, int, int]) -> dict[str, MigProfile]:
-    """Profiles of one family named by memory in GB: (1g small, 1g large, 2g, 3g, 4g, 7g)."""
-    one_small, one_large, two, three, four, seven = sizes
+def _family(slice_gb: int) -> dict[str, MigProfile]:
+    """Profiles of one family, named by memory in GB: 1g of 1 and of 2 memory slices, 2g of 2, 3g and 4g of
+    4, 7g of all 8."""
+    one_small, one_large, two, three, four, seven = (slice_gb * n for n in (1, 2, 2, 4, 4, MIG_MEMORY_SLICES))
     profiles = (
         MigProfile(f"1g.{one_small}gb", 1, 1, (0, 1, 2, 3, 4, 5, 6)),
         MigProfile(f"1g.{one_large}gb", 1, 2, (0, 2, 4, 6)),
         MigProfile(f"2g.{two}gb", 2, 2, (0, 2, 4)),
         MigProfile(f"3g.{three}gb", 3, 4, (0, 4)),
         MigProfile(f"4g.{four}gb", 4, 4, (0,)),
-        MigProfile(f"7g.{seven}gb", 7, 8, (0,)),
+        MigProfile(f"7g.{seven}gb", MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, (0,)),
     )
     return {profile.name: profile for profile in profiles}
 
 
 MIG_FAMILIES: dict[str, dict[str, MigProfile]] = {
-    "A100-40GB": _family((5, 10, 10, 20, 20, 40)),
-    "A100-80GB": _family((10, 20, 20, 40, 40, 80)),
-    "H100-80GB": _family((10, 20, 20, 40, 40, 80)),
+    family: _family(MIG_SLICE_GB[family]) for family in ("A100-40GB", "A100-80GB", "H100-80GB")
 }
 
 
@@ -93,3 +101,22 @@ def largest_placeable(family: str, used_mask: int) -> int:
         if profile.memory_slices > best and free_starts(profile, used_mask):
             best = profile.memory_slices
     return best
+
+
+def mig_profile_name(compute_slices: int, memory_mib: int, model: str | None = None) -> str:
+    """NVML reports slices and usable memory (a little under the nominal size: 3g.40gb has 40192 MiB);
+    profiles are named `<slices>g.<GB>gb`. For a known model the size snaps to its slice multiples."""
+    gb = memory_mib / 1024
+    slice_gb = MIG_SLICE_GB.get(model or "")
+    if slice_gb is not None:
+        nominal = min((slice_gb * k for k in (1, 2, 4, MIG_MEMORY_SLICES)), key=lambda size: abs(size - gb))
+        return f"{compute_slices}g.{nominal}gb"
+    return f"{compute_slices}g.{max(1, math.ceil(gb - 0.05))}gb"
+
+
+def parse_mig_profile(profile: str) -> tuple[int, int]:
+    """`3g.40gb` -> (3 compute slices, 40 GB); raises ValueError."""
+    match = _PROFILE_NAME.match(profile.strip().lower())
+    if not match:
+        raise ValueError(f"MIG profile {profile!r} is not like 3g.40gb")
+    return int(match.group(1)), int(match.group(2))

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpusched_core.placement.mig import MIG_COMPUTE_SLICES, parse_mig_profile
+from gpusched_core.placement.model import MILLI_PER_GPU
+
 # Divisible by 1000 (milli shares), 7 (A100 / H100 MIG slices) and 4 (A30 MIG slices).
 UNITS_PER_GPU = 7000
-MILLI_PER_GPU = 1000
-DEFAULT_MIG_SLICES = 7
+DEFAULT_MIG_SLICES = MIG_COMPUTE_SLICES
 
 
 class UnitError(ValueError):
@@ -74,10 +76,10 @@ def format_gpus(units: int | float) -> str:
 
 def mig_slices(profile: str) -> int:
     """Compute slices of a MIG profile name such as ``3g.40gb`` (the number before ``g``)."""
-    head = profile.split("g.", 1)[0]
-    if not head.isdigit() or "g." not in profile:
-        raise UnitError(f"unknown MIG profile {profile!r}: expected a name like '3g.40gb'")
-    return int(head)
+    try:
+        return parse_mig_profile(profile)[0]
+    except ValueError:
+        raise UnitError(f"unknown MIG profile {profile!r}: expected a name like '3g.40gb'") from None
 
 
 def units_for(ask: GpuAsk, model: str, mig_slices_per_gpu: Mapping[str, int]) -> int:

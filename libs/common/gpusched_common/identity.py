@@ -1,0 +1,14 @@
+"""Who a message is from, as the decision cores see it (pure): the result of checking a credential, and the
+tenant name an operator's key carries. ``credentials`` checks signatures and produces the ``Verdict``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPERATOR = "*"  # the tenant of an operator's key: it may act for any tenant and change the tenancy
+
+
+@dataclass(frozen=True)
+class Verdict:
+    tenant: str | None  # the authenticated tenant (OPERATOR for an operator key), None when not authenticated
+    reason: str | None  # why authentication failed

@@ -1,0 +1,106 @@
+"""The cluster as placement keeps it in PostgreSQL: ready nodes, their GPUs, allocations and the GPUs held
+(nominated) for a preemptor; and placement's queue (``pending_jobs``; placement's order is ``order_pending``). Placement owns these tables; the preemption service reads them through
+``load_cluster`` under ``lock_cycle``, so it judges a victim's release on the cluster placement will see.
+
+The preemption service also holds GPUs for a preemptor (``nominate``): placement offers them to that job
+only, and gives them back after its nomination TTL.
+
+Every writer of nodes, GPUs, allocations or nominations holds ``lock_cycle`` until its transaction ends
+(placement's cycle cache, migration 012, depends on it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from gpusched_core import placement as engine
+from gpusched_core.placement.cycle import GpuRow, Held, NodeRow, PendingJob, build_cluster
+
+CYCLE_LOCK = 727_100  # advisory lock id: one placer decides at a time, whichever replica holds it
+
+
+async def lock_cycle(conn: asyncpg.Connection) -> None:
+    """Take the placement cycle lock until the transaction ends."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", CYCLE_LOCK)
+
+
+async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
+    """Ready nodes (a lost node takes no new work), their GPUs, allocations and nominations."""
+    node_rows = await conn.fetch("SELECT node_id, cpu_milli, memory_mib, labels FROM nodes WHERE status = 'Ready'")
+    gpus_of: dict[str, list[GpuRow]] = {r["node_id"]: [] for r in node_rows}
+    for r in await conn.fetch(
+            "SELECT g.node_id, g.gpu_index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain"
+            " FROM gpus g JOIN nodes n USING (node_id) WHERE n.status = 'Ready' ORDER BY g.node_id, g.gpu_index"):
+        gpus_of[r["node_id"]].append(GpuRow(r["gpu_index"], r["uuid"], r["model"], r["memory_mib"], r["healthy"],
+                                            r["mig_enabled"], r["nvlink_domain"]))
+    nodes = {r["node_id"]: NodeRow(r["node_id"], r["cpu_milli"], r["memory_mib"], tuple(gpus_of[r["node_id"]]),
+                                   {engine.MODEL_LABEL: gpus_of[r["node_id"]][0].model, **(r["labels"] or {})})
+             for r in node_rows if gpus_of[r["node_id"]]}
+    ready = set(nodes)
+    allocations: dict[str, list[Held]] = {}
+    for r in await conn.fetch("SELECT job_id, node_id, gpu_index, milli, memory_mib, mig_profile, mig_start,"
+                              " host_cpu_milli, host_memory_mib FROM gpu_allocations ORDER BY job_id, node_id, gpu_index"):
+        if r["node_id"] in ready:
+            allocations.setdefault(r["job_id"], []).append(
+                Held(r["node_id"], r["gpu_index"], r["milli"], r["memory_mib"], r["mig_profile"], r["mig_start"],
+                     r["host_cpu_milli"], r["host_memory_mib"]))
+    busy = {(h.node_id, h.gpu_index) for held in allocations.values() for h in held}
+    # a nomination counts once its victim has let go of the GPU; until then the victim's allocation holds it
+    nominated: dict[str, list[tuple[str, int]]] = {}
+    for r in await conn.fetch("SELECT job_id, node_id, gpu_index FROM gpu_nominations ORDER BY job_id"):
+        if r["node_id"] in ready and (r["node_id"], r["gpu_index"]) not in busy:
+            nominated.setdefault(r["job_id"], []).append((r["node_id"], r["gpu_index"]))
+    rows = list(nodes.values())
+    return rows, build_cluster(rows, allocations, nominated)
+
+
+async def nominate(conn: asyncpg.Connection, job_id: str, placement: engine.Decision | None, now: datetime) -> None:
+    """Hold the GPUs of the preemptor's verified slot: placement offers them to no other job meanwhile."""
+    if placement is None:
+        return
+    await conn.executemany(
+        "INSERT INTO gpu_nominations (node_id, gpu_index, job_id, nominated_at) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT DO NOTHING",
+        [(str(b.node_id), i, job_id, now) for b in placement.bindings for i in b.gpu_indices])
+
+
+async def has_nomination(conn: asyncpg.Connection, job_id: str) -> bool:
+    """Whether GPUs are held for the job (its victims are stopping)."""
+    return bool(await conn.fetchval("SELECT 1 FROM gpu_nominations WHERE job_id = $1 LIMIT 1", job_id))
+
+
+@dataclass(frozen=True)
+class GpuSlotRow:
+    """A GPU of any node (ready or not) and the job that has held it longest (shares and MIG slices: the
+    earliest of its allocations); ``pool``: the node's value of the pool label asked for."""
+
+    node_id: str
+    gpu_index: int
+    model: str
+    healthy: bool
+    pool: str | None
+    job_id: str | None
+    allocated_at: datetime | None
+
+
+async def gpu_slots(conn: asyncpg.Connection, pool_label: str) -> list[GpuSlotRow]:
+    """Every GPU with its node's pool and its earliest allocation, in (node, index) order."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT ON (g.node_id, g.gpu_index) g.node_id, g.gpu_index, g.model, g.healthy,"
+        " n.labels ->> $1 AS pool, a.job_id, a.allocated_at"
+        " FROM gpus g JOIN nodes n USING (node_id) LEFT JOIN gpu_allocations a USING (node_id, gpu_index)"
+        " ORDER BY g.node_id, g.gpu_index, a.allocated_at, a.job_id", pool_label)
+    return [GpuSlotRow(**dict(r)) for r in rows]
+
+
+async def pending_jobs(conn: asyncpg.Connection) -> tuple[list[PendingJob], dict[str, list[str] | None]]:
+    """The jobs waiting for placement and the reasons each was last deferred with."""
+    rows = await conn.fetch(
+        "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons, nodes, share_milli,"
+        " share_memory_mib, mig_profile, cpu_milli, memory_mib FROM placement_pending")
+    pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
+                          r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"], r["cpu_milli"],
+                          r["memory_mib"]) for r in rows]
+    return pending, {r["job_id"]: r["last_reasons"] for r in rows}

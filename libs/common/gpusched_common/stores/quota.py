@@ -1,0 +1,104 @@
+"""Quota's tables, read side: usage, decayed history, the jobs waiting for quota and where each stands.
+The quota service owns ``quota_policy_*`` and decides with these reads (under its locks); other rooms
+(the CLI, the preemption service) read quota's state only through these functions, without its locks: a
+reader never delays a decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+
+import asyncpg
+
+from gpusched_common.stores.tenancy import TenancyStore
+
+from gpusched_core.quota import Tenancy, UsageHistory
+from gpusched_core.quota.jobs import QueuedJob, cohort_members, cohort_names, cohort_of, takes_guests
+from gpusched_core.quota.positions import QuotaQueueEntry, rank_cohort
+
+
+async def read_usage(conn: asyncpg.Connection, members: tuple[str, ...], *,
+                     lock: bool = False) -> dict[str, dict[str, int]]:
+    """Reserved units per tenant per flavor (missing rows: none); without ``lock``, for a reader."""
+    rows = await conn.fetch(
+        "SELECT tenant, flavor, reserved_units FROM quota_policy_usage WHERE tenant = ANY($1::text[])"
+        " ORDER BY tenant, flavor" + (" FOR UPDATE" if lock else ""), list(members))
+    usage: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row["reserved_units"]:
+            usage.setdefault(row["tenant"], {})[row["flavor"]] = row["reserved_units"]
+    return usage
+
+
+async def load_history(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> dict[str, UsageHistory]:
+    rows = await conn.fetch("SELECT tenant, as_of_s, geq_s FROM quota_policy_history WHERE tenant = ANY($1::text[])",
+                            list(tenants))
+    return {r["tenant"]: UsageHistory(r["as_of_s"], MappingProxyType(r["geq_s"])) for r in rows}
+
+
+async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...],
+                      all_known: tuple[str, ...] | None = None) -> list[QueuedJob]:
+    """Jobs waiting for quota of ``tenants``, and, given ``all_known``, of every tenant not in it (guests)."""
+    rows = await conn.fetch(
+        "SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason, nodes, share_milli, mig_profile"
+        " FROM quota_policy_pending WHERE tenant = ANY($1::text[])"
+        " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))",
+        list(tenants), list(all_known) if all_known is not None else None)
+    return [QueuedJob(**dict(r)) for r in rows]
+
+
+async def load_cohort_queue(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str) -> list[QueuedJob]:
+    """Jobs waiting for quota in ``cohort``: those of its tenants (organisations included) and, when the
+    cohort is charged for guests, those of every tenant the tenancy does not name."""
+    guests = tuple(tenancy.tenants) if takes_guests(tenancy, cohort) else None
+    return await load_queued(conn, cohort_names(tenancy, cohort), guests)
+
+
+async def queued_tenants(conn: asyncpg.Connection) -> list[str]:
+    return [r["tenant"] for r in await conn.fetch("SELECT DISTINCT tenant FROM quota_policy_pending ORDER BY 1")]
+
+
+async def reserved_tenant(conn: asyncpg.Connection, job_id: str) -> str | None:
+    """The tenant quota reserved the job's GPUs for (None: no reservation)."""
+    return await conn.fetchval("SELECT tenant FROM quota_policy_reservations WHERE job_id = $1", job_id)
+
+
+async def quota_queue(conn: asyncpg.Connection, now: datetime,
+                      tenancies: TenancyStore | None = None) -> list[QuotaQueueEntry]:
+    """Every job waiting for quota, cohort by cohort (sorted by name), each cohort in queue order. With
+    no tenancy in force yet, the jobs are listed without positions."""
+    tenancy = await (tenancies or TenancyStore()).read(conn)
+    if tenancy is None:
+        return [QuotaQueueEntry(job.job_id, job.tenant, "-", None, 0, "no tenancy is in force yet")
+                for job in await load_queued(conn, (), ())]
+    out: list[QuotaQueueEntry] = []
+    for cohort in sorted({cohort_of(tenancy, t) for t in await queued_tenants(conn)}):
+        members = cohort_members(tenancy, cohort)
+        queued = await load_cohort_queue(conn, tenancy, cohort)
+        usage = await read_usage(conn, members)
+        out += rank_cohort(tenancy, cohort, usage, await load_history(conn, members), queued, now.timestamp())
+    return out
+
+
+async def reserved_flavors(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, str]:
+    """The flavor each of these jobs' reservations was charged to (jobs without one are left out)."""
+    rows = await conn.fetch("SELECT job_id, flavor FROM quota_policy_reservations WHERE job_id = ANY($1::text[])",
+                            job_ids)
+    return {r["job_id"]: r["flavor"] for r in rows}
+
+
+@dataclass(frozen=True)
+class TenantTotals:
+    tenant: str
+    nominal_units: int  # over every flavor
+    reserved_units: int
+
+
+async def tenant_totals(conn: asyncpg.Connection) -> list[TenantTotals]:
+    """Each tenant's nominal and reserved quota units over every flavor, by tenant."""
+    rows = await conn.fetch(
+        "SELECT tenant, sum(nominal_units) AS nominal, sum(reserved_units) AS reserved FROM quota_policy_usage"
+        " GROUP BY tenant ORDER BY tenant")
+    return [TenantTotals(r["tenant"], r["nominal"], r["reserved"]) for r in rows]

@@ -1,0 +1,47 @@
+"""The tenancy in force, kept in PostgreSQL by the quota service: the newest accepted revision, across
+restarts and replicas. Quota owns ``quota_tenancy_revisions``; admission and preemption read it here.
+
+A decision calls ``TenancyStore.current(conn)`` inside its transaction. That takes the tenancy lock shared
+until the transaction ends, so a new revision (``lock_revisions`` takes it exclusively) never lands in the
+middle of a decision: every quota process decides with the revision in force, and the limits in
+``quota_policy_usage`` are always those of that revision.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from gpusched_core.quota import Tenancy, load_tenancy
+
+TENANCY_LOCK = 727_400  # advisory lock id: shared by decisions, exclusive while a revision is installed
+
+
+class NoTenancy(RuntimeError):
+    """No revision is in force (the quota service starts with one; see ``app``)."""
+
+
+class TenancyStore:
+    """Reads the revision in force; parses a revision once, when it first sees it."""
+
+    def __init__(self) -> None:
+        self._parsed: Tenancy | None = None
+
+    async def current(self, conn: asyncpg.Connection) -> Tenancy:
+        await conn.execute("SELECT pg_advisory_xact_lock_shared($1)", TENANCY_LOCK)
+        tenancy = await self.read(conn)
+        if tenancy is None:
+            raise NoTenancy("no tenancy is in force: start the quota service with GPUSCHED_TENANTS_FILE, or "
+                            "publish one with `gpusched tenants apply FILE`")
+        return tenancy
+
+    async def read(self, conn: asyncpg.Connection) -> Tenancy | None:
+        """The newest revision without the lock (None: none yet), for readers outside quota's decisions."""
+        revision = await conn.fetchval("SELECT max(revision) FROM quota_tenancy_revisions")
+        if revision is None:
+            return None
+        if self._parsed is None or self._parsed.revision != revision:
+            document = await conn.fetchval("SELECT document FROM quota_tenancy_revisions WHERE revision = $1",
+                                           revision)
+            self._parsed = load_tenancy(document)  # it was valid when it was installed
+        return self._parsed
+

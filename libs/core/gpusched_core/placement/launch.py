@@ -1,0 +1,83 @@
+"""What a placement becomes (pure): the ``gpu_allocations`` rows that hold its GPUs, and the ``StartJob``
+each member's node agent gets, with what the job learns of its gang, host resources and checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from gpusched_common import events as ev
+
+from gpusched_core.placement.cycle import Placement
+from gpusched_core.placement.mig import MIG_MEMORY_SLICES
+from gpusched_core.placement.model import MILLI_PER_GPU
+
+AllocationRow = tuple  # the columns of ``placement_store.ALLOCATION_COLUMNS``, in order
+
+
+def allocation_rows(placement: Placement, now: datetime) -> list[AllocationRow]:
+    """gpu_allocations rows: one per whole GPU of every member, or the one share / MIG instance. A MIG
+    instance charges its part of the GPU's memory slices (at least 1 milli), so no whole GPU or share can
+    join it on that GPU. The job's host CPU and memory ride on its first (lowest) GPU of each node
+    (``host_row_gpu``; migration 014), so whatever gives the GPUs back gives them back too."""
+    job, host = placement.job_id, (placement.cpu_milli, placement.memory_mib)
+    if placement.mig_profile is not None:
+        slices = placement.mig_memory_slices or 1
+        milli = max(1, slices * MILLI_PER_GPU // MIG_MEMORY_SLICES)
+        return [(placement.node_id, placement.gpu_indices[0], job, now, milli, 0, placement.mig_profile,
+                 placement.mig_start, slices, *host)]
+    if placement.share_milli is not None:
+        return [(placement.node_id, placement.gpu_indices[0], job, now, placement.share_milli,
+                 placement.share_memory_mib or 0, None, None, None, *host)]
+    return [(m.node_id, i, job, now, MILLI_PER_GPU, 0, None, None, None,
+             *(host if i == host_row_gpu(m.gpu_indices) else (0, 0)))
+            for m in placement.all_members for i in m.gpu_indices]
+
+
+def host_row_gpu(gpu_indices: tuple[int, ...] | list[int]) -> int:
+    """The GPU whose allocation row carries a job's host CPU and memory on a node: its lowest."""
+    return min(gpu_indices)
+
+
+def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, checkpoint_ref: str | None,
+                   hostnames: Mapping[str, str]) -> list[ev.StartJob]:
+    """One ``StartJob`` per member of the placement (rank order), for its node's agent."""
+    return [ev.StartJob(job_id=placement.job_id, node_id=member.node_id, tenant=spec.tenant,
+                        gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
+                        command=spec.command, env={**resume_env(spec.env, checkpoint_ref),
+                                                   **host_env(placement, spec.env),
+                                                   **gang_env(placement, rank, hostnames)},
+                        attempt=attempt, gpu_share_milli=placement.share_milli,
+                        gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
+                        mig_start=placement.mig_start)
+            for rank, member in enumerate(placement.all_members)]
+
+
+def gang_env(placement: Placement, rank: int, hostnames: Mapping[str, str]) -> dict[str, str]:
+    """What each member of a gang learns about the others (the names torchrun and MPI launchers read)."""
+    if not placement.members:
+        return {}
+    nodes = [m.node_id for m in placement.members]
+    return {"GPUSCHED_GANG_SIZE": str(len(nodes)), "GPUSCHED_GANG_RANK": str(rank),
+            "GPUSCHED_GANG_NODES": ",".join(nodes), "NNODES": str(len(nodes)), "NODE_RANK": str(rank),
+            "MASTER_ADDR": hostnames.get(nodes[0], nodes[0])}
+
+
+def host_env(placement: Placement, env: Mapping[str, str]) -> dict[str, str]:
+    """What a job learns of the host CPU and memory it holds on its node; ``OMP_NUM_THREADS`` follows its
+    whole CPUs unless the job sets its own (many CPU thread pools size themselves from it)."""
+    out = {}
+    if placement.cpu_milli:
+        out["GPUSCHED_CPU_MILLI"] = str(placement.cpu_milli)
+        if "OMP_NUM_THREADS" not in env:
+            out["OMP_NUM_THREADS"] = str(max(1, placement.cpu_milli // 1000))
+    if placement.memory_mib:
+        out["GPUSCHED_MEMORY_MIB"] = str(placement.memory_mib)
+    return out
+
+
+def resume_env(env: Mapping[str, str], checkpoint_ref: str | None) -> dict[str, str]:
+    """The job's environment; a job resuming after a preemption learns its last checkpoint."""
+    if checkpoint_ref is None:
+        return dict(env)
+    return {**env, "GPUSCHED_RESUME_FROM": checkpoint_ref}

@@ -1,0 +1,45 @@
+"""One ``simulate-queue`` experiment: a run per policy over the same workload and quotas."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from ..traces.philly import Workload
+from .engine import Progress, SimConfig, simulate
+from .metrics import summarise
+from .policies import Policy
+from .quota import QuotaSetup, schedulable, tenancy_for
+
+
+def run_policy(workload: Workload, setup: QuotaSetup, policy: Policy, config: SimConfig,
+               progress: Progress | None = None) -> tuple[dict, int]:
+    """Metrics of one policy (see ``metrics``) and the number of jobs left out as unschedulable."""
+    tenancy = tenancy_for(setup, policy.half_life_s)
+    jobs, dropped = schedulable(workload.jobs, tenancy, config.nodes * config.gpus_per_node)
+    started = time.perf_counter()
+    state = simulate(jobs, tenancy, policy, config, progress)
+    wall = time.perf_counter() - started
+    metrics = summarise(state, workload.window_s, {t: float(g) for t, g in setup.nominal_gpus.items()}, wall)
+    metrics["_preemptions"] = state.preemptions
+    return metrics, dropped
+
+
+def run_all(workload: Workload, setup: QuotaSetup, policies: Sequence[Policy], config: SimConfig,
+            log: Callable[[str], None]) -> dict[str, dict]:
+    results = {}
+    for policy in policies:
+        last = [time.perf_counter()]
+
+        def progress(now: float, done: int, pending: int, name: str = policy.name, last: list = last) -> None:
+            if time.perf_counter() - last[0] >= 2.0:  # a line every two seconds of wall time at most
+                last[0] = time.perf_counter()
+                log(f"  {name}: virtual day {now / 86400:.0f}, {done} jobs done, {pending} pending")
+
+        log(f"simulating {policy.name} ...")
+        metrics, dropped = run_policy(workload, setup, policy, config, progress)
+        if dropped:
+            log(f"  {policy.name}: {dropped} job(s) can never fit quota or cluster; left out")
+        log(f"  {policy.name}: done in {metrics['wall_s']:.1f} s")
+        results[policy.name] = metrics
+    return results

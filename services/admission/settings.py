@@ -1,0 +1,11 @@
+"""The admission service's settings (environment prefix GPUSCHED_), on top of what every process shares."""
+
+from __future__ import annotations
+
+from gpusched_common.settings import Settings
+
+
+class AdmissionSettings(Settings):
+    # submissions each tenant may make: a token bucket refilled at this rate, holding this many at most
+    admission_rate_per_s: float = 500.0
+    admission_rate_burst: float = 5000.0

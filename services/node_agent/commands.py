@@ -1,0 +1,134 @@
+"""The commands placement and preemption send a node (StartJob, StopJob, PreemptJob, ReconcileJobs),
+decided by gpusched_core.agent and carried out here."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpusched_common import events as ev
+from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.runtime import utcnow
+from gpusched_common.tracing import current_traceparent
+from gpusched_core.agent import reconcile as rc
+from gpusched_core.agent.reasons import PREEMPTED, STOPPED
+from gpusched_core.agent.start import Ignore, NodeFacts, PreviousRun, Refuse, decide_start
+from gpusched_core.agent.stops import Preempt, decide_preempt
+
+from services.node_agent.context import AgentContext
+from services.node_agent.exits import JobExits
+from services.node_agent.runner import JobExit
+from services.node_agent.shares import job_environment
+
+log = logging.getLogger(__name__)
+
+
+class Commands:
+    def __init__(self, ctx: AgentContext, exits: JobExits) -> None:
+        self._ctx = ctx
+        self._exits = exits
+
+    async def on_command(self, message: Incoming) -> None:
+        if message.key != self._ctx.node_id:
+            return  # commands for other nodes share the topic
+        _, payload = parse_event(message)
+        if isinstance(payload, ev.StartJob):
+            await self.start_job(payload)
+        elif isinstance(payload, ev.StopJob):
+            if self._ctx.runner.known(payload.job_id):
+                self._exits.stop(payload.job_id, STOPPED)
+        elif isinstance(payload, ev.PreemptJob):
+            self.preempt(payload)
+        elif isinstance(payload, ev.ReconcileJobs):
+            self.reconcile(payload)
+
+    async def start_job(self, command: ev.StartJob) -> None:
+        ctx = self._ctx
+        decision = decide_start(attempt=command.attempt, gpu_indices=command.gpu_indices,
+                                previous=self._previous_run(command.job_id),
+                                node=NodeFacts(ctx.node_id, ctx.lease.valid, frozenset(ctx.unhealthy_gpus())))
+        if isinstance(decision, Ignore):
+            log.debug("%s: StartJob %s (attempt %d) ignored: %s", ctx.node_id, command.job_id, command.attempt,
+                      decision.reason)
+            return
+        if decision.rerun:
+            ctx.runner.finish_run(command.job_id)  # a new run of a job that ran here before
+        if isinstance(decision, Refuse):
+            self._report_not_started(command.job_id, decision.error, decision.reason_code)
+            return
+        await self._launch(command)
+
+    def _previous_run(self, job_id: str) -> PreviousRun | None:
+        runner = self._ctx.runner
+        if not runner.known(job_id):
+            return None
+        record = runner.record(job_id)
+        return PreviousRun(record.attempt if record is not None else None, runner.reported(job_id))
+
+    async def _launch(self, command: ev.StartJob) -> None:
+        ctx = self._ctx
+        uuids = tuple(command.gpu_uuids)
+        if command.mig_profile is not None:
+            try:
+                uuids = (ctx.backend.mig_device_for(command.job_id, command.gpu_indices[0], command.mig_profile,
+                                                    command.mig_start or 0),)
+            except ValueError as exc:
+                self._report_not_started(
+                    command.job_id, f"MIG {command.mig_profile} on GPU {command.gpu_indices[0]} of {ctx.node_id}: {exc}")
+                return
+        job_env = job_environment(gpu_indices=tuple(command.gpu_indices), gpu_uuids=uuids,
+                                  share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
+                                  mps_pipe_dir=self._mps_dir())
+        result = await ctx.runner.start(command.job_id, command.command, tuple(command.gpu_indices),
+                                        {**command.env, **job_env.env, **mig_env(command)},
+                                        lease_epoch=ctx.lease.epoch,
+                                        share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
+                                        attempt=command.attempt)
+        if isinstance(result, JobExit):
+            ctx.reporter.in_order(ev.JobExitReported(job_id=result.job_id, node_id=ctx.node_id,
+                                                     exit_code=result.exit_code, runtime_s=0.0, error=result.error,
+                                                     lease_epoch=ctx.lease.epoch))
+            return
+        ctx.backend.attach(command.job_id, result.gpu_indices, result.pid, command.gpu_share_milli,
+                           command.gpu_memory_mib)
+        # queued, not awaited: a redelivered StartJob finds the job known, so this report must not be lost
+        ctx.reporter.in_order(ev.JobStartReported(job_id=command.job_id, node_id=ctx.node_id, pid=result.pid,
+                                                  started_at=datetime.fromtimestamp(result.started_at_s, timezone.utc),
+                                                  lease_epoch=ctx.lease.epoch, unenforced=list(job_env.unenforced)))
+        self._exits.watch(result, current_traceparent())
+
+    def _report_not_started(self, job_id: str, error: str, reason_code: str | None = None) -> None:
+        self._ctx.reporter.in_order(ev.JobExitReported(job_id=job_id, node_id=self._ctx.node_id, exit_code=137,
+                                                       runtime_s=0.0, error=error, lease_epoch=self._ctx.lease.epoch,
+                                                       reason_code=reason_code))
+
+    def _mps_dir(self) -> Path | None:
+        pipe = self._ctx.config.mps_pipe_dir
+        return pipe if pipe is not None and (pipe / "control").exists() else None
+
+    def preempt(self, command: ev.PreemptJob) -> None:
+        """Tell the job (SIGTERM and a notice file naming the deadline), SIGKILL it at the deadline."""
+        runner = self._ctx.runner
+        known = runner.known(command.job_id)
+        decision = decide_preempt(known=known, reported=known and runner.reported(command.job_id),
+                                  stopping=self._exits.stopping(command.job_id), deadline_at=command.deadline_at,
+                                  now=utcnow())
+        if not isinstance(decision, Preempt):
+            return  # never started here, ended and reported (placement hears the exit anyway), or stopping
+        runner.write_preempt_notice(command.job_id, command.deadline_at, command.reason)
+        log.info("%s: preempting %s (%s); grace %.1fs", self._ctx.node_id, command.job_id, command.reason,
+                 decision.grace_s)
+        self._exits.stop(command.job_id, PREEMPTED, grace_s=decision.grace_s)
+
+    def reconcile(self, command: ev.ReconcileJobs) -> None:
+        ctx = self._ctx
+        if rc.answers_epoch(command.lease_epoch, ctx.lease.epoch):
+            self._exits.apply(rc.plan_reconcile(ctx.runner.observe(), frozenset(command.job_ids),
+                                                lease_valid=ctx.lease.valid))
+
+
+def mig_env(command: ev.StartJob) -> dict[str, str]:
+    if command.mig_profile is None:
+        return {}
+    return {"GPUSCHED_MIG_PROFILE": command.mig_profile, "GPUSCHED_MIG_START": str(command.mig_start or 0)}

@@ -1,0 +1,105 @@
+"""Watching the node's jobs until they end, stopping them, and reporting each end once.
+
+An exit is reported in order with the other reports that must not be lost, and the job is marked
+reported only once the broker took the report, so a restarted agent reports what its predecessor could
+not (see gpusched_core.agent.reconcile, whose plans `apply` carries out). A job stopped because the store
+no longer expects it here ends unreported: nobody waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gpusched_common import events as ev
+from gpusched_common.tracing import context_from_traceparent, tracer
+from gpusched_core.agent import reconcile as rc
+from gpusched_core.agent.stops import stop_error
+
+from services.node_agent.checkpoints import Checkpoints
+from services.node_agent.context import AgentContext
+from services.node_agent.reporter import SERVICE
+from services.node_agent.runner import JobRecord
+
+log = logging.getLogger(__name__)
+
+
+class JobExits:
+    def __init__(self, ctx: AgentContext, checkpoints: Checkpoints) -> None:
+        self._ctx = ctx
+        self._checkpoints = checkpoints
+        self.running: dict[str, JobRecord] = {}  # watched jobs
+        self._stop_reasons: dict[str, str] = {}
+
+    def stopping(self, job_id: str) -> bool:
+        return job_id in self._stop_reasons
+
+    def watch(self, record: JobRecord, traceparent: str | None) -> None:
+        self.running[record.job_id] = record
+        self._ctx.spawn(self._wait_and_report(record, traceparent), f"watch-{record.job_id}")
+
+    def stop(self, job_id: str, reason_code: str, grace_s: float | None = None) -> None:
+        """Stop the job (SIGTERM, SIGKILL after `grace_s`, by default half the fencing grace); its exit is
+        reported with the first reason it was stopped for."""
+        self._stop_reasons.setdefault(job_id, reason_code)
+        if job_id not in self.running:
+            record = self._ctx.runner.record(job_id)
+            if record is not None:  # not watched (e.g. found at restart): watch it so its end is handled
+                self.watch(record, None)
+        grace_s = self._ctx.config.fence_grace_s / 2 if grace_s is None else grace_s
+        self._ctx.spawn(self._ctx.runner.stop(job_id, grace_s=grace_s), f"stop-{job_id}")
+
+    def report_exit(self, payload: ev.JobExitReported) -> None:
+        self._ctx.reporter.in_order(payload, lambda: self._ctx.runner.mark_reported(payload.job_id))
+
+    def apply(self, actions: tuple[rc.Action, ...]) -> None:
+        """Carry out a reconcile plan."""
+        ctx = self._ctx
+        for action in actions:
+            match action:
+                case rc.Adopt(job_id=job_id):
+                    record = ctx.runner.record(job_id)
+                    if record is not None and job_id not in self.running:
+                        ctx.backend.attach(job_id, record.gpu_indices, record.pid, record.share_milli,
+                                           record.memory_mib)
+                        self.watch(record, None)
+                        log.info("%s: adopted job %s (pid %d)", ctx.node_id, job_id, record.pid)
+                case rc.Stop(job_id=job_id, reason_code=code):
+                    self.stop(job_id, code)
+                case rc.ReportExit(job_id=job_id, exit_code=code):
+                    record = ctx.runner.record(job_id)
+                    runtime = max(0.0, time.time() - record.started_at_s) if record else 0.0
+                    self.report_exit(ev.JobExitReported(
+                        job_id=job_id, node_id=ctx.node_id, exit_code=code, runtime_s=round(runtime, 3),
+                        lease_epoch=record.lease_epoch if record else None))
+                case rc.Forget(job_id=job_id):
+                    ctx.runner.mark_reported(job_id)
+                case rc.ReportMissing(job_id=job_id):
+                    ctx.reporter.in_order(ev.JobExitReported(
+                        job_id=job_id, node_id=ctx.node_id, exit_code=137, runtime_s=0.0,
+                        error=f"job was not running on {ctx.node_id} when the agent reconciled",
+                        lease_epoch=ctx.lease.epoch, reason_code=rc.MISSING))
+
+    async def _wait_and_report(self, record: JobRecord, traceparent: str | None) -> None:
+        ctx = self._ctx
+        try:
+            result = await ctx.runner.wait(record)
+        finally:
+            self.running.pop(record.job_id, None)
+        ctx.backend.detach(record.job_id)
+        self._checkpoints.report(record.job_id)  # one written just before exiting is reported before the exit
+        self._checkpoints.forget(record.job_id)
+        reason = self._stop_reasons.pop(record.job_id, None)
+        if reason == rc.NOT_ASSIGNED:
+            ctx.runner.mark_reported(record.job_id)
+            return
+        error = stop_error(reason, node_id=ctx.node_id, gpu_indices=record.gpu_indices,
+                           lease_epoch=record.lease_epoch,
+                           unhealthy_reasons={i: h.reasons for i, h in ctx.health.items() if not h.healthy})
+        with tracer().start_as_current_span(f"{SERVICE} job exited", context=context_from_traceparent(traceparent),
+                                            attributes={"gpusched.job_id": record.job_id,
+                                                        "gpusched.exit_code": result.exit_code}):
+            self.report_exit(ev.JobExitReported(
+                job_id=record.job_id, node_id=ctx.node_id, exit_code=result.exit_code,
+                runtime_s=round(result.runtime_s, 3), lease_epoch=record.lease_epoch, reason_code=reason,
+                error=error))

@@ -1,0 +1,65 @@
+"""Registration, heartbeats and the node lease, carried out for gpusched_core.agent.lease.
+
+A heartbeat the broker accepted renews the lease; when none was accepted for the lease's ttl the agent
+fences: it stops every job (placement may already requeue them elsewhere). The next accepted heartbeat
+takes a new lease epoch and registers again, so reports of the old epoch are told apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gpusched_common import events as ev
+from gpusched_core.agent import lease as leases
+from gpusched_core.agent.reconcile import plan_reconcile
+
+from services.node_agent.context import AgentContext
+from services.node_agent.exits import JobExits
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(self, ctx: AgentContext, exits: JobExits) -> None:
+        self._ctx = ctx
+        self._exits = exits
+
+    def register(self) -> None:
+        ctx = self._ctx
+        info = ctx.backend.node_info()
+        unhealthy = set(ctx.unhealthy_gpus())
+        gpus = [g.model_copy(update={"healthy": g.healthy and g.index not in unhealthy}) for g in info.gpus]
+        ctx.reporter.in_order(ev.NodeRegistered(
+            node_id=ctx.node_id, hostname=info.hostname, gpus=gpus, cpu_milli=info.cpu_milli,
+            memory_mib=info.memory_mib, labels=dict(ctx.config.labels), driver_version=info.driver_version,
+            cuda_version=info.cuda_version, nvml_backend=info.backend, lease_epoch=ctx.lease.epoch,
+            running_jobs=ctx.runner.running_job_ids()))
+        log.info("registering %s: %d GPU(s), %s, lease epoch %d", ctx.node_id, len(gpus), info.backend,
+                 ctx.lease.epoch)
+
+    async def beat_once(self) -> None:
+        ctx, config = self._ctx, self._ctx.config
+        sent_at = ctx.monotonic()
+        beat = ev.NodeHeartbeat(node_id=ctx.node_id, running_jobs=sorted(self._exits.running),
+                                lease_epoch=ctx.lease.epoch, lease_ttl_s=config.lease_ttl_s,
+                                fence_grace_s=config.fence_grace_s, unhealthy_gpus=ctx.unhealthy_gpus())
+        timeout = max(0.1, min(config.heartbeat_interval_s, config.lease_ttl_s / 3 or 5.0))
+        try:
+            await asyncio.wait_for(ctx.reporter.report(beat), timeout)
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat only matters through the lease
+            log.warning("%s: heartbeat not accepted (%s)", ctx.node_id, exc)
+            return
+        if ctx.lease.fenced:  # contact is back: a new epoch, so reports of the old one are told apart
+            ctx.lease = leases.acquire(ctx.runner.next_epoch(), ctx.lease.ttl_s, sent_at)
+            log.warning("%s: contact is back; re-registering with lease epoch %d", ctx.node_id, ctx.lease.epoch)
+            self.register()
+            return
+        ctx.lease = leases.renewed(ctx.lease, sent_at)
+
+    async def check_lease(self) -> None:
+        ctx = self._ctx
+        ctx.lease, lost = leases.check(ctx.lease, ctx.monotonic())
+        if lost:
+            log.error("%s: lease epoch %d expired; stopping every job (fencing)", ctx.node_id, ctx.lease.epoch)
+            self._exits.apply(plan_reconcile(ctx.runner.observe(), None, lease_valid=False))

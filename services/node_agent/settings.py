@@ -1,0 +1,26 @@
+"""The node agent's settings (environment prefix GPUSCHED_), on top of what every process shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from gpusched_common.settings import Settings
+
+
+class AgentSettings(Settings):
+    node_id: str = "node-1"
+    nvml_backend: Literal["simulated", "real"] = "simulated"
+    simulated_gpus: str = "H100-80GB:8"
+    agent_work_dir: Path = Path(".gpusched/agents")
+    heartbeat_interval_s: float = 10.0
+    # node agent: labels (`rack=r1,gpusched.io/pool=train`), lease, health and fault injection
+    node_labels: str = ""
+    lease_ttl_s: float = 30.0
+    fence_grace_s: float = 10.0  # SIGTERM -> SIGKILL grace when the agent stops jobs
+    health_interval_s: float = 2.0
+    gpu_fault_policy: Literal["stop", "keep"] = "stop"
+    health_ignored_xids: str = "13,31,43,45,68,109"  # application errors, not GPU faults
+    mps_pipe_dir: Path | None = None  # CUDA MPS control pipe; shares are enforced only when it exists
+    simulated_faults: str = ""  # e.g. `xid:3:79@30s,ecc:1@60s,thermal:2@10s`; see node_agent/faults.py
+    simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents

@@ -1,0 +1,14 @@
+"""The placement service's settings (environment prefix GPUSCHED_), on top of what every process shares."""
+
+from __future__ import annotations
+
+from gpusched_common.settings import Settings
+
+
+class PlacementSettings(Settings):
+    placement_policy: str = "bestfit"  # any name from `gpusched simulate --list-policies`
+    # a cycle from the store alone this often, whatever the bus says (it places what a lost message left)
+    reconcile_interval_s: float = 5.0
+    # GPUs held for a preemptor go back to everyone when it has not been placed on them this long (a job
+    # still waiting for quota, say); its victims have stopped long before (preemption_grace_s)
+    nomination_ttl_s: float = 300.0

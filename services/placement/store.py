@@ -1,0 +1,178 @@
+"""All of placement's SQL: its queue (``placement_pending``), nodes and their leases, GPUs, allocations and
+nominations, and the commands it sends node agents through its outbox. The cluster and the queue are read
+with the shared ``gpusched_common.stores.cluster`` (the preemption service and the CLI read them the same
+way)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from gpusched_common import events as ev
+from gpusched_common.store import enqueue
+from gpusched_common.stores.cluster import load_cluster, lock_cycle
+from gpusched_common.topics import NODES_COMMANDS
+from gpusched_common.tracing import current_traceparent
+
+from gpusched_core import placement as engine
+from gpusched_core.placement.cycle import NodeRow, Placement
+from gpusched_core.placement.launch import allocation_rows
+from gpusched_core.placement.leases import NodeLease
+
+SERVICE = "placement"
+ALLOCATION_COLUMNS = ("node_id", "gpu_index", "job_id", "allocated_at", "milli", "memory_mib", "mig_profile",
+                      "mig_start", "mig_memory_slices", "host_cpu_milli", "host_memory_mib")
+
+
+async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
+    share = spec.gpu_share
+    await conn.execute(
+        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
+        " share_memory_mib, mig_profile, cpu_milli, memory_mib) VALUES ($1, $2, $3, $4, $5,"
+        " (SELECT submitted_at FROM jobs WHERE job_id = $1), $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+        job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, spec.nodes, share.milli if share else None,
+        share.memory_mib if share else None, spec.mig_profile, spec.cpu_milli, spec.memory_mib)
+
+
+async def set_last_reasons(conn: asyncpg.Connection, job_id: str, reasons: tuple[str, ...]) -> None:
+    await conn.execute("UPDATE placement_pending SET last_reasons = $2 WHERE job_id = $1", job_id, list(reasons))
+
+
+async def forget_pending(conn: asyncpg.Connection, job_id: str) -> None:
+    """The job waits for placement no more (placed or cancelled), nor are GPUs held for it."""
+    await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", job_id)
+    await conn.execute("DELETE FROM gpu_nominations WHERE job_id = $1", job_id)
+
+
+async def expire_nominations(conn: asyncpg.Connection, now: datetime, ttl_s: float) -> list[str]:
+    """Give back GPUs held (nominated) for a job that has not been placed on them within ``ttl_s``: the
+    jobs whose hold lapsed. The preemptor keeps its place in the queues; it just no longer has GPUs
+    kept free for it (its victims are long gone, and others should not idle behind it)."""
+    await lock_cycle(conn)
+    rows = await conn.fetch("DELETE FROM gpu_nominations WHERE nominated_at < $1 RETURNING job_id",
+                            now - timedelta(seconds=ttl_s))
+    return sorted({r["job_id"] for r in rows})
+
+
+async def allocate(conn: asyncpg.Connection, placement: Placement, now: datetime) -> None:
+    """Hold the placement's GPUs. PostgreSQL refuses an allocation beyond capacity and fails the whole
+    transaction: the primary key and the gpu_usage / mig_slices guards kept by a trigger (migration 009)."""
+    columns = ", ".join(ALLOCATION_COLUMNS)
+    values = ", ".join(f"${n}" for n in range(1, len(ALLOCATION_COLUMNS) + 1))
+    await conn.executemany(f"INSERT INTO gpu_allocations ({columns}) VALUES ({values})",
+                           allocation_rows(placement, now))
+
+
+async def release_gpus(conn: asyncpg.Connection, job_id: str, node_id: str | None = None) -> list[str]:
+    """Give back what the job holds (on ``node_id`` only, when given); the nodes it held GPUs on."""
+    if node_id is None:
+        rows = await conn.fetch("DELETE FROM gpu_allocations WHERE job_id = $1 RETURNING node_id", job_id)
+    else:
+        rows = await conn.fetch("DELETE FROM gpu_allocations WHERE job_id = $1 AND node_id = $2 RETURNING node_id",
+                                job_id, node_id)
+    return sorted({r["node_id"] for r in rows})
+
+
+async def jobs_on(conn: asyncpg.Connection, node_id: str) -> list[str]:
+    """The jobs holding GPUs on the node, by id."""
+    rows = await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations WHERE node_id = $1 ORDER BY job_id", node_id)
+    return [r["job_id"] for r in rows]
+
+
+async def hostnames(conn: asyncpg.Connection, node_ids: list[str]) -> dict[str, str]:
+    return dict(await conn.fetch("SELECT node_id, hostname FROM nodes WHERE node_id = ANY($1::text[])", node_ids))
+
+
+async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> None:
+    """Record the node's inventory and new lease (the node is Ready again)."""
+    await conn.execute(
+        "INSERT INTO nodes (node_id, hostname, labels, cpu_milli, memory_mib, nvml_backend, registered_at,"
+        " last_seen_at, lease_epoch) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (node_id) DO UPDATE"
+        " SET hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
+        " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
+        " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready'",
+        node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
+        node.lease_epoch)
+    await conn.executemany(
+        "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy, mig_enabled, nvlink_domain)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        " ON CONFLICT (node_id, gpu_index) DO UPDATE SET uuid = EXCLUDED.uuid, model = EXCLUDED.model,"
+        " memory_mib = EXCLUDED.memory_mib, healthy = EXCLUDED.healthy, mig_enabled = EXCLUDED.mig_enabled,"
+        " nvlink_domain = EXCLUDED.nvlink_domain",
+        [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain)
+         for g in node.gpus])
+
+
+async def record_heartbeat(conn: asyncpg.Connection, beat: ev.NodeHeartbeat, now: datetime) -> None:
+    """Renew the node's lease, unless the epoch was declared lost."""
+    await conn.execute(
+        "UPDATE nodes SET last_seen_at = $2, lease_epoch = $3, lease_ttl_s = $4, fence_grace_s = $5"
+        " WHERE node_id = $1 AND (lost_epoch IS NULL OR lost_epoch < $3)",
+        beat.node_id, now, beat.lease_epoch, beat.lease_ttl_s, beat.fence_grace_s)
+
+
+async def set_gpu_health(conn: asyncpg.Connection, node_id: str, gpu_index: int, healthy: bool) -> None:
+    await conn.execute("UPDATE gpus SET healthy = $3 WHERE node_id = $1 AND gpu_index = $2", node_id, gpu_index,
+                       healthy)
+
+
+async def lost_epoch(conn: asyncpg.Connection, node_id: str) -> int | None:
+    return await conn.fetchval("SELECT lost_epoch FROM nodes WHERE node_id = $1", node_id)
+
+
+async def leases(conn: asyncpg.Connection) -> list[NodeLease]:
+    rows = await conn.fetch(
+        "SELECT node_id, lease_epoch, last_seen_at, lease_ttl_s, fence_grace_s, status FROM nodes")
+    return [NodeLease(r["node_id"], r["lease_epoch"], r["last_seen_at"], r["lease_ttl_s"], r["fence_grace_s"],
+                      r["status"] == "Lost") for r in rows]
+
+
+async def mark_lost(conn: asyncpg.Connection, node_id: str) -> None:
+    await conn.execute("UPDATE nodes SET status = 'Lost', lost_epoch = lease_epoch WHERE node_id = $1", node_id)
+
+
+async def refresh_leases(conn: asyncpg.Connection, now: datetime) -> None:
+    """Give every node a fresh lease (at start: heartbeats sent while placement was down are still in
+    Kafka, not yet in the table)."""
+    await conn.execute("UPDATE nodes SET last_seen_at = greatest(last_seen_at, $1)", now)
+
+
+async def send_command(conn: asyncpg.Connection, payload: ev.Payload, node_id: str, now: datetime,
+                       traceparent: str | None = None) -> None:
+    """To the node's agent, through placement's outbox (its relay publishes it)."""
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{node_id}", occurred_at=now,
+                                producer=SERVICE, traceparent=traceparent or current_traceparent())
+    await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=node_id, envelopes=[envelope])
+
+
+class ClusterCache:
+    """The cluster as this process last loaded or placed onto it, tagged with the store's placement version
+    (migration 012). A cycle reuses it while nobody else changed nodes, GPUs, allocations or nominations,
+    and otherwise loads the cluster again; both are read under the cycle lock, which every writer of
+    those tables holds, so the version read at a cycle's end covers exactly that cycle's own writes."""
+
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._nodes: list[NodeRow] = []
+        self._snapshot: engine.ClusterSnapshot | None = None
+        self.hits = 0
+        self.loads = 0
+
+    async def load(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
+        version = await conn.fetchval("SELECT version FROM placement_version")
+        if self._snapshot is not None and version == self._version:
+            self.hits += 1
+            return self._nodes, self._snapshot
+        self.loads += 1
+        return await load_cluster(conn)
+
+    async def keep(self, conn: asyncpg.Connection, nodes: list[NodeRow], snapshot: engine.ClusterSnapshot) -> None:
+        """Remember the cluster as this transaction leaves it; should the transaction roll back, its
+        version is never seen again and the next cycle loads afresh."""
+        self._version = await conn.fetchval("SELECT version FROM placement_version")
+        self._nodes, self._snapshot = nodes, snapshot
+
+    def forget(self) -> None:
+        self._version, self._snapshot = None, None

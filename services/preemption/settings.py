@@ -1,0 +1,31 @@
+"""The preemption service's settings (environment prefix GPUSCHED_), on top of what every process shares,
+and the policy its handlers decide with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gpusched_common.settings import Settings
+
+from gpusched_core import preemption as sel
+
+
+@dataclass(frozen=True)
+class PreemptionPolicy:
+    grace_s: float
+    config: sel.SelectionConfig
+
+
+class PreemptionSettings(Settings):
+    # the victims' checkpoint grace, how long a (re)started run is protected, and whether a higher-priority
+    # job may preempt another tenant's work always ("any") or only borrowed capacity
+    preemption_grace_s: float = 30.0
+    preemption_min_runtime_s: float = 60.0
+    preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
+
+    def policy(self) -> PreemptionPolicy:
+        return PreemptionPolicy(
+            grace_s=self.preemption_grace_s,
+            config=sel.SelectionConfig(default_min_runtime_s=self.preemption_min_runtime_s,
+                                       cross_tenant=self.preemption_cross_tenant))

@@ -1,0 +1,143 @@
+"""All of the preemption service's SQL, shared by the priority and the reclaim path: load who runs where,
+ask victims to stop (their stream, then ``PreemptJob`` to every node of their run), record what an
+evaluation decided, and remember reclaim victims. The cluster and the GPUs held for a preemptor are
+placement's (``gpusched_common.stores.cluster``); reservations are quota's (``gpusched_common.stores.quota``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from gpusched_common import events as ev
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.store import enqueue
+from gpusched_common.stores.quota import reserved_tenant
+from gpusched_common.stores.tenancy import TenancyStore
+from gpusched_common.topics import NODES_COMMANDS
+from gpusched_common.tracing import current_traceparent
+
+from gpusched_core import lifecycle
+from gpusched_core import preemption as sel
+from gpusched_core.preemption.jobs import member_nodes, preempt_commands
+from gpusched_core.quota.units import UNITS_PER_GPU
+from services.preemption.settings import PreemptionPolicy
+
+SERVICE = "preemption"
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A victim asked to stop: its state after ``PreemptionRequested`` and the nodes told to stop it."""
+
+    state: lifecycle.JobState
+    node_ids: tuple[str, ...]
+
+
+async def charged_tenant(conn: asyncpg.Connection, job_id: str, tenant: str, tenancies: TenancyStore) -> str:
+    """The tenant quota charges a job to (the one its decisions compare): its reservation's, or for a job
+    without one the tenancy's leaf for ``tenant`` (a guest's is the tenancy's ``guest_tenant``)."""
+    reserved = await reserved_tenant(conn, job_id)
+    if reserved is not None:
+        return reserved
+    tenancy = await tenancies.read(conn)
+    return tenancy.charged_tenant(tenant) if tenancy is not None else tenant
+
+
+async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
+    """Jobs holding GPUs, with the tenant and what quota charges them (the policy ledger's reservation
+    when there is one, else the job's tenant and whole GPUs held) and, while they stop, the job they
+    stop for."""
+    rows = await conn.fetch(
+        "SELECT j.job_id, coalesce(r.tenant, j.tenant) AS tenant, j.priority, j.status, coalesce(j.started_at, j.placed_at) AS since,"
+        " (SELECT max(e.occurred_at) FROM events e WHERE e.stream_id = job_stream(j.job_id)"
+        "   AND e.type = 'JobCheckpointed' AND e.occurred_at >= coalesce(j.started_at, j.placed_at)) AS ckpt,"
+        " r.flavor AS reserved_flavor, r.units AS reserved_units,"
+        " (SELECT array_agg(DISTINCT g.model) FROM gpu_allocations a JOIN gpus g"
+        "   ON g.node_id = a.node_id AND g.gpu_index = a.gpu_index WHERE a.job_id = j.job_id) AS models,"
+        " (SELECT count(*) FROM gpu_allocations a WHERE a.job_id = j.job_id) AS held,"
+        " CASE WHEN j.status = 'Preempting' THEN (SELECT e.payload->>'preemptor_job_id' FROM events e"
+        "   WHERE e.stream_id = job_stream(j.job_id) AND e.type = 'PreemptionRequested'"
+        "   ORDER BY e.version DESC LIMIT 1) END AS preempted_for"
+        " FROM jobs j LEFT JOIN quota_policy_reservations r ON r.job_id = j.job_id"
+        " WHERE j.status IN ('Placed', 'Running', 'Preempting')"
+        "   AND EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id) ORDER BY j.job_id")
+    return [sel.RunningJob(r["job_id"], r["tenant"], r["priority"], r["since"].timestamp(), (r["job_id"],),
+                           units=r["reserved_units"] or r["held"] * UNITS_PER_GPU,
+                           last_checkpoint_at_s=r["ckpt"].timestamp() if r["ckpt"] else None,
+                           preempting=r["status"] == "Preempting",
+                           flavor=r["reserved_flavor"] or (r["models"][0] if len(r["models"] or ()) == 1 else None),
+                           preempted_for=r["preempted_for"]) for r in rows]
+
+
+async def stop_victims(conn: asyncpg.Connection, preemptor: sel.Preemptor, victims: Sequence[sel.Victim],
+                       policy: PreemptionPolicy, now: datetime) -> list[Stopped]:
+    """``PreemptionRequested`` on each victim's stream and ``PreemptJob`` to every node of its run (all
+    members of a gang); a victim that stopped or was asked already is skipped."""
+    deadline = now + timedelta(seconds=policy.grace_s)
+    stopped = []
+    for victim in victims:
+        state = await load_job(conn, victim.job_id)
+        command = lifecycle.RequestPreemption(preemptor.job_id, preemptor.priority, preemptor.tenant, victim.reason,
+                                            policy.grace_s, deadline)
+        events = lifecycle.decide(state, command, now)
+        if not events or not member_nodes(state):
+            continue
+        after = await append_job_events(conn, state, events, producer=SERVICE, now=now)
+        commands = preempt_commands(state, policy.grace_s, deadline, victim.reason)
+        for payload in commands:
+            await send_command(conn, payload, now)
+        stopped.append(Stopped(after, tuple(c.node_id for c in commands)))
+    return stopped
+
+
+async def send_command(conn: asyncpg.Connection, payload: ev.PreemptJob, now: datetime) -> None:
+    """To the node's agent, through this service's own outbox (its relay publishes it)."""
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
+                                occurred_at=now, producer=SERVICE, traceparent=current_traceparent())
+    await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=payload.node_id, envelopes=[envelope])
+
+
+async def record_evaluation(conn: asyncpg.Connection, plan: sel.PreemptionPlan, now: datetime) -> None:
+    await conn.execute(
+        "INSERT INTO preemption_evaluations (job_id, evaluated_at, outcome, reasons) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT (job_id) DO UPDATE SET evaluated_at = EXCLUDED.evaluated_at,"
+        " outcome = EXCLUDED.outcome, reasons = EXCLUDED.reasons",
+        plan.preemptor_id, now, plan.outcome, list(plan.reasons))
+
+
+async def load_freed(conn: asyncpg.Connection, job_id: str) -> list[sel.FreedFor]:
+    """Jobs earlier reclaims preempted for ``job_id`` that still stop, or whose quota went back (and when).
+    A victim that runs again without having given its quota back (its node was lost mid-grace, say)
+    frees nothing and is left out."""
+    rows = await conn.fetch(
+        "SELECT v.victim_job_id, v.units, q.released_at FROM reclaim_victims v"
+        " JOIN jobs j ON j.job_id = v.victim_job_id"
+        " LEFT JOIN LATERAL (SELECT min(e.occurred_at) AS released_at FROM events e"
+        "   WHERE e.stream_id = job_stream(v.victim_job_id) AND e.type = 'QuotaReleased' AND e.version > v.version) q"
+        "   ON true"
+        " WHERE v.for_job_id = $1 AND (q.released_at IS NOT NULL OR j.status IN ('Preempting', 'Preempted'))"
+        " ORDER BY v.victim_job_id, v.version", job_id)
+    return [sel.FreedFor(r["victim_job_id"], r["units"], r["released_at"].timestamp() if r["released_at"] else None)
+            for r in rows]
+
+
+async def remember(conn: asyncpg.Connection, for_job: str, flavor: str, stopped: list[Stopped],
+                   units: dict[str, int], now: datetime) -> None:
+    """Record each victim (at the stream version that asked it to stop) for the blocked job."""
+    await conn.executemany(
+        "INSERT INTO reclaim_victims (victim_job_id, version, for_job_id, flavor, units, requested_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+        [(s.state.job_id, s.state.version, for_job, flavor, units.get(s.state.job_id, 0), now) for s in stopped])
+
+
+async def forget_accounted(conn: asyncpg.Connection, job_id: str, freed: list[sel.FreedFor],
+                           requested_at_s: float) -> None:
+    """Victims whose quota went back before this request was made are in quota's numbers already."""
+    done = [f.job_id for f in freed if f.quota_released_at_s is not None and f.quota_released_at_s <= requested_at_s]
+    if done:
+        await conn.execute("DELETE FROM reclaim_victims WHERE for_job_id = $1 AND victim_job_id = ANY($2::text[])",
+                           job_id, done)

@@ -1,1 +1,0 @@
-"""``gpusched simulate-preemption``: the openb pods replayed in time, with and without preemption."""

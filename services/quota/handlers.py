@@ -1,0 +1,251 @@
+"""Quota's handlers: job events (cohorts, borrowing, fair share and reclaims; ``gpusched_core.quota``) and an
+operator's ``TenancyUpdated`` (put in force with its limits and a cycle for every cohort, or rejected with
+every reason, recorded and logged; ``core.review_update``; a bad update never stops the service).
+
+Per batch, each touched cohort gets one reservation cycle (``reserve_for_cohort``): lock the cohort's usage
+rows, build a ``QuotaSnapshot``, ``plan_cycle``, append ``QuotaReserved`` / ``QuotaDeferred``, charge the
+rows, and put the reclaim requests the plan needs in the outbox (``ReclaimRequested``). Releases lock the
+same rows first. Two quota processes therefore decide one cohort in turn, and the ``quota_policy_usage``
+CHECK refuses any charge above ``nominal + borrowing_limit`` should that ever fail.
+
+A release runs in the message's own handler, so a batch that releases in two cohorts takes their locks in
+message order; should two replicas cross that way, PostgreSQL aborts one and the batch is replayed message
+by message (one cohort per transaction), which cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from gpusched_core import lifecycle
+from gpusched_common import events as ev
+from gpusched_common.batching import Batch, TxHandler
+from gpusched_common.credentials import TenantKey, verify
+from gpusched_core.lifecycle import JobStatus
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.store import claim, enqueue
+from gpusched_common.topics import QUOTA_RECLAIMS
+from gpusched_common.tracing import current_traceparent
+
+from services.quota import store
+from gpusched_core.quota import (
+    UNITS_PER_GPU,
+    QuotaPlan,
+    QuotaSnapshot,
+    Reservation,
+    Tenancy,
+    UsageHistory,
+    advance,
+    plan_cycle,
+    rate_geq,
+)
+from gpusched_core.quota.reclaims import reclaim_event, select_reclaims
+from gpusched_common.stores import quota as reads
+from gpusched_common.stores.tenancy import TenancyStore
+from services.quota.core import Accepted, review_update
+from gpusched_core.quota.jobs import (
+    as_guest,
+    cap_units,
+    chargeable,
+    cohort_members,
+    cohort_of,
+    queued_job,
+)
+
+log = logging.getLogger(__name__)
+SERVICE = "quota"
+_TERMINAL = (ev.JobSucceeded, ev.JobFailed, ev.JobCancelled)
+
+
+@dataclass(frozen=True)
+class CycleOptions:
+    reclaim_cooldown_s: float = 300.0  # a reclaim still needed is asked for again after this long
+
+
+def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime],
+                                  options: CycleOptions = CycleOptions()) -> TxHandler:
+    async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
+        envelope, payload = parse_event(message)
+        if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, *_TERMINAL)):
+            return
+        if not await claim(conn, SERVICE, envelope.event_id):
+            return
+        tenancy = await tenancies.current(conn)
+        now = clock()
+        if isinstance(payload, ev.JobAdmitted):
+            tenant: str | None = payload.spec.tenant
+            await store.queue_job(conn, queued_job(payload.job_id, payload.spec, payload.submitted_at.timestamp()))
+        else:
+            tenant = await release(conn, tenancy, payload.job_id, now)
+            if tenant is not None and isinstance(payload, ev.JobPreempted):
+                # the preempted job gives its quota back and queues for it again, to resume later
+                spec = (await load_job(conn, payload.job_id)).spec
+                if spec is not None:
+                    await store.queue_job(conn, queued_job(payload.job_id, spec, now.timestamp()))
+        if tenant is None:
+            return
+        cohort = cohort_of(tenancy, tenant)
+
+        async def reserve(c: asyncpg.Connection) -> None:
+            await reserve_for_cohort(c, await tenancies.current(c), cohort, clock(), options)
+
+        batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
+
+    return on_job_event
+
+
+async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:
+    """Give a finished (or preempted) job's units back; the tenant charged, or None when it held no quota."""
+    await store.unqueue_job(conn, job_id)
+    state = await load_job(conn, job_id)
+    if not state.quota_held or state.spec is None:
+        return None
+    held = await store.load_reservation(conn, job_id)
+    if held is None:  # reserved without a charge on record (under the retired flat caps): nothing to give back
+        await _append(conn, job_id, lifecycle.ReleaseQuota(0), now)
+        return state.spec.tenant
+    tenant, flavor, units = held["tenant"], held["flavor"], held["units"]
+    # a tenant removed from the tenancy since it reserved is a cohort of its own: it shares nothing now
+    cohort = tenancy.root_of(tenant) if tenant in tenancy.tenants else tenant
+    usage = await store.lock_usage(conn, tenancy, cohort_members(tenancy, cohort))
+    await _advance_history(conn, tenancy, tenant, usage.get(tenant, {}), now)
+    left = await store.charge(conn, tenant, flavor, -units)
+    await store.forget_reservation(conn, job_id)
+    await _append(conn, job_id, lifecycle.ReleaseQuota(left // UNITS_PER_GPU), now)
+    return tenant
+
+
+async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, now: datetime,
+                             options: CycleOptions = CycleOptions()) -> QuotaPlan | None:
+    """One reservation cycle for a cohort, inside the caller's transaction; the plan (None: nothing waits)."""
+    members = cohort_members(tenancy, cohort)
+    usage = await store.lock_usage(conn, tenancy, members)  # FOR UPDATE: one decider per cohort at a time
+    jobs = {job.job_id: job for job in await reads.load_cohort_queue(conn, tenancy, cohort)}
+    if not jobs:
+        return None
+    pending, unchargeable = chargeable(tenancy, jobs.values())
+    history = await reads.load_history(conn, members)
+    plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending)
+    held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
+    await _reserve(conn, tenancy, plan.reservations, held, now)
+    # reasons only (unordered): a reader ranks the queue itself (``gpusched_common.stores.quota.quota_queue``)
+    for job_id, reason in [(job.job_id, reason) for job, _, reason in plan.reasons()] + unchargeable:
+        reason = as_guest(tenancy, jobs[job_id], reason)
+        if jobs[job_id].last_reason != reason:
+            await _defer(conn, job_id, reason, now)
+    await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
+    return plan
+
+
+async def reserve_everywhere(conn: asyncpg.Connection, tenancy: Tenancy, now: datetime,
+                             options: CycleOptions = CycleOptions()) -> int:
+    """A cycle for every cohort with waiting work, inside the caller's transaction; how many ran."""
+    cohorts = sorted({cohort_of(tenancy, t) for t in await reads.queued_tenants(conn)})
+    for cohort in cohorts:
+        await reserve_for_cohort(conn, tenancy, cohort, now, options)
+    return len(cohorts)
+
+
+async def reconcile(pool: asyncpg.Pool, tenancies: TenancyStore, now: datetime, options: CycleOptions) -> int:
+    """A cycle for every cohort with waiting work, one transaction each, from the store alone (a lost or
+    delayed message never strands a job; a reclaim still needed is asked for again); how many ran."""
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            tenancy = await tenancies.current(conn)
+            cohorts = sorted({cohort_of(tenancy, t) for t in await reads.queued_tenants(conn)})
+        for cohort in cohorts:
+            async with conn.transaction():
+                await reserve_for_cohort(conn, await tenancies.current(conn), cohort, now, options)
+    return len(cohorts)
+
+
+async def _reserve(conn: asyncpg.Connection, tenancy: Tenancy, reservations: tuple[Reservation, ...],
+                   usage: dict[str, dict[str, int]], now: datetime) -> None:
+    for r in reservations:
+        state = await load_job(conn, r.job_id)
+        if state.status is not JobStatus.ADMITTED or state.quota_held:
+            await store.unqueue_job(conn, r.job_id)  # finished or reserved meanwhile: nothing to charge
+            continue
+        held = usage.setdefault(r.tenant, {})
+        await _advance_history(conn, tenancy, r.tenant, held, now)  # at the rate held until now
+        total = await store.charge(conn, r.tenant, r.flavor, r.units)
+        held[r.flavor] = total
+        command = lifecycle.ReserveQuota(total // UNITS_PER_GPU, cap_units(tenancy, r.tenant, r.flavor) // UNITS_PER_GPU,
+                                       gpu_model=r.flavor, borrowed_gpus=r.borrowed_units / UNITS_PER_GPU)
+        await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
+        await store.record_reservation(conn, r.job_id, r.tenant, r.flavor, r.units)
+
+
+async def _defer(conn: asyncpg.Connection, job_id: str, reason: str, now: datetime) -> None:
+    state = await load_job(conn, job_id)
+    if state.status is not JobStatus.ADMITTED:
+        await store.unqueue_job(conn, job_id)
+        return
+    await append_job_events(conn, state, lifecycle.decide(state, lifecycle.DeferQuota(reason), now),
+                            producer=SERVICE, now=now)
+    await store.set_last_reason(conn, job_id, reason)
+
+
+async def _send_reclaims(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, plan: QuotaPlan, now: datetime,
+                         cooldown_s: float) -> None:
+    """Publish, through the outbox, the plan's reclaim requests not already asked for (``reclaims``)."""
+    if not plan.reclaims:
+        return
+    sent = await store.load_sent_reclaims(conn, tuple(sorted({r.tenant for r in plan.reclaims})))
+    for request in select_reclaims(plan.reclaims, sent, now.timestamp(), cooldown_s):
+        used = plan.usage.get(request.tenant, {}).get(request.flavor, 0)
+        payload = reclaim_event(request, tenancy, cohort, used, now)
+        event_id = str(uuid.uuid4())
+        await store.record_reclaim(conn, event_id, payload, request.units)
+        envelope = ev.make_envelope(payload, event_id=event_id, stream_id=f"tenant-{request.tenant}", occurred_at=now,
+                                    producer=SERVICE, tenant=request.tenant, traceparent=current_traceparent())
+        await enqueue(conn, producer=SERVICE, topic=QUOTA_RECLAIMS.name, key=request.tenant, envelopes=[envelope])
+        log.info("quota: reclaim requested: %s", payload.reason)
+
+
+async def _advance_history(conn: asyncpg.Connection, tenancy: Tenancy, tenant: str, held: dict[str, int],
+                           now: datetime) -> None:
+    """Before a tenant's usage changes: accrue what it held since its history was last advanced."""
+    now_s = now.timestamp()
+    past = (await reads.load_history(conn, (tenant,))).get(tenant, UsageHistory(now_s))
+    await store.save_history(conn, tenant, advance(past, now_s, rate_geq(tenancy, held), tenancy.half_life_s))
+
+
+async def _append(conn: asyncpg.Connection, job_id: str, command: lifecycle.ReleaseQuota, now: datetime) -> None:
+    state = await load_job(conn, job_id)
+    await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
+
+
+def make_tenancy_update_handler(keys: dict[str, TenantKey] | None, clock: Callable[[], datetime],
+                                options: CycleOptions = CycleOptions()) -> TxHandler:
+    """``keys``: the credentials to check signatures with (None: none configured, every update refused)."""
+
+    async def on_update(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
+        envelope, update = parse_event(message)
+        if not isinstance(update, ev.TenancyUpdated) or not await claim(conn, SERVICE, envelope.event_id):
+            return
+        now = clock()
+        in_force = await store.lock_revisions(conn)  # exclusive: no decision runs while the tenancy changes
+        verdict = verify(keys, message.headers, message.value) if keys is not None else None
+        review = review_update(update, verdict, in_force)
+        if not isinstance(review, Accepted):
+            await store.record_rejection(conn, event_id=envelope.event_id, revision=update.revision, source=update.source,
+                                   problems=review.problems, now=now)
+            (log.info if review.stale else log.warning)(
+                "quota: tenancy update %s (revision %d) not applied: %s", envelope.event_id, update.revision,
+                "; ".join(review.problems))
+            return
+        await store.install(conn, review.tenancy, update.document, source=update.source or "TenancyUpdated",
+                      event_id=envelope.event_id, now=now)
+        log.info("quota: tenancy revision %d in force (was %s), %d tenants", review.tenancy.revision, in_force,
+                 len(review.tenancy.leaves()))
+        await reserve_everywhere(conn, review.tenancy, now, options)
+
+    return on_update

@@ -1,0 +1,16 @@
+"""The quota service's settings (environment prefix GPUSCHED_), on top of what every process shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpusched_common.settings import Settings
+
+
+class QuotaSettings(Settings):
+    # the tenancy tree (deploy/tenants.example.yaml): put in force at start when newer than the revision in
+    # PostgreSQL (operators publish later ones with `gpusched tenants apply`); required on a fresh database
+    tenants_file: Path | None = None
+    quota_reclaim_cooldown_s: float = 300.0  # a reclaim of borrowed quota still needed is asked again after this
+    # a cycle from the store alone this often, whatever the bus says (it reserves what a lost message left)
+    reconcile_interval_s: float = 5.0

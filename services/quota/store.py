@@ -1,0 +1,154 @@
+"""All of quota's SQL but its read side (``gpusched_common.stores.quota``): tenancy revisions, usage rows
+locked per cohort, decayed history, reservations, pending jobs, reclaims sent.
+
+Every write to a tenant's usage or history happens while its cohort's usage rows are held ``FOR UPDATE``
+(``lock_usage``), so a decision always sees the cohort as the last one left it, whichever process made it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+import asyncpg
+
+from gpusched_common import events as ev
+from gpusched_common.stores.quota import read_usage
+from gpusched_common.stores.tenancy import TENANCY_LOCK
+
+from gpusched_core.quota import Tenancy, UsageHistory
+from gpusched_core.quota.jobs import QueuedJob, limit_units
+from gpusched_core.quota.reclaims import SentReclaim
+
+
+class QuotaOvershoot(RuntimeError):
+    """A charge the database refused: the decision was made on stale usage (never expected)."""
+
+
+async def ensure_usage_rows(conn: asyncpg.Connection, tenancy: Tenancy, tenants: Iterable[str]) -> None:
+    """Create missing (tenant, flavor) rows with their limits; existing rows are left untouched."""
+    keys = [(t, f) for t in sorted(tenants) if t in tenancy.tenants for f in tenancy.flavors]
+    if keys:
+        await conn.execute(
+            "INSERT INTO quota_policy_usage (tenant, flavor, limit_units, nominal_units)"
+            " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) ON CONFLICT DO NOTHING",
+            *_limit_columns(tenancy, keys))
+
+
+async def apply_limits(conn: asyncpg.Connection, tenancy: Tenancy) -> None:
+    """Write every leaf's limits; a limit below what a tenant already holds waits until usage drains."""
+    keys = [(t, f) for t in sorted(tenancy.leaves()) for f in tenancy.flavors]
+    await conn.execute(
+        "INSERT INTO quota_policy_usage (tenant, flavor, limit_units, nominal_units)"
+        " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) ON CONFLICT (tenant, flavor)"
+        " DO UPDATE SET nominal_units = EXCLUDED.nominal_units,"
+        " limit_units = CASE WHEN EXCLUDED.limit_units IS NULL THEN NULL"
+        " ELSE greatest(EXCLUDED.limit_units, quota_policy_usage.reserved_units) END",
+        *_limit_columns(tenancy, keys))
+    # a tenant or flavor no longer in the file has no quota left: what it holds drains, nothing new fits
+    await conn.execute(
+        "UPDATE quota_policy_usage SET nominal_units = 0, limit_units = reserved_units"
+        " WHERE NOT (tenant = ANY($1::text[]) AND flavor = ANY($2::text[]))",
+        list(tenancy.leaves()), list(tenancy.flavors))
+
+
+def _limit_columns(tenancy: Tenancy, keys: list[tuple[str, str]]) -> tuple[list, list, list, list]:
+    return ([t for t, _ in keys], [f for _, f in keys], [limit_units(tenancy, t, f) for t, f in keys],
+            [tenancy.nominal_units(t, f) for t, f in keys])
+
+
+async def lock_usage(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """Reserved units per tenant per flavor of a cohort, its rows locked until the transaction ends.
+    Locked in (tenant, flavor) order so that two processes taking the same cohort never deadlock."""
+    await ensure_usage_rows(conn, tenancy, members)
+    return await read_usage(conn, members, lock=True)
+
+
+async def charge(conn: asyncpg.Connection, tenant: str, flavor: str, units: int) -> int:
+    """Add (or, negative, give back) units; the new total. The guard repeats the CHECK so that a charge
+    over the limit fails loudly here rather than as a bare constraint violation."""
+    total = await conn.fetchval(
+        "UPDATE quota_policy_usage SET reserved_units = reserved_units + $3 WHERE tenant = $1 AND flavor = $2"
+        " AND reserved_units + $3 >= 0 AND (limit_units IS NULL OR reserved_units + $3 <= limit_units)"
+        " RETURNING reserved_units", tenant, flavor, units)
+    if total is None:
+        raise QuotaOvershoot(f"charging {units} units of {flavor} to {tenant} would break its limit")
+    return total
+
+
+async def save_history(conn: asyncpg.Connection, tenant: str, history: UsageHistory) -> None:
+    await conn.execute(
+        "INSERT INTO quota_policy_history (tenant, as_of_s, geq_s) VALUES ($1, $2, $3::jsonb)"
+        " ON CONFLICT (tenant) DO UPDATE SET as_of_s = EXCLUDED.as_of_s, geq_s = EXCLUDED.geq_s",
+        tenant, history.as_of_s, dict(history.geq_s))  # the connection's jsonb codec encodes it
+
+
+async def record_reservation(conn: asyncpg.Connection, job_id: str, tenant: str, flavor: str, units: int) -> None:
+    await conn.execute("INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units) VALUES ($1, $2, $3, $4)",
+                       job_id, tenant, flavor, units)
+    await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
+
+
+async def load_reservation(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow("SELECT tenant, flavor, units FROM quota_policy_reservations WHERE job_id = $1",
+                               job_id)
+
+
+async def forget_reservation(conn: asyncpg.Connection, job_id: str) -> None:
+    await conn.execute("DELETE FROM quota_policy_reservations WHERE job_id = $1", job_id)
+
+
+async def queue_job(conn: asyncpg.Connection, job: QueuedJob) -> None:
+    await conn.execute(
+        "INSERT INTO quota_policy_pending (job_id, tenant, gpus, gpu_model, priority, queued_at_s, nodes,"
+        " share_milli, mig_profile) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+        job.job_id, job.tenant, job.gpus, job.gpu_model, job.priority, job.queued_at_s, job.nodes, job.share_milli,
+        job.mig_profile)
+
+
+async def unqueue_job(conn: asyncpg.Connection, job_id: str) -> None:
+    await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
+
+
+async def set_last_reason(conn: asyncpg.Connection, job_id: str, reason: str) -> None:
+    await conn.execute("UPDATE quota_policy_pending SET last_reason = $2 WHERE job_id = $1", job_id, reason)
+
+
+async def load_sent_reclaims(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> dict[tuple[str, str], SentReclaim]:
+    """The last reclaim sent for each (tenant, flavor) of ``tenants``."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT ON (tenant, flavor) tenant, flavor, for_jobs, requested_at FROM quota_reclaims"
+        " WHERE tenant = ANY($1::text[]) ORDER BY tenant, flavor, requested_at DESC", list(tenants))
+    return {(r["tenant"], r["flavor"]): SentReclaim(frozenset(r["for_jobs"]), r["requested_at"].timestamp())
+            for r in rows}
+
+
+async def record_reclaim(conn: asyncpg.Connection, event_id: str, request: ev.ReclaimRequested, units: int) -> None:
+    await conn.execute(
+        "INSERT INTO quota_reclaims (event_id, tenant, cohort, flavor, units, for_jobs, borrowers, reason,"
+        " requested_at) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
+        event_id, request.tenant, request.cohort, request.flavor, units, request.for_jobs,
+        [b.model_dump() for b in request.borrowers], request.reason, request.requested_at)
+
+
+async def lock_revisions(conn: asyncpg.Connection) -> int | None:
+    """Take the tenancy lock exclusively until the transaction ends; the revision in force (None: none)."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", TENANCY_LOCK)
+    return await conn.fetchval("SELECT max(revision) FROM quota_tenancy_revisions")
+
+
+async def install(conn: asyncpg.Connection, tenancy: Tenancy, document: str, *, source: str,
+                  event_id: str | None, now: datetime) -> None:
+    """Put ``tenancy`` in force and write its limits. The caller holds ``lock_revisions`` and has checked
+    that the revision is newer than the one in force."""
+    await conn.execute(
+        "INSERT INTO quota_tenancy_revisions (revision, document, source, event_id, applied_at)"
+        " VALUES ($1, $2, $3, $4, $5)", tenancy.revision, document, source, event_id, now)
+    await apply_limits(conn, tenancy)
+
+
+async def record_rejection(conn: asyncpg.Connection, *, event_id: str, revision: int | None, source: str | None,
+                           problems: tuple[str, ...], now: datetime) -> None:
+    await conn.execute(
+        "INSERT INTO quota_tenancy_rejections (event_id, revision, source, problems, rejected_at)"
+        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING", event_id, revision, source, list(problems), now)

@@ -1,5 +1,0 @@
-"""Trace simulator: replays the Alibaba openb traces through the pure placement core.
-
-Entry points: ``cli.add_simulate_parser`` / ``cli.run_simulate`` (the ``gpusched simulate``
-sub-command) and ``replay.replay`` for one (policy, seed) run.
-"""

@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched_core import placement as engine
+from gpusched_core.placement.cycle import PendingJob
+from gpusched_core.placement.cycle import GpuRow, Held, NodeRow, build_cluster, plan_cycle
+
+
+def a_node(node_id: str, gpus: int = 8, model: str = "H100-80GB", unhealthy: tuple[int, ...] = ()) -> NodeRow:
+    return NodeRow(node_id, 64_000, 512_000, tuple(
+        GpuRow(i, f"{node_id}-u{i}", model, 81559, i not in unhealthy) for i in range(gpus)), {})
+
+
+def job(job_id: str, gpus: int, model: str | None = None, priority: int = 0, seq: int = 0) -> PendingJob:
+    return PendingJob(job_id, gpus, model, priority, seq)
+
+
+@pytest.fixture(scope="module")
+def bestfit():
+    return engine.make_policy("bestfit")
+
+
+def test_bestfit_fills_the_fuller_node_first(bestfit):
+    nodes = [a_node("n1"), a_node("n2")]
+    snapshot = build_cluster(nodes, {"old": [("n2", i) for i in range(6)]}, {})
+    placements, deferrals = plan_cycle(snapshot, [job("j", 2)], bestfit, nodes)
+    assert deferrals == [] and placements[0].node_id == "n2"
+    assert placements[0].gpu_indices == (6, 7) and placements[0].gpu_uuids == ("n2-u6", "n2-u7")
+
+
+def test_a_cycle_never_gives_a_gpu_twice_and_defers_with_reasons_per_class(bestfit):
+    nodes = [a_node("n1", gpus=4), a_node("n2", gpus=4, model="A100-80GB")]
+    snapshot = build_cluster(nodes, {}, {})
+    placements, deferrals = plan_cycle(snapshot, [job("a", 4, "H100-80GB", seq=1), job("b", 2, "H100-80GB", seq=2)],
+                                       bestfit, nodes)
+    assert [p.job_id for p in placements] == ["a"]
+    assert deferrals[0].job_id == "b" and deferrals[0].reasons  # why, per class of node
+
+
+def test_unhealthy_gpus_are_not_used(bestfit):
+    nodes = [a_node("n1", gpus=2, unhealthy=(0,))]
+    placements, _ = plan_cycle(build_cluster(nodes, {}, {}), [job("j", 1)], bestfit, nodes)
+    assert placements[0].gpu_indices == (1,)
+
+
+def test_nominated_gpus_go_to_their_preemptor_only(bestfit):
+    nodes = [a_node("n1", gpus=2)]
+    snapshot = build_cluster(nodes, {}, {"hp": [("n1", 0), ("n1", 1)]})
+    placements, deferrals = plan_cycle(snapshot, [job("small", 1, priority=5, seq=1), job("hp", 2, seq=2)],
+                                       bestfit, nodes)
+    assert [p.job_id for p in placements] == ["hp"]
+    assert [d.job_id for d in deferrals] == ["small"]
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(0, 2)), max_size=25), st.integers(1, 3))
+def test_cycles_are_deterministic_and_within_capacity(jobs, node_count):
+    policy = engine.make_policy("bestfit")
+    nodes = [a_node(f"n{i}") for i in range(node_count)]
+    work = [job(f"j{i}", g, None, p, i) for i, (g, p) in enumerate(jobs)]
+    placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), work, policy, nodes)
+    used = [(p.node_id, i) for p in placements for i in p.gpu_indices]
+    assert len(used) == len(set(used)) and len(placements) + len(deferrals) == len(work)
+    assert plan_cycle(build_cluster(nodes, {}, {}), list(reversed(work)), policy, nodes) == (placements, deferrals)
+
+
+# --- gangs, shares and MIG slices ---------------------------------------------------------------------------
+
+
+def mig_node(node_id: str, gpus: int = 2, model: str = "A100-80GB") -> NodeRow:
+    return NodeRow(node_id, 64_000, 512_000, tuple(
+        GpuRow(i, f"{node_id}-u{i}", model, 81920, mig_enabled=True) for i in range(gpus)), {})
+
+
+def test_a_gang_gets_every_member_or_nothing(bestfit):
+    nodes = [a_node("n1"), a_node("n2"), a_node("n3", gpus=4)]
+    gang = PendingJob("g", 8, None, 0, 1, nodes=2)
+    placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), [gang], bestfit, nodes)
+    assert deferrals == []
+    members = placements[0].members
+    assert [m.node_id for m in members] == ["n1", "n2"] and all(len(m.gpu_indices) == 8 for m in members)
+    assert placements[0].node_id == "n1" and placements[0].gpu_uuids[0] == "n1-u0"
+
+    too_big = PendingJob("g3", 8, None, 0, 1, nodes=3)
+    placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), [too_big], bestfit, nodes)
+    assert placements == [] and deferrals[0].reasons[0].startswith("gang g3: only 2 of 3 members fit")
+
+
+def test_shares_pack_onto_one_gpu_and_never_exceed_it(bestfit):
+    nodes = [a_node("n1", gpus=2)]
+    work = [PendingJob(f"s{i}", 1, None, 0, i, share_milli=400, share_memory_mib=20_000) for i in range(5)]
+    placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), work, bestfit, nodes)
+    per_gpu: dict[int, int] = {}
+    for p in placements:
+        assert p.share_milli == 400 and p.share_memory_mib == 20_000 and len(p.gpu_indices) == 1
+        per_gpu[p.gpu_indices[0]] = per_gpu.get(p.gpu_indices[0], 0) + p.share_milli
+    assert len(placements) == 4 and all(v <= 1000 for v in per_gpu.values())  # two per GPU
+    assert [d.job_id for d in deferrals] == ["s4"]
+
+
+def test_held_shares_and_mig_instances_count_in_the_next_cycle(bestfit):
+    nodes = [a_node("n1", gpus=1), mig_node("m1", gpus=1)]
+    held = {"old-share": [Held("n1", 0, 700, 1000)], "old-mig": [Held("m1", 0, 500, 0, "4g.40gb", 0)]}
+    work = [PendingJob("whole", 1, None, 0, 1), PendingJob("s", 1, None, 0, 2, share_milli=400),
+            PendingJob("m", 1, None, 0, 3, mig_profile="3g.40gb")]
+    placements, deferrals = plan_cycle(build_cluster(nodes, held, {}), work, bestfit, nodes)
+    assert [p.job_id for p in placements] == ["m"]  # no whole GPU and no 400 milli left; 3g fits at slice 4
+    assert placements[0].mig_start == 4 and placements[0].mig_memory_slices == 4
+    assert {d.job_id for d in deferrals} == {"whole", "s"}
+
+
+def test_mig_slices_only_at_valid_positions(bestfit):
+    nodes = [mig_node("m1", gpus=1)]
+    work = [PendingJob(f"m{i}", 1, "A100-80GB", 0, i, mig_profile="2g.20gb") for i in range(4)]
+    placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), work, bestfit, nodes)
+    assert sorted(p.mig_start for p in placements) == [0, 2, 4]  # 2g starts only at 0, 2 and 4
+    assert [d.job_id for d in deferrals] == ["m3"]
+
+
+@given(st.lists(st.sampled_from(["whole", "gang", "share", "mig"]), max_size=20))
+def test_mixed_cycles_stay_within_capacity(kinds):
+    policy = engine.make_policy("bestfit")
+    nodes = [a_node("n1", gpus=4), a_node("n2", gpus=4), mig_node("m1", gpus=2)]
+    shapes = {"whole": {}, "gang": {"nodes": 2}, "share": {"share_milli": 300}, "mig": {"mig_profile": "1g.10gb"}}
+    work = [PendingJob(f"j{i}", 2 if kind == "gang" else 1, None, 0, i, **shapes[kind]) for i, kind in enumerate(kinds)]
+    placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), work, policy, nodes)
+    milli: dict[tuple[str, int], int] = {}
+    slices: set[tuple[str, int, int]] = set()
+    for p in placements:
+        for member in p.all_members:
+            for index in member.gpu_indices:
+                key = (member.node_id, index)
+                milli[key] = milli.get(key, 0) + (p.share_milli or (0 if p.mig_profile else 1000))
+                if p.mig_profile:
+                    taken = {(member.node_id, index, s) for s in range(p.mig_start, p.mig_start + p.mig_memory_slices)}
+                    assert not taken & slices
+                    slices |= taken
+    assert all(v <= 1000 for v in milli.values())
+    assert len(placements) + len(deferrals) == len(work)

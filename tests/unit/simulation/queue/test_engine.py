@@ -1,0 +1,111 @@
+"""The replay loop on small synthetic workloads, and a short window of the real Philly trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpusched_simulation.queue.cli import main
+from gpusched_simulation.queue.engine import SimConfig, simulate
+from gpusched_simulation.queue.policies import Policy, make_policies
+from gpusched_simulation.queue.report import METRIC_KEYS
+from gpusched_simulation.queue.quota import QuotaSetup, tenancy_for
+from gpusched_simulation.traces.philly import TraceJob, default_trace_path
+
+POLICIES = make_policies()
+
+
+def job(job_id: str, tenant: str, at: float, duration: float, gpus: int = 1) -> TraceJob:
+    return TraceJob(job_id, tenant, at, duration, gpus)
+
+
+def run(jobs, policy: str, nominal: dict, borrow: int | None = 8, nodes: int = 1, **config):
+    tenancy = tenancy_for(QuotaSetup(nominal, borrow), POLICIES[policy].half_life_s)
+    return simulate(jobs, tenancy, POLICIES[policy], SimConfig(nodes=nodes, gpus_per_node=8, **config))
+
+
+def completions(state) -> dict[str, float]:
+    return {job_id: s.completed_s for job_id, s in state.jobs.items()}
+
+
+def test_fifo_runs_jobs_in_arrival_order_when_the_cluster_is_full():
+    jobs = [job("a", "t1", 0, 100, 8), job("b", "t1", 1, 10, 8), job("c", "t1", 2, 10, 8)]
+    assert completions(run(jobs, "fifo", {"t1": 8})) == {"a": 100, "b": 110, "c": 120}
+
+
+def test_oracle_sjf_runs_the_shortest_waiting_job_first():
+    jobs = [job("a", "t1", 0, 100, 8), job("b", "t1", 1, 50, 8), job("c", "t1", 2, 10, 8)]
+    assert completions(run(jobs, "sjf", {"t1": 8})) == {"a": 100, "c": 110, "b": 160}
+
+
+def test_a_borrower_is_preempted_when_the_owner_returns():
+    jobs = [job("borrow", "t2", 0, 1000, 8), job("own", "t1", 10, 100, 4)]
+    state = run(jobs, "drf", {"t1": 4, "t2": 4})
+    assert state.preemptions == 1
+    assert state.jobs["own"].completed_s == 110
+    assert state.max_overshoot_units == 0
+
+
+def test_fifo_never_preempts_and_the_owner_waits():
+    jobs = [job("borrow", "t2", 0, 1000, 8), job("own", "t1", 10, 100, 4)]
+    state = run(jobs, "fifo", {"t1": 4, "t2": 4})
+    assert state.preemptions == 0 and state.jobs["own"].completed_s == 1100
+
+
+def test_las_preempts_a_long_runner_for_a_new_job_and_resumes_it_with_overhead():
+    jobs = [job("long", "t1", 0, 10_000, 8), job("short", "t1", 5000, 60, 8)]
+    state = run(jobs, "tiresias", {"t1": 8}, las_threshold_gpu_s=3600, preempt_overhead_s=30)
+    assert state.jobs["short"].completed_s == 5060
+    assert state.jobs["long"].completed_s == 10_000 + 60 + 30
+
+
+def test_quota_is_never_exceeded_with_a_small_borrowing_limit():
+    jobs = [job(f"j{i}", "t1" if i % 3 else "t2", i * 5.0, 300 + 37 * i, 1 + i % 4) for i in range(60)]
+    for name in POLICIES:
+        state = run(jobs, name, {"t1": 8, "t2": 8}, borrow=2, nodes=2)
+        assert state.max_overshoot_units == 0
+        assert all(s.completed_s is not None for s in state.jobs.values())
+
+
+@pytest.mark.skipif(not default_trace_path().is_file(), reason="shared Philly trace not present")
+def test_a_short_philly_window_replays_under_every_policy(tmp_path, capsys):
+    out = tmp_path / "queue.json"
+    status = main(["--days", "1", "--max-jobs", "300", "--nodes", "8", "--json", str(out), "--quiet"])
+    assert status == 0
+    document = json.loads(out.read_text())
+    assert document["default_policy"] == "fairshare"
+    assert list(document["policies"]) == ["fifo", "sjf", "tiresias", "drf", "fairshare"]
+    for metrics in document["policies"].values():
+        assert tuple(metrics) == METRIC_KEYS
+        assert metrics["max_quota_overshoot_gpus"] == 0
+        assert metrics["jobs"] == 300
+    assert "fairshare (default)" in capsys.readouterr().out
+
+
+def test_a_reclaim_preempts_the_fewest_borrowed_gpus_that_let_the_owner_start():
+    jobs = [job("big", "t2", 0, 10_000, 8)] + [job(f"s{i}", "t2", 1 + i, 10_000) for i in range(8)]
+    jobs.append(job("own", "t1", 100, 50))
+    for name in ("drf", "fairshare"):
+        state = run(jobs, name, {"t1": 8, "t2": 8}, borrow=8, nodes=2)
+        assert state.preemptions == 1, name
+        assert state.jobs["big"].preemptions == 0 and state.jobs["big"].completed_s == 10_000
+        assert state.jobs["own"].completed_s == 150
+        assert state.max_overshoot_units == 0
+
+
+def _las_policy(fair_gangs: bool) -> Policy:
+    return Policy("las", "fairshare", 0.0, las=True, reclaim=False, fair_gang_preemption=fair_gangs)
+
+
+@pytest.mark.parametrize("fair_gangs, starts_at", [(False, 5000), (True, 20_000)], ids=["plain-las", "fair-gangs"])
+def test_a_whole_node_job_preempts_another_tenant_only_when_that_tenant_is_above_its_fair_share(fair_gangs, starts_at):
+    # t2 borrows (8 GPUs on a nominal of 2: share 4); t1 borrows more (8 on 1: share 8) and asks for a node
+    jobs = [job("t2-a", "t2", 0, 20_000, 4), job("t2-b", "t2", 1, 20_000, 4), job("t1-a", "t1", 4700, 20_000, 8),
+            job("t1-b", "t1", 5000, 100, 8)]
+    tenancy = tenancy_for(QuotaSetup({"t1": 1, "t2": 2, "t3": 21}, 16), 0.0)
+    state = simulate(jobs, tenancy, _las_policy(fair_gangs), SimConfig(nodes=2, gpus_per_node=8))
+    assert state.jobs["t1-b"].completed_s == starts_at + 100
+    assert (state.jobs["t2-a"].preemptions + state.jobs["t2-b"].preemptions == 0) == fair_gangs
+    assert state.max_overshoot_units == 0
+
