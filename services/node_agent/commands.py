@@ -12,7 +12,7 @@ from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.runtime import utcnow
 from gpusched_common.tracing import current_traceparent
 from gpusched_core.agent import reconcile as rc
-from gpusched_core.agent.reasons import PREEMPTED, STOPPED
+from gpusched_common.events import ExitReason
 from gpusched_core.agent.start import Ignore, NodeFacts, PreviousRun, Refuse, decide_start
 from gpusched_core.agent.stops import Preempt, decide_preempt
 
@@ -37,7 +37,7 @@ class Commands:
             await self.start_job(payload)
         elif isinstance(payload, ev.StopJob):
             if self._ctx.runner.known(payload.job_id):
-                self._exits.stop(payload.job_id, STOPPED)
+                self._exits.stop(payload.job_id, ExitReason.STOPPED)
         elif isinstance(payload, ev.PreemptJob):
             self.preempt(payload)
         elif isinstance(payload, ev.ReconcileJobs):
@@ -119,7 +119,7 @@ class Commands:
         runner.write_preempt_notice(command.job_id, command.deadline_at, command.reason)
         log.info("%s: preempting %s (%s); grace %.1fs", self._ctx.node_id, command.job_id, command.reason,
                  decision.grace_s)
-        self._exits.stop(command.job_id, PREEMPTED, grace_s=decision.grace_s)
+        self._exits.stop(command.job_id, ExitReason.PREEMPTED, grace_s=decision.grace_s)
 
     def reconcile(self, command: ev.ReconcileJobs) -> None:
         ctx = self._ctx

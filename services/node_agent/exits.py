@@ -13,6 +13,7 @@ import time
 
 from gpusched_common import events as ev
 from gpusched_common.tracing import context_from_traceparent, tracer
+
 from gpusched_core.agent import reconcile as rc
 from gpusched_core.agent.stops import stop_error
 
@@ -78,7 +79,7 @@ class JobExits:
                     ctx.reporter.in_order(ev.JobExitReported(
                         job_id=job_id, node_id=ctx.node_id, exit_code=137, runtime_s=0.0,
                         error=f"job was not running on {ctx.node_id} when the agent reconciled",
-                        lease_epoch=ctx.lease.epoch, reason_code=rc.MISSING))
+                        lease_epoch=ctx.lease.epoch, reason_code=ev.ExitReason.MISSING_AFTER_RESTART))
 
     async def _wait_and_report(self, record: JobRecord, traceparent: str | None) -> None:
         ctx = self._ctx
@@ -90,7 +91,7 @@ class JobExits:
         self._checkpoints.report(record.job_id)  # one written just before exiting is reported before the exit
         self._checkpoints.forget(record.job_id)
         reason = self._stop_reasons.pop(record.job_id, None)
-        if reason == rc.NOT_ASSIGNED:
+        if reason == ev.ExitReason.NOT_ASSIGNED:
             ctx.runner.mark_reported(record.job_id)
             return
         error = stop_error(reason, node_id=ctx.node_id, gpu_indices=record.gpu_indices,

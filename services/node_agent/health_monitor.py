@@ -8,7 +8,7 @@ import logging
 
 from gpusched_common import events as ev
 from gpusched_common.runtime import utcnow
-from gpusched_core.agent.reasons import GPU_UNHEALTHY
+from gpusched_common.events import ExitReason
 from gpusched_core.agent.stops import decide_gpu_fault
 
 from services.node_agent.context import AgentContext
@@ -46,7 +46,7 @@ class HealthMonitor:
         response = decide_gpu_fault(gpu_index=gpu.index, healthy=gpu.healthy, policy=ctx.config.gpu_fault_policy,
                                     job_gpus={job_id: r.gpu_indices for job_id, r in self._exits.running.items()})
         for job_id in response.to_stop:
-            self._exits.stop(job_id, GPU_UNHEALTHY)
+            self._exits.stop(job_id, ExitReason.GPU_UNHEALTHY)
         log.warning("%s: GPU %d %s -> %s (%s)", ctx.node_id, gpu.index, change.before, gpu.status,
                     "; ".join(gpu.reasons) or "ok")
         # before the stopped jobs' exits, so placement cordons the GPU before it could reuse it

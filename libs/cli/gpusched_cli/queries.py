@@ -51,7 +51,7 @@ async def queue(conn: asyncpg.Connection, *, tenant: str | None = None,
                 now: datetime | None = None) -> list[dict[str, Any]]:
     """Waiting jobs, each in the order the service it waits for considers it. First the jobs holding quota
     that wait for capacity, in placement's order (priority, submission, arrival, id); then the jobs waiting
-    for quota, cohort by cohort in the quota cycle's own fair-share order (``gpusched_common.stores.quota.quota_queue``).
+    for quota, cohort by cohort in the quota cycle's own fair-share order (``stores.quota.quota_queue``).
     Each has its ``queue``, ``position`` in it, ``ahead_higher_priority`` (waiting jobs of a higher priority
     ahead of it in the same queue) and ``reason``. A job whose event a service has not handled yet comes
     last without a position. Positions count every tenant's jobs; ``tenant`` only filters the rows."""

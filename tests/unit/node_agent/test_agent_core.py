@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched_core.agent import reconcile as rc
-from gpusched_core.agent.reasons import GPU_UNHEALTHY, LEASE_LOST, STOPPED
+from gpusched_common.events import ExitReason
 from gpusched_core.agent.start import (
     DUPLICATE, RECORD_GONE, RUN_NOT_OVER, STALE, Ignore, NodeFacts, PreviousRun, Refuse, Start, decide_start,
 )
@@ -43,16 +43,16 @@ def ran(attempt: int | None, reported: bool = True) -> PreviousRun:
     pytest.param(2, (0,), ran(1), a_node(), Start(rerun=True),
                  id="a later attempt after a reported run starts again and sets the old run aside"),
     pytest.param(1, (0,), None, a_node(lease_valid=False),
-                 Refuse(LEASE_LOST, "n1 has lost its lease; the job was not started"),
+                 Refuse(ExitReason.LEASE_LOST, "n1 has lost its lease; the job was not started"),
                  id="nothing starts while the lease is fenced"),
     pytest.param(2, (0,), ran(1), a_node(lease_valid=False),
-                 Refuse(LEASE_LOST, "n1 has lost its lease; the job was not started", rerun=True),
+                 Refuse(ExitReason.LEASE_LOST, "n1 has lost its lease; the job was not started", rerun=True),
                  id="a fenced rerun is refused after the old run is set aside"),
     pytest.param(1, (3, 1, 2), None, a_node(unhealthy=(1, 3)),
-                 Refuse(GPU_UNHEALTHY, "GPU(s) [3, 1] on n1 are unhealthy; the job was not started"),
+                 Refuse(ExitReason.GPU_UNHEALTHY, "GPU(s) [3, 1] on n1 are unhealthy; the job was not started"),
                  id="a job asking for cordoned GPUs is refused naming them in its order"),
     pytest.param(1, (0,), None, a_node(lease_valid=False, unhealthy=(0,)),
-                 Refuse(LEASE_LOST, "n1 has lost its lease; the job was not started"),
+                 Refuse(ExitReason.LEASE_LOST, "n1 has lost its lease; the job was not started"),
                  id="a lost lease is the reason before an unhealthy GPU"),
     pytest.param(1, (0, 1), None, a_node(unhealthy=(2,)), Start(), id="an unhealthy GPU the job does not use is no bar"),
     pytest.param(1, (0,), ran(1, reported=False), a_node(lease_valid=False), Ignore(DUPLICATE),
@@ -79,7 +79,7 @@ def test_a_job_never_runs_twice_and_nothing_starts_on_a_fenced_node_or_a_cordone
     if acts:
         assert decision.rerun == (previous is not None)
         if not node.lease_valid:
-            assert decision == Refuse(LEASE_LOST, decision.error, decision.rerun)
+            assert decision == Refuse(ExitReason.LEASE_LOST, decision.error, decision.rerun)
 
 
 @pytest.mark.parametrize("known, reported, stopping, deadline_in_s, expected", [
@@ -110,9 +110,9 @@ def test_gpu_fault_table(gpu, healthy, policy, expected):
 
 
 @pytest.mark.parametrize("reason, expected", [
-    pytest.param(GPU_UNHEALTHY, "stopped by n1: GPU 1: XID 79 (GPU fell off the bus); hot", id="names the sick GPUs"),
-    pytest.param(LEASE_LOST, "stopped by n1: node lease (epoch 4) expired", id="names the lost epoch"),
-    pytest.param(STOPPED, None, id="a stop asked for carries no error"),
+    pytest.param(ExitReason.GPU_UNHEALTHY, "stopped by n1: GPU 1: XID 79 (GPU fell off the bus); hot", id="names the sick GPUs"),
+    pytest.param(ExitReason.LEASE_LOST, "stopped by n1: node lease (epoch 4) expired", id="names the lost epoch"),
+    pytest.param(ExitReason.STOPPED, None, id="a stop asked for carries no error"),
     pytest.param(None, None, id="a job's own exit carries no error"),
 ])
 def test_stop_errors(reason, expected):
@@ -121,7 +121,7 @@ def test_stop_errors(reason, expected):
 
 
 def test_a_gpu_stop_whose_gpus_recovered_still_says_why():
-    assert stop_error(GPU_UNHEALTHY, node_id="n1", gpu_indices=(0,), lease_epoch=1,
+    assert stop_error(ExitReason.GPU_UNHEALTHY, node_id="n1", gpu_indices=(0,), lease_epoch=1,
                       unhealthy_reasons={}) == "stopped by n1: GPU unhealthy"
 
 

@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpusched_common.events import ExitReason
+
 from gpusched_core.agent.reconcile import (
-    LEASE_LOST, MISSING, NOT_ASSIGNED, Adopt, Forget, ObservedJob, ReportExit, ReportMissing, Stop, plan_reconcile,
+    Adopt, Forget, ObservedJob, ReportExit, ReportMissing, Stop, plan_reconcile,
 )
 
 
@@ -22,7 +24,7 @@ def ended(job_id: str, code: int | None = 0, reported: bool = False) -> Observed
 @pytest.mark.parametrize("observed, wanted, lease_valid, expected", [
     pytest.param([running("j1")], None, True, (Adopt("j1"),), id="a running job is adopted when the store is unknown"),
     pytest.param([running("j1")], {"j1"}, True, (Adopt("j1"),), id="a running job the store wants is adopted"),
-    pytest.param([running("j1")], set(), True, (Stop("j1", NOT_ASSIGNED),), id="a running job nobody wants is stopped"),
+    pytest.param([running("j1")], set(), True, (Stop("j1", ExitReason.NOT_ASSIGNED),), id="a running job nobody wants is stopped"),
     pytest.param([ended("j1", 3)], None, True, (ReportExit("j1", 3),),
                  id="a job that ended while the agent was down has its exit reported"),
     pytest.param([ended("j1", None)], {"j1"}, True, (ReportExit("j1", 137),),
@@ -30,7 +32,7 @@ def ended(job_id: str, code: int | None = 0, reported: bool = False) -> Observed
     pytest.param([ended("j1", 0, reported=True)], None, True, (), id="a reported job is left alone"),
     pytest.param([ended("j1", 0)], set(), True, (Forget("j1"),), id="an unwanted ended job is forgotten"),
     pytest.param([], {"j9"}, True, (ReportMissing("j9"),), id="a wanted job the agent never ran is reported missing"),
-    pytest.param([running("j1"), running("j2")], {"j1", "j2"}, False, (Stop("j1", LEASE_LOST), Stop("j2", LEASE_LOST)),
+    pytest.param([running("j1"), running("j2")], {"j1", "j2"}, False, (Stop("j1", ExitReason.LEASE_LOST), Stop("j2", ExitReason.LEASE_LOST)),
                  id="a lost lease stops every live job"),
     pytest.param([ended("j1", 0)], {"j1", "j2"}, False, (), id="a lost lease reports nothing"),
 ])
@@ -40,7 +42,7 @@ def test_reconcile_table(observed, wanted, lease_valid, expected):
 
 
 def test_missing_uses_the_reason_code_placement_requeues_on():
-    assert MISSING == "missing_after_restart"
+    assert ExitReason.MISSING_AFTER_RESTART == "missing_after_restart"
 
 
 jobs = st.lists(st.builds(ObservedJob, job_id=st.sampled_from(["a", "b", "c", "d"]), pid=st.integers(1, 9),

@@ -21,7 +21,7 @@ from gpusched_common.events.jobs import (
 from gpusched_common.events.nodes import (
     StartJob, PreemptJob, JobCheckpointReported, StopJob, MigDeviceInventory, GpuInventory, NodeRegistered,
     NodeHeartbeat, JobStartReported, JobExitReported, GpuProcessSample, GpuSample, GpuTelemetry,
-    GpuHealthChanged, ReconcileJobs,
+    GpuHealthChanged, ReconcileJobs, ExitReason,
 )
 from gpusched_common.events.scaling import (
     ScaleOutRequested, ScaleInRequested, ReclaimBorrower, ReclaimRequested,
@@ -85,7 +85,7 @@ def make_envelope(
 
 
 __all__ = [  # the events package is the one place to import event models from
-    "Envelope", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
+    "Envelope", "ExitReason", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
     "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCheckpointReported", "JobCheckpointed",
     "JobExitReported", "JobFailed", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobSpec",
     "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import ClassVar
 
 from pydantic import Field
@@ -124,6 +125,19 @@ class JobStartReported(Payload):
     unenforced: list[str] = Field(default_factory=list)  # parts of a GPU share the node could not enforce
 
 
+class ExitReason(StrEnum):
+    """Why a node agent ended or lost a job when it was not the job's own doing (``JobExitReported.reason_code``).
+    The agent produces them (``gpusched_core.agent``), placement and the job's history read them; the
+    values are part of the message format, so they never change."""
+
+    LEASE_LOST = "lease_lost"  # the node's lease lapsed: the agent fenced the job (or refused to start it)
+    NOT_ASSIGNED = "not_assigned"  # the store no longer expects the job on this node (never reported)
+    MISSING_AFTER_RESTART = "missing_after_restart"  # the store expects a job the agent does not have: requeue
+    GPU_UNHEALTHY = "gpu_unhealthy"  # a GPU of the job failed (or was already cordoned when it was to start)
+    STOPPED = "stopped"  # a StopJob (e.g. the job was cancelled)
+    PREEMPTED = "preempted"  # a PreemptJob: notice, grace period, then SIGKILL
+
+
 class JobExitReported(Payload):
     TYPE: ClassVar[str] = "JobExitReported"
     job_id: str
@@ -132,9 +146,7 @@ class JobExitReported(Payload):
     runtime_s: float
     error: str | None = None  # set when the command could not even be started
     lease_epoch: int | None = None
-    # why the agent ended or lost the job, when it was not the job's own doing:
-    # gpu_unhealthy | lease_lost | not_assigned | missing_after_restart | stopped
-    reason_code: str | None = None
+    reason_code: str | None = None  # an ExitReason: why the agent ended or lost the job, when not its own doing
 
 
 class GpuProcessSample(Frozen):

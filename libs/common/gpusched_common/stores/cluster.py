@@ -1,6 +1,8 @@
 """The cluster as placement keeps it in PostgreSQL: ready nodes, their GPUs, allocations and the GPUs held
-(nominated) for a preemptor; and placement's queue (``pending_jobs``; placement's order is ``order_pending``). Placement owns these tables; the preemption service reads them through
-``load_cluster`` under ``lock_cycle``, so it judges a victim's release on the cluster placement will see.
+(nominated) for a preemptor; and placement's queue (``pending_jobs``, in placement's order once sorted by
+``order_pending``). Placement owns these tables; the preemption service reads them through ``load_cluster``
+under ``lock_cycle``, so it judges a victim's release on the cluster placement will see; the metrics
+service and the CLI read them here too.
 
 The preemption service also holds GPUs for a preemptor (``nominate``): placement offers them to that job
 only, and gives them back after its nomination TTL.

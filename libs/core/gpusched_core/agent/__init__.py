@@ -5,7 +5,7 @@
 - `stops`: preemptions, the GPU fault policy and the errors of the stops the agent causes.
 - `reconcile`: what runs on the node against what should (restart, `ReconcileJobs`, a lost lease).
 - `lease`: renewing, fencing and re-acquiring the node lease; monotonic times are passed in.
-- `reasons`: the reason codes of the exits the agent reports.
+The reason codes of the exits the agent reports are the contract's ``ExitReason`` (gpusched_common.events).
 
 Typical use, for a StartJob::
 
@@ -20,7 +20,6 @@ Typical use, for a StartJob::
 """
 
 from .lease import Lease, acquire, check, renewed
-from .reasons import GPU_UNHEALTHY, LEASE_LOST, MISSING, NOT_ASSIGNED, PREEMPTED, STOPPED
 from .reconcile import (
     Action,
     Adopt,
@@ -36,7 +35,7 @@ from .start import Ignore, NodeFacts, PreviousRun, Refuse, Start, StartDecision,
 from .stops import FaultResponse, Preempt, decide_gpu_fault, decide_preempt, stop_error
 
 __all__ = [
-    "GPU_UNHEALTHY", "LEASE_LOST", "MISSING", "NOT_ASSIGNED", "PREEMPTED", "STOPPED", "Action", "Adopt",
+    "Action", "Adopt",
     "FaultResponse", "Forget", "Ignore", "Lease", "NodeFacts", "ObservedJob", "Preempt", "PreviousRun",
     "Refuse", "ReportExit", "ReportMissing", "Start", "StartDecision", "Stop", "acquire", "answers_epoch",
     "check", "decide_gpu_fault", "decide_preempt", "decide_start", "plan_reconcile", "renewed", "stop_error",

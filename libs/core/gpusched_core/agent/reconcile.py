@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .reasons import LEASE_LOST, MISSING, NOT_ASSIGNED
+from gpusched_common.events import ExitReason
 
-__all__ = ["LEASE_LOST", "MISSING", "NOT_ASSIGNED", "Action", "Adopt", "Forget", "ObservedJob", "ReportExit",
-           "ReportMissing", "Stop", "answers_epoch", "plan_reconcile"]
+__all__ = ["Action", "Adopt", "Forget", "ObservedJob", "ReportExit", "ReportMissing", "Stop", "answers_epoch",
+           "plan_reconcile"]
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,11 @@ def plan_reconcile(observed: Iterable[ObservedJob], wanted: frozenset[str] | Non
         expected = wanted is None or job.job_id in wanted
         if job.alive:
             if not lease_valid:
-                actions.append(Stop(job.job_id, LEASE_LOST))
+                actions.append(Stop(job.job_id, ExitReason.LEASE_LOST))
             elif expected:
                 actions.append(Adopt(job.job_id))
             else:
-                actions.append(Stop(job.job_id, NOT_ASSIGNED))
+                actions.append(Stop(job.job_id, ExitReason.NOT_ASSIGNED))
         elif expected and lease_valid:
             actions.append(ReportExit(job.job_id, job.exit_code if job.exit_code is not None else 137))
         elif not expected:

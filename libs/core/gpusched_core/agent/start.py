@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from .reasons import GPU_UNHEALTHY, LEASE_LOST
+from gpusched_common.events import ExitReason
 
 # why a StartJob is ignored
 RECORD_GONE = "record_gone"  # the earlier run's record vanished while it was looked at
@@ -75,10 +75,10 @@ def decide_start(*, attempt: int, gpu_indices: Sequence[int], previous: Previous
         if ignored is not None:
             return Ignore(ignored)
     if not node.lease_valid:
-        return Refuse(LEASE_LOST, f"{node.node_id} has lost its lease; the job was not started", rerun)
+        return Refuse(ExitReason.LEASE_LOST, f"{node.node_id} has lost its lease; the job was not started", rerun)
     sick = [i for i in gpu_indices if i in node.unhealthy_gpus]
     if sick:
-        return Refuse(GPU_UNHEALTHY, f"GPU(s) {sick} on {node.node_id} are unhealthy; the job was not started",
+        return Refuse(ExitReason.GPU_UNHEALTHY, f"GPU(s) {sick} on {node.node_id} are unhealthy; the job was not started",
                       rerun)
     return Start(rerun)
 

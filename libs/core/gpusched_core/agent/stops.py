@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from .reasons import GPU_UNHEALTHY, LEASE_LOST
+from gpusched_common.events import ExitReason
 from .start import Ignore
 
 # why a PreemptJob is ignored
@@ -65,9 +65,9 @@ def stop_error(reason_code: str | None, *, node_id: str, gpu_indices: Sequence[i
                unhealthy_reasons: Mapping[int, Sequence[str]]) -> str | None:
     """The error of an exit the agent caused: which GPUs failed and why (`unhealthy_reasons`: the reasons
     of each unhealthy GPU of the node), or which lease expired; None for other stops."""
-    if reason_code == GPU_UNHEALTHY:
+    if reason_code == ExitReason.GPU_UNHEALTHY:
         sick = [f"GPU {i}: {'; '.join(unhealthy_reasons[i])}" for i in gpu_indices if i in unhealthy_reasons]
         return f"stopped by {node_id}: {', '.join(sick) or 'GPU unhealthy'}"
-    if reason_code == LEASE_LOST:
+    if reason_code == ExitReason.LEASE_LOST:
         return f"stopped by {node_id}: node lease (epoch {lease_epoch}) expired"
     return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from gpusched_common.events import ExitReason
+
 
 @dataclass(frozen=True)
 class NodeLease:
@@ -35,7 +37,9 @@ def is_stale(report_epoch: int | None, lost_epoch: int | None) -> bool:
     return report_epoch is not None and lost_epoch is not None and report_epoch <= lost_epoch
 
 
+# the exits an agent reports that requeue the job rather than end it (no fault of the job's), and what the
+# requeue says
 REQUEUE_REASON_CODES = {
-    "gpu_unhealthy": "its GPU became unhealthy",
-    "missing_after_restart": "its node agent restarted and no longer had it",
+    ExitReason.GPU_UNHEALTHY: "its GPU became unhealthy",
+    ExitReason.MISSING_AFTER_RESTART: "its node agent restarted and no longer had it",
 }

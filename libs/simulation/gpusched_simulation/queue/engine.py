@@ -4,7 +4,8 @@ At every event time: decay usage histories to now, finish the runs that end, enq
 then schedule: one quota cycle (``QuotaCycle`` from the quota core, ``explain=False``) walks pending
 work in the policy's order; each job that fits quota is placed by the placement core's first-fit,
 or deferred when no node has room. Policies with reclaim turn the cycle's ``ReclaimRequest``s into
-preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job.
+preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job (the
+victims are the live preemption core's choice, ``preempt``).
 A preemption is made for one job (the reclaim's first job, the blocked LAS job), which is then started
 at once, before the next cycle could hand the room it made to someone else (Kueue's "nominated"
 workload): room made for nobody only strands its victims. Then the cycle runs again (at most

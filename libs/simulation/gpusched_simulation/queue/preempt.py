@@ -6,9 +6,9 @@ job id, a gang all its members under that one id, so a gang goes whole); every r
 (tenant, quota units, start); and the tenants' nominal quota and usage. A preempted run keeps its
 progress and pays the checkpoint restore (``overhead_s``) when it resumes, so each run's last
 checkpoint is given as ``overhead_s`` ago: the work a victim loses is that restore time on every GPU it
-holds, and the core's victim order (borrowers first, then less work lost) prefers the victims holding
-fewer GPUs. A run started at this very event time is protected (``JUST_STARTED_S``): this schedule
-has just placed it.
+holds, and the core's victim order (borrowers first, then less work lost) prefers, among as few
+victims, those holding fewer GPUs. A run started at this very event time is protected
+(``JUST_STARTED_S``): this schedule has just placed it.
 
 Two triggers, each for one blocked job that the engine starts at once (``engine``):
 
@@ -54,7 +54,7 @@ from .state import PRIORITY_CLASS, Run, SimState
 
 FIRST_QUEUE, SECOND_QUEUE = 1, 0  # the LAS queues as priorities: a first-queue job preempts second-queue runs
 RECLAIM_PRIORITY = 0  # a reclaim does not look at priority
-JUST_STARTED_S = 1e-6  # the minimum run time: shorter than any gap between two event times
+JUST_STARTED_S = 1e-6  # the minimum run time: protects exactly the runs started at this event time
 CONFIG = SelectionConfig(default_min_runtime_s=JUST_STARTED_S)
 ORDER = victim_order(CONFIG.victim_order)
 
@@ -92,7 +92,7 @@ def las_victims(state: SimState, job_id: str, threshold_gpu_s: float, fair_gangs
     for_quota = _own_quota_victims(state, me, running, book)
     if for_quota is None:
         return []
-    taken = {r.job_id for r in for_quota}
+    taken = [r.job_id for r in for_quota]
     snapshot = released(state.cluster.snapshot, taken)
     rest = [r for r in running if r.job_id not in taken]
     plan = select_victims(snapshot, me, rest, state.now_s, trigger=PriorityTrigger(), quota=tenant_quotas(state, book),

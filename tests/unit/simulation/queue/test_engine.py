@@ -109,3 +109,15 @@ def test_a_whole_node_job_preempts_another_tenant_only_when_that_tenant_is_above
     assert (state.jobs["t2-a"].preemptions + state.jobs["t2-b"].preemptions == 0) == fair_gangs
     assert state.max_overshoot_units == 0
 
+
+
+def test_a_reclaim_preempts_nothing_when_the_owner_could_not_start_anyway():
+    # t2 borrows 4 GPUs next to t3's 4 on one node; the owner t1 asks for a whole node: releasing t2's job
+    # frees quota but no node, so preempting it would only strand it
+    jobs = [job("t3-a", "t3", 0, 1000, 8), job("t3-b", "t3", 0, 1000, 4), job("t2-a", "t2", 1, 1000, 4),
+            job("own", "t1", 10, 100, 8)]
+    for name in ("drf", "fairshare"):
+        state = run(jobs, name, {"t1": 8, "t2": 0, "t3": 12}, borrow=8, nodes=2)
+        assert state.preemptions == 0, name
+        assert state.jobs["t2-a"].completed_s == 1001 and state.jobs["own"].completed_s == 1100
+        assert state.max_overshoot_units == 0
