@@ -12,7 +12,7 @@ from gpusched_common.db import create_pool
 from gpusched_common.runtime import running
 from gpusched_common.topics import CLUSTER_SCALING
 
-from services.metrics.app import MetricsService
+from services.metrics.handlers import MetricsService
 from services.metrics.settings import MetricsSettings
 from services.node_agent.app import agent_setup
 from tests.integration.kafka_helpers import read_topic

@@ -6,6 +6,8 @@ import pytest
 
 from gpusched_common import events as ev
 from gpusched_common.schema_export import render_schemas
+from gpusched_cli.main import main
+from gpusched_cli.ops_commands import SCHEMAS_DIR
 from gpusched_cli.podspec import PodSpecError, cpu_milli, memory_mib, spec_from_pod_yaml
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -15,6 +17,12 @@ def test_exported_schemas_match_the_models():
     rendered = render_schemas()
     on_disk = {p.name: p.read_text() for p in SCHEMAS.glob("*.json")}
     assert on_disk == rendered, "schemas/ drifted from the models: run `gpusched export-schemas`"
+
+
+def test_export_schemas_writes_to_the_repository_s_schemas_by_default(capsys):
+    assert SCHEMAS_DIR == SCHEMAS
+    assert main(["export-schemas", "--check"]) == 0
+    assert capsys.readouterr().out == "schemas up to date\n"
 
 
 POD = """

@@ -92,7 +92,7 @@ async def wait_for_outcome(database_url: str, event_id: str, timeout_s: float) -
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from gpusched_cli.main import _settings
+    from gpusched_cli.job_commands import _settings
 
     settings = _settings()
     try:
@@ -129,7 +129,7 @@ async def load_overview(conn: asyncpg.Connection) -> dict:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from gpusched_cli.main import _settings
+    from gpusched_cli.job_commands import _settings
 
     async def go() -> dict:
         conn = await connect(_settings().database_url)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .fgd import FgdPolicy
 from .fragmentation import RequestShape, WorkloadDistribution
 from .model import MILLI_PER_GPU
-from .ours import FragAwarePolicy
+from .frag_aware import FragAwarePolicy
 from .policies import BestFitPolicy, DotProductPolicy, PackingPolicy, PlacementPolicy, RandomPolicy
 
 

@@ -93,6 +93,20 @@ class QuotaPlan:
         return self.waiting_jobs.reasons()
 
 
+@dataclass(slots=True)
+class ReclaimClaim:
+    """What a tenant under its nominal quota has claimed of one flavor this cycle toward a reclaim: the
+    units of its waiting jobs that fit its nominal quota but not what is free, and those jobs, in order.
+    Borrowers may not take what is claimed (``_owed``); what is short becomes a ``ReclaimRequest``."""
+
+    units: int = 0
+    jobs: list[str] = field(default_factory=list)
+
+    def add(self, job_id: str, units: int) -> None:
+        self.units += units
+        self.jobs.append(job_id)
+
+
 class QuotaCycle:
     """One planning cycle over per-tenant queues (see ``queues.build_queues``).
 
@@ -117,7 +131,7 @@ class QuotaCycle:
         self._runs: list[WaitingRun] = []  # settled queues' tails (see ``_record_rest``)
         self._stash: list[tuple[int, int]] = []  # (queue, first position) left out of the walk
         self._blocked: dict[tuple[str, str], int] = {}  # smallest units that did not fit, per tenant/flavor
-        self._claims: dict[tuple[str, str], list] = {}  # (tenant, flavor) -> [units, job ids]
+        self._claims: dict[tuple[str, str], ReclaimClaim] = {}  # per (tenant, flavor) under nominal quota
         self._refusals: dict[tuple[str, str], tuple[WaitCategory, str] | None] = {}
         self._reasons: dict[tuple, tuple[WaitCategory, str]] = {}
         self._open: Candidate | None = None
@@ -227,8 +241,8 @@ class QuotaCycle:
             return None  # within its own nominal quota: nothing borrowed
         tenancy = self.snapshot.tenancy
         root = tenancy.root_of(tenant)
-        owed = {t: claim[0] for (t, f), claim in self._claims.items()
-                if f == flavor and t != tenant and claim[0] and tenancy.root_of(t) == root}
+        owed = {t: claim.units for (t, f), claim in self._claims.items()
+                if f == flavor and t != tenant and claim.units and tenancy.root_of(t) == root}
         if not owed or units <= self.book.available(tenant, flavor) - sum(owed.values()):
             return None
         whom = ", ".join(f"{t} ({format_gpus(u)})" for t, u in sorted(owed.items()))
@@ -240,12 +254,11 @@ class QuotaCycle:
         returns the units claimed before it."""
         flavor, units = job.ask.options[0]
         claim = self._claims.get((job.tenant, flavor))
-        claimed = claim[0] if claim is not None else 0
+        claimed = claim.units if claim is not None else 0
         if self.book.used(job.tenant, flavor) + claimed + units <= self.book.nominal(job.tenant, flavor):
             if claim is None:
-                claim = self._claims[(job.tenant, flavor)] = [0, []]
-            claim[0] += units
-            claim[1].append(job.job_id)
+                claim = self._claims[(job.tenant, flavor)] = ReclaimClaim()
+            claim.add(job.job_id, units)
         return claimed
 
     def _reason(self, tenant: str, flavor: str, units: int, claimed: int) -> tuple[WaitCategory, str]:
@@ -260,18 +273,17 @@ class QuotaCycle:
         nominal headroom, and with ``explain`` record each with its reason."""
         queue = self._queues[qi]
         tenant, flavor = queue.tenant, queue.flavor
-        claim = self._claims.setdefault((tenant, flavor), [0, []])
-        headroom = self.book.nominal(tenant, flavor) - self.book.used(tenant, flavor) - claim[0]
+        claim = self._claims.setdefault((tenant, flavor), ReclaimClaim())
+        headroom = self.book.nominal(tenant, flavor) - self.book.used(tenant, flavor) - claim.units
         records, explain, entries = self._records, self.explain, queue.entries
         end = len(entries)
         while pos < end and headroom >= queue.min_units:  # jobs that may still claim, one by one
             tenant_key, job = entries[pos]
             refusal = self._refusal_of(job.tenant, job.priority_class)
             if refusal is None:
-                units, claimed = job.ask.options[0][1], claim[0]
+                units, claimed = job.ask.options[0][1], claim.units
                 if units <= headroom:
-                    claim[0] += units
-                    claim[1].append(job.job_id)
+                    claim.add(job.job_id, units)
                     headroom -= units
                 if explain:
                     records.append((self._key(qi, tenant_key), job, *self._reason(tenant, flavor, units, claimed)))
@@ -279,8 +291,8 @@ class QuotaCycle:
                 records.append((self._key(qi, tenant_key), job, *refusal))
             pos += 1
         if explain and pos < end:
-            self._record_rest(qi, entries[pos:], claim[0])
-        if not claim[0]:
+            self._record_rest(qi, entries[pos:], claim.units)
+        if not claim.units:
             del self._claims[(tenant, flavor)]
 
     def _record_rest(self, qi: int, rest: Sequence[tuple[SortKey, PendingJob]], claimed: int) -> None:
@@ -315,7 +327,8 @@ class QuotaCycle:
     def _reclaims(self) -> tuple[ReclaimRequest, ...]:
         out = []
         borrowing: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (root, flavor) -> borrowers
-        for (tenant, flavor), (claimed, jobs) in sorted(self._claims.items()):
+        for (tenant, flavor), claim in sorted(self._claims.items()):
+            claimed, jobs = claim.units, claim.jobs
             short = claimed - self.book.available(tenant, flavor)
             if short <= 0:
                 continue
