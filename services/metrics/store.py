@@ -17,7 +17,7 @@ from gpusched_common.stores import cluster, quota
 from gpusched_common.topics import CLUSTER_SCALING
 
 from gpusched_core.metrics.scaling import Decision, InFlight, ModelState, ScaleOut, ScalerState
-from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, GroupView, PendingJob, TenantQuota
+from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, GroupView, BacklogJob, TenantQuota
 from gpusched_core.placement.cycle import charged_model
 from gpusched_core.quota import units_to_gpus
 
@@ -37,7 +37,7 @@ async def load_snapshot(conn: asyncpg.Connection, pool_label: str) -> ClusterSna
     return ClusterSnapshot(
         gpus=tuple(GpuSlot(g.node_id, g.gpu_index, g.model, g.pool or "default", g.healthy, g.job_id,
                            g.allocated_at) for g in gpus),
-        pending=tuple(PendingJob(r["job_id"], r["tenant"] or "", r["gpus"] or 0,
+        pending=tuple(BacklogJob(r["job_id"], r["tenant"] or "", r["gpus"] or 0,
                                  charged_model(r["gpu_model"], flavors.get(r["job_id"])),
                                  quota_reserved=r["status"] == "Queued") for r in waiting),
         quotas=tuple(TenantQuota(q.tenant, units_to_gpus(q.nominal_units), units_to_gpus(q.reserved_units))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
-from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, PendingJob, TenantQuota
+from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, BacklogJob, TenantQuota
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -17,7 +17,7 @@ def at(seconds: float) -> datetime:
 class ClusterBuilder:
     def __init__(self) -> None:
         self._gpus: list[GpuSlot] = []
-        self._pending: list[PendingJob] = []
+        self._pending: list[BacklogJob] = []
         self._quotas: list[TenantQuota] = []
         self._tenants: dict[str, str] = {}
 
@@ -44,7 +44,7 @@ class ClusterBuilder:
         return self
 
     def pending(self, job_id: str, gpus: int, model: str | None, tenant: str = "t1", reserved: bool = True):
-        self._pending.append(PendingJob(job_id, tenant, gpus, model, reserved))
+        self._pending.append(BacklogJob(job_id, tenant, gpus, model, reserved))
         return self
 
     def quota(self, tenant: str, cap: int, reserved: int):

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched_core import placement as engine
-from gpusched_core.placement.cycle import PendingJob
+from gpusched_core.placement.cycle import PendingPlacement
 from gpusched_core.placement.cycle import GpuRow, Held, NodeRow, build_cluster, plan_cycle
 
 
@@ -14,8 +14,8 @@ def a_node(node_id: str, gpus: int = 8, model: str = "H100-80GB", unhealthy: tup
         GpuRow(i, f"{node_id}-u{i}", model, 81559, i not in unhealthy) for i in range(gpus)), {})
 
 
-def job(job_id: str, gpus: int, model: str | None = None, priority: int = 0, seq: int = 0) -> PendingJob:
-    return PendingJob(job_id, gpus, model, priority, seq)
+def job(job_id: str, gpus: int, model: str | None = None, priority: int = 0, seq: int = 0) -> PendingPlacement:
+    return PendingPlacement(job_id, gpus, model, priority, seq)
 
 
 @pytest.fixture(scope="module")
@@ -76,21 +76,21 @@ def mig_node(node_id: str, gpus: int = 2, model: str = "A100-80GB") -> NodeRow:
 
 def test_a_gang_gets_every_member_or_nothing(bestfit):
     nodes = [a_node("n1"), a_node("n2"), a_node("n3", gpus=4)]
-    gang = PendingJob("g", 8, None, 0, 1, nodes=2)
+    gang = PendingPlacement("g", 8, None, 0, 1, nodes=2)
     placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), [gang], bestfit, nodes)
     assert deferrals == []
     members = placements[0].members
     assert [m.node_id for m in members] == ["n1", "n2"] and all(len(m.gpu_indices) == 8 for m in members)
     assert placements[0].node_id == "n1" and placements[0].gpu_uuids[0] == "n1-u0"
 
-    too_big = PendingJob("g3", 8, None, 0, 1, nodes=3)
+    too_big = PendingPlacement("g3", 8, None, 0, 1, nodes=3)
     placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), [too_big], bestfit, nodes)
     assert placements == [] and deferrals[0].reasons[0].startswith("gang g3: only 2 of 3 members fit")
 
 
 def test_shares_pack_onto_one_gpu_and_never_exceed_it(bestfit):
     nodes = [a_node("n1", gpus=2)]
-    work = [PendingJob(f"s{i}", 1, None, 0, i, share_milli=400, share_memory_mib=20_000) for i in range(5)]
+    work = [PendingPlacement(f"s{i}", 1, None, 0, i, share_milli=400, share_memory_mib=20_000) for i in range(5)]
     placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), work, bestfit, nodes)
     per_gpu: dict[int, int] = {}
     for p in placements:
@@ -103,8 +103,8 @@ def test_shares_pack_onto_one_gpu_and_never_exceed_it(bestfit):
 def test_held_shares_and_mig_instances_count_in_the_next_cycle(bestfit):
     nodes = [a_node("n1", gpus=1), mig_node("m1", gpus=1)]
     held = {"old-share": [Held("n1", 0, 700, 1000)], "old-mig": [Held("m1", 0, 500, 0, "4g.40gb", 0)]}
-    work = [PendingJob("whole", 1, None, 0, 1), PendingJob("s", 1, None, 0, 2, share_milli=400),
-            PendingJob("m", 1, None, 0, 3, mig_profile="3g.40gb")]
+    work = [PendingPlacement("whole", 1, None, 0, 1), PendingPlacement("s", 1, None, 0, 2, share_milli=400),
+            PendingPlacement("m", 1, None, 0, 3, mig_profile="3g.40gb")]
     placements, deferrals = plan_cycle(build_cluster(nodes, held, {}), work, bestfit, nodes)
     assert [p.job_id for p in placements] == ["m"]  # no whole GPU and no 400 milli left; 3g fits at slice 4
     assert placements[0].mig_start == 4 and placements[0].mig_memory_slices == 4
@@ -113,7 +113,7 @@ def test_held_shares_and_mig_instances_count_in_the_next_cycle(bestfit):
 
 def test_mig_slices_only_at_valid_positions(bestfit):
     nodes = [mig_node("m1", gpus=1)]
-    work = [PendingJob(f"m{i}", 1, "A100-80GB", 0, i, mig_profile="2g.20gb") for i in range(4)]
+    work = [PendingPlacement(f"m{i}", 1, "A100-80GB", 0, i, mig_profile="2g.20gb") for i in range(4)]
     placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), work, bestfit, nodes)
     assert sorted(p.mig_start for p in placements) == [0, 2, 4]  # 2g starts only at 0, 2 and 4
     assert [d.job_id for d in deferrals] == ["m3"]
@@ -124,7 +124,7 @@ def test_mixed_cycles_stay_within_capacity(kinds):
     policy = engine.make_policy("bestfit")
     nodes = [a_node("n1", gpus=4), a_node("n2", gpus=4), mig_node("m1", gpus=2)]
     shapes = {"whole": {}, "gang": {"nodes": 2}, "share": {"share_milli": 300}, "mig": {"mig_profile": "1g.10gb"}}
-    work = [PendingJob(f"j{i}", 2 if kind == "gang" else 1, None, 0, i, **shapes[kind]) for i, kind in enumerate(kinds)]
+    work = [PendingPlacement(f"j{i}", 2 if kind == "gang" else 1, None, 0, i, **shapes[kind]) for i, kind in enumerate(kinds)]
     placements, deferrals = plan_cycle(build_cluster(nodes, {}, {}), work, policy, nodes)
     milli: dict[tuple[str, int], int] = {}
     slices: set[tuple[str, int, int]] = set()

@@ -18,7 +18,7 @@ from datetime import datetime
 import asyncpg
 
 from gpusched_core import placement as engine
-from gpusched_core.placement.cycle import GpuRow, Held, NodeRow, PendingJob, build_cluster
+from gpusched_core.placement.cycle import GpuRow, Held, NodeRow, PendingPlacement, build_cluster
 
 CYCLE_LOCK = 727_100  # advisory lock id: one placer decides at a time, whichever replica holds it
 
@@ -97,12 +97,12 @@ async def gpu_slots(conn: asyncpg.Connection, pool_label: str) -> list[GpuSlotRo
     return [GpuSlotRow(**dict(r)) for r in rows]
 
 
-async def pending_jobs(conn: asyncpg.Connection) -> tuple[list[PendingJob], dict[str, list[str] | None]]:
+async def pending_jobs(conn: asyncpg.Connection) -> tuple[list[PendingPlacement], dict[str, list[str] | None]]:
     """The jobs waiting for placement and the reasons each was last deferred with."""
     rows = await conn.fetch(
         "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons, nodes, share_milli,"
         " share_memory_mib, mig_profile, cpu_milli, memory_mib FROM placement_pending")
-    pending = [PendingJob(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
+    pending = [PendingPlacement(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
                           r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"], r["cpu_milli"],
                           r["memory_mib"]) for r in rows]
     return pending, {r["job_id"]: r["last_reasons"] for r in rows}

@@ -43,7 +43,9 @@ class GpuSlot:
 
 
 @dataclass(frozen=True)
-class PendingJob:
+class BacklogJob:
+    """A job waiting (for quota or for GPUs): the backlog the scaler and the views count."""
+
     job_id: str
     tenant: str
     gpus: int
@@ -64,7 +66,7 @@ class TenantQuota:
 @dataclass(frozen=True)
 class ClusterSnapshot:
     gpus: tuple[GpuSlot, ...] = ()
-    pending: tuple[PendingJob, ...] = ()
+    pending: tuple[BacklogJob, ...] = ()
     quotas: tuple[TenantQuota, ...] = ()
     job_tenants: Mapping[str, str] = field(default_factory=dict)  # running job -> tenant
 
@@ -187,7 +189,7 @@ def idle_allocations(gpus: Iterable[GpuSlot], activity: Mapping[tuple[str, int],
     return tuple(sorted(out, key=lambda a: (-a.idle_s, a.job_id)))
 
 
-def backlog_by_model(pending: Iterable[PendingJob]) -> tuple[Backlog, ...]:
+def backlog_by_model(pending: Iterable[BacklogJob]) -> tuple[Backlog, ...]:
     jobs: Counter[str] = Counter()
     gpus: Counter[str] = Counter()
     waiting: Counter[str] = Counter()
@@ -211,7 +213,7 @@ def free_gpus_by_node(gpus: Iterable[GpuSlot]) -> dict[str, dict[str, int]]:
     return free
 
 
-def fragmentation(gpus: Iterable[GpuSlot], pending: Iterable[PendingJob]) -> dict[str, float]:
+def fragmentation(gpus: Iterable[GpuSlot], pending: Iterable[BacklogJob]) -> dict[str, float]:
     """Per model: the share of free GPUs that a request drawn from the pending queue could not use.
 
     For each request size s (weighted by how many pending jobs ask for it), a node's free GPUs are usable

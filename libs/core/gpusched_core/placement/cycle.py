@@ -23,7 +23,7 @@ _NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
-class PendingJob:
+class PendingPlacement:
     """A job waiting for placement: ``gpus`` whole GPUs on each of ``nodes`` nodes (a gang when > 1), or a
     share of one GPU (``share_milli`` and ``share_memory_mib``), or one MIG slice of ``mig_profile``."""
 
@@ -55,9 +55,9 @@ def bound_to_charge(spec: JobSpec, charged: str | None) -> JobSpec:
     return spec if model == spec.gpu_model else spec.model_copy(update={"gpu_model": model})
 
 
-def pending_from_spec(job_id: str, spec: JobSpec, seq: int = 0, submitted_at: datetime | None = None) -> PendingJob:
+def pending_from_spec(job_id: str, spec: JobSpec, seq: int = 0, submitted_at: datetime | None = None) -> PendingPlacement:
     share = spec.gpu_share
-    return PendingJob(job_id, spec.gpus, spec.gpu_model, spec.priority, seq, submitted_at, spec.nodes,
+    return PendingPlacement(job_id, spec.gpus, spec.gpu_model, spec.priority, seq, submitted_at, spec.nodes,
                       share.milli if share else None, share.memory_mib if share else 0, spec.mig_profile,
                       spec.cpu_milli, spec.memory_mib)
 
@@ -111,7 +111,7 @@ class Deferral:
     reasons: tuple[str, ...]
 
 
-def order_pending(pending: list[PendingJob]) -> list[PendingJob]:
+def order_pending(pending: list[PendingPlacement]) -> list[PendingPlacement]:
     """Higher priority first, then submission time (jobs without one last), then arrival, then job id."""
     return sorted(pending, key=lambda j: (-j.priority, j.submitted_at is None, j.submitted_at or _NEVER, j.seq,
                                           j.job_id))
@@ -203,7 +203,7 @@ def bindings_of(held: Sequence[Held | tuple[str, int]]) -> list[engine.Binding]:
               for node, indices in sorted(whole.items())), *parts]
 
 
-def request_for(job: PendingJob) -> engine.PodRequest | engine.GangRequest:
+def request_for(job: PendingPlacement) -> engine.PodRequest | engine.GangRequest:
     models = frozenset({job.gpu_model}) if job.gpu_model else frozenset()
     request_id = engine.RequestId(job.job_id)
     host = {"cpu_milli": job.cpu_milli, "memory_mib": job.memory_mib}
@@ -221,7 +221,7 @@ def request_for(job: PendingJob) -> engine.PodRequest | engine.GangRequest:
     return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(job.gpus), allowed_models=models, **host)
 
 
-def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], policy: engine.PlacementPolicy,
+def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingPlacement], policy: engine.PlacementPolicy,
                nodes: list[NodeRow]) -> tuple[list[Placement], list[Deferral]]:
     """Place pending jobs in order (priority, arrival, id); one that does not fit does not stop smaller
     ones behind it. GPUs nominated for a job are offered to that job only. A gang is placed whole or
@@ -230,7 +230,7 @@ def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], poli
     return placements, deferrals
 
 
-def run_plan(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], policy: engine.PlacementPolicy,
+def run_plan(snapshot: engine.ClusterSnapshot, pending: list[PendingPlacement], policy: engine.PlacementPolicy,
              nodes: list[NodeRow]) -> tuple[list[Placement], list[Deferral], engine.ClusterSnapshot]:
     """``plan_cycle``, also returning the snapshot with every placement applied."""
     gpus = {(n.node_id, g.index): g for n in nodes for g in n.gpus}
@@ -251,7 +251,7 @@ def run_plan(snapshot: engine.ClusterSnapshot, pending: list[PendingJob], policy
     return placements, deferrals, snapshot
 
 
-def placement_of(job: PendingJob, decision: engine.Decision, gpus: Mapping[tuple[str, int], GpuRow]) -> Placement:
+def placement_of(job: PendingPlacement, decision: engine.Decision, gpus: Mapping[tuple[str, int], GpuRow]) -> Placement:
     members = tuple(Member(str(b.node_id), tuple(b.gpu_indices),
                            tuple(gpus[(str(b.node_id), i)].uuid for i in b.gpu_indices)) for b in decision.bindings)
     first, binding = members[0], decision.bindings[0]
