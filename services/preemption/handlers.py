@@ -23,6 +23,7 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import has_nomination, load_cluster, lock_cycle, nominate
+from gpusched_common.stores.running import load_running
 from gpusched_common.stores.tenancy import TenancyStore
 
 from gpusched_core import lifecycle
@@ -80,7 +81,7 @@ async def consider(conn: asyncpg.Connection, job_id: str, policy: PreemptionPoli
     spec = state.spec
     tenant = await store.charged_tenant(conn, job_id, spec.tenant, tenancies or TenancyStore())  # as quota compares
     preemptor = sel.Preemptor(job_id, tenant, spec.priority, request_of(job_id, spec))
-    plan = sel.select_victims(snapshot, preemptor, await store.load_running(conn), now.timestamp(),
+    plan = sel.select_victims(snapshot, preemptor, await load_running(conn), now.timestamp(),
                               config=policy.config)
     await store.record_evaluation(conn, plan, now)
     if plan.outcome == "preempt":
@@ -120,7 +121,7 @@ async def reclaim(conn: asyncpg.Connection, request: ev.ReclaimRequested, policy
     held = engine.RequestId(nomination_id(job_id))
     if held in snapshot.allocations:  # GPUs already held for this job are its own
         snapshot = engine.release(snapshot, held)
-    running = await store.load_running(conn)
+    running = await load_running(conn)
     plan = sel.plan_reclaim(snapshot, preemptor, ask, running, freed, now.timestamp(),
                             quota_reserved=state.status is lifecycle.JobStatus.QUEUED, config=policy.config)
     await store.record_evaluation(conn, plan, now)

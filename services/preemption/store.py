@@ -1,7 +1,8 @@
 """All of the preemption service's SQL, shared by the priority and the reclaim path: load who runs where,
 ask victims to stop (their stream, then ``PreemptJob`` to every node of their run), record what an
 evaluation decided, and remember reclaim victims. The cluster and the GPUs held for a preemptor are
-placement's (``gpusched_common.stores.cluster``); reservations are quota's (``gpusched_common.stores.quota``)."""
+placement's (``gpusched_common.stores.cluster``); reservations are quota's (``gpusched_common.stores.quota``);
+who runs where with what quota charges them is read through ``gpusched_common.stores.running``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from gpusched_common.tracing import current_traceparent
 from gpusched_core import lifecycle
 from gpusched_core import preemption as sel
 from gpusched_core.preemption.jobs import member_nodes, preempt_commands
-from gpusched_core.quota.units import UNITS_PER_GPU
 from services.preemption.settings import PreemptionPolicy
 
 SERVICE = "preemption"
@@ -45,32 +45,6 @@ async def charged_tenant(conn: asyncpg.Connection, job_id: str, tenant: str, ten
         return reserved
     tenancy = await tenancies.read(conn)
     return tenancy.charged_tenant(tenant) if tenancy is not None else tenant
-
-
-async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
-    """Jobs holding GPUs, with the tenant and what quota charges them (the policy ledger's reservation
-    when there is one, else the job's tenant and whole GPUs held) and, while they stop, the job they
-    stop for."""
-    rows = await conn.fetch(
-        "SELECT j.job_id, coalesce(r.tenant, j.tenant) AS tenant, j.priority, j.status, coalesce(j.started_at, j.placed_at) AS since,"
-        " (SELECT max(e.occurred_at) FROM events e WHERE e.stream_id = job_stream(j.job_id)"
-        "   AND e.type = 'JobCheckpointed' AND e.occurred_at >= coalesce(j.started_at, j.placed_at)) AS ckpt,"
-        " r.flavor AS reserved_flavor, r.units AS reserved_units,"
-        " (SELECT array_agg(DISTINCT g.model) FROM gpu_allocations a JOIN gpus g"
-        "   ON g.node_id = a.node_id AND g.gpu_index = a.gpu_index WHERE a.job_id = j.job_id) AS models,"
-        " (SELECT count(*) FROM gpu_allocations a WHERE a.job_id = j.job_id) AS held,"
-        " CASE WHEN j.status = 'Preempting' THEN (SELECT e.payload->>'preemptor_job_id' FROM events e"
-        "   WHERE e.stream_id = job_stream(j.job_id) AND e.type = 'PreemptionRequested'"
-        "   ORDER BY e.version DESC LIMIT 1) END AS preempted_for"
-        " FROM jobs j LEFT JOIN quota_policy_reservations r ON r.job_id = j.job_id"
-        " WHERE j.status IN ('Placed', 'Running', 'Preempting')"
-        "   AND EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id) ORDER BY j.job_id")
-    return [sel.RunningJob(r["job_id"], r["tenant"], r["priority"], r["since"].timestamp(), (r["job_id"],),
-                           units=r["reserved_units"] or r["held"] * UNITS_PER_GPU,
-                           last_checkpoint_at_s=r["ckpt"].timestamp() if r["ckpt"] else None,
-                           preempting=r["status"] == "Preempting",
-                           flavor=r["reserved_flavor"] or (r["models"][0] if len(r["models"] or ()) == 1 else None),
-                           preempted_for=r["preempted_for"]) for r in rows]
 
 
 async def stop_victims(conn: asyncpg.Connection, preemptor: sel.Preemptor, victims: Sequence[sel.Victim],

@@ -1,10 +1,12 @@
 """The layout is the architecture (ARCHITECTURE.md): a static check over every module, so a shortcut from
 one room into another fails here. Services import only the cores and the shell library, never another
-service; the libraries (cores, shell, CLI, simulation) import no service; no module grows past 400 lines."""
+service, and their SQL names only their own tables; the libraries (cores, shell, CLI, simulation) import no
+service; no module grows past 400 lines."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,49 @@ def test_every_service_has_the_same_anatomy():
         present = {p.name for p in (SERVICES / service).glob("*.py")}
         assert {"settings.py", "handlers.py", "store.py", "app.py", "__main__.py"} <= present, service
     assert {"settings.py", "app.py", "__main__.py"} <= {p.name for p in (SERVICES / "node_agent").glob("*.py")}
+
+
+# Who owns each table (writes it and reads it freely); everyone else goes through gpusched_common.stores.
+# The event store and the jobs read model belong to every service (each appends through the lifecycle).
+SHARED_TABLES = {"events", "jobs", "outbox", "inbox"}
+TABLE_OWNERS = {
+    "admission": {"admission_auth_failures", "admission_rate_buckets", "submission_requests"},
+    "quota": {"quota_policy_history", "quota_policy_pending", "quota_policy_reservations", "quota_policy_usage",
+              "quota_reclaims", "quota_tenancy_rejections", "quota_tenancy_revisions"},
+    "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version"},
+    "preemption": {"preemption_evaluations", "reclaim_victims"},
+    "metrics": {"cluster_utilization", "metrics_scaler_state", "scale_decisions"},
+}
+_TABLE_REFERENCE = re.compile(r"(?<!epoch )\b(?:FROM|JOIN|INTO|UPDATE)\s+([a-z_]+)")  # not extract(epoch FROM x)
+_NOT_TABLES = {"unnest", "generate_series", "lateral"}
+
+
+def tables_named(path: Path) -> set[str]:
+    """The tables a module's SQL names (in its string literals)."""
+    strings = [node.value for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    return {m.group(1) for text in strings for m in _TABLE_REFERENCE.finditer(text)} - _NOT_TABLES
+
+
+@pytest.mark.parametrize("service", sorted(TABLE_OWNERS))
+def test_a_service_s_sql_names_only_its_own_tables_and_the_event_store(service):
+    named = set().union(*(tables_named(p) for p in (SERVICES / service).rglob("*.py")))
+    assert named, service
+    assert named - TABLE_OWNERS[service] - SHARED_TABLES == set()
+
+
+def test_the_cli_reads_other_rooms_tables_only_through_the_store_functions():
+    cli = LIBS / "cli" / "gpusched_cli"
+    named = set().union(*(tables_named(p) for p in cli.rglob("*.py")))
+    assert named - SHARED_TABLES == {"bench_floor"}  # the floor benchmark's own temporary table
+
+
+def test_every_table_of_the_migrations_has_an_owner():
+    created = set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?([a-z_]+)",
+                             "".join(p.read_text() for p in (ROOT / "deploy" / "migrations").glob("*.sql"))))
+    owned = set().union(*TABLE_OWNERS.values()) | SHARED_TABLES
+    derived = {"gpu_usage", "mig_slices", "host_usage", "quota_ledger", "quota_pending"}  # kept by triggers, or retired
+    assert created - owned == derived
 
 
 def test_the_checker_sees_a_cross_service_import(tmp_path):

@@ -10,7 +10,9 @@ import asyncpg
 
 from gpusched_common import store
 from gpusched_common.ids import job_stream
+from gpusched_common.stores.cluster import counts as cluster_counts
 from gpusched_common.stores.cluster import pending_jobs
+from gpusched_common.stores.metrics import utilization_summary
 from gpusched_common.stores.quota import quota_queue
 
 from gpusched_core.placement.cycle import order_pending
@@ -106,15 +108,13 @@ async def summary(conn: asyncpg.Connection) -> dict[str, Any]:
         " percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99, count(*) AS n FROM ("
         "  SELECT extract(epoch FROM placed_at - submitted_at) * 1000 AS ms FROM jobs"
         "  WHERE placed_at IS NOT NULL AND submitted_at IS NOT NULL) t")
-    gpus_total = await conn.fetchval("SELECT count(*) FROM gpus")
+    _, gpus_total = await cluster_counts(conn)
     # allocated GPU-seconds over capacity x the span from first submission to last finish
     alloc = await conn.fetchrow(
         "SELECT sum(gpus * extract(epoch FROM coalesce(finished_at, now()) - placed_at)) AS gpu_s,"
         " extract(epoch FROM max(coalesce(finished_at, now())) - min(submitted_at)) AS span_s"
         " FROM jobs WHERE placed_at IS NOT NULL")
-    util = await conn.fetchrow(
-        "SELECT avg(mean_utilization) AS mean, max(gpus_busy) AS peak_busy FROM cluster_utilization"
-        " WHERE gpus_busy > 0")
+    util = await utilization_summary(conn)
     return {
         "jobs_by_state": by_state,
         "jobs": sum(by_state.values()),

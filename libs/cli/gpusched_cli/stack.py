@@ -27,6 +27,7 @@ from gpusched_common.infra.brokers import BrokerKind, RunningBroker, start_broke
 from gpusched_common.infra.processes import free_port, spawn, stop_pid
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
+from gpusched_common.stores import cluster
 
 from gpusched_cli.teardown import stop_stack_jobs
 
@@ -224,7 +225,7 @@ async def wait_for_nodes(database_url: str, count: int, timeout_s: float = 60.0)
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if await conn.fetchval("SELECT count(*) FROM nodes") >= count:
+            if (await cluster.counts(conn))[0] >= count:
                 return
             await asyncio.sleep(0.2)
         raise RuntimeError(f"{count} node(s) did not register within {timeout_s}s; see the logs in .gpusched/logs")

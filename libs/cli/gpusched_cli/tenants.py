@@ -16,7 +16,6 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
-import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.credentials import key_for, load_keys, signed_headers
@@ -24,6 +23,7 @@ from gpusched_common.identity import OPERATOR
 from gpusched_common.db import connect
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.settings import Settings
+from gpusched_common.stores.tenancy import tenancy_overview, update_outcome
 from gpusched_common.topics import TENANCY_UPDATES
 
 from gpusched_common.table import render
@@ -72,19 +72,11 @@ async def publish_tenancy(settings: Settings, document: str, source: str) -> str
     return event_id
 
 
-async def outcome(conn: asyncpg.Connection, event_id: str) -> tuple[str, list[str]] | None:
-    """``("applied", [])``, ``("rejected", problems)``, or None while the quota service has not decided."""
-    if await conn.fetchval("SELECT 1 FROM quota_tenancy_revisions WHERE event_id = $1", event_id):
-        return "applied", []
-    problems = await conn.fetchval("SELECT problems FROM quota_tenancy_rejections WHERE event_id = $1", event_id)
-    return ("rejected", list(problems)) if problems is not None else None
-
-
 async def wait_for_outcome(database_url: str, event_id: str, timeout_s: float) -> tuple[str, list[str]] | None:
     conn = await connect(database_url)
     try:
         deadline = time.monotonic() + timeout_s
-        while (found := await outcome(conn, event_id)) is None and time.monotonic() < deadline:
+        while (found := await update_outcome(conn, event_id)) is None and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         return found
     finally:
@@ -117,16 +109,6 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 1
 
 
-async def load_overview(conn: asyncpg.Connection) -> dict:
-    current = await conn.fetchrow("SELECT revision, source, applied_at FROM quota_tenancy_revisions"
-                                  " ORDER BY revision DESC LIMIT 1")
-    usage = await conn.fetch("SELECT tenant, flavor, reserved_units, nominal_units, limit_units"
-                             " FROM quota_policy_usage ORDER BY tenant, flavor")
-    rejected = await conn.fetch("SELECT revision, source, problems, rejected_at FROM quota_tenancy_rejections"
-                                " ORDER BY rejected_at DESC LIMIT 5")
-    return {"revision": dict(current) if current else None, "usage": [dict(r) for r in usage],
-            "rejections": [dict(r) for r in rejected]}
-
 
 def cmd_show(args: argparse.Namespace) -> int:
     from gpusched_cli.job_commands import _settings
@@ -134,7 +116,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     async def go() -> dict:
         conn = await connect(_settings().database_url)
         try:
-            return await load_overview(conn)
+            return await tenancy_overview(conn)
         finally:
             await conn.close()
 

@@ -106,3 +106,9 @@ async def pending_jobs(conn: asyncpg.Connection) -> tuple[list[PendingPlacement]
                           r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"], r["cpu_milli"],
                           r["memory_mib"]) for r in rows]
     return pending, {r["job_id"]: r["last_reasons"] for r in rows}
+
+
+async def counts(conn: asyncpg.Connection) -> tuple[int, int]:
+    """How many nodes have registered (in any status) and how many GPUs they have."""
+    row = await conn.fetchrow("SELECT (SELECT count(*) FROM nodes) AS nodes, (SELECT count(*) FROM gpus) AS gpus")
+    return row["nodes"], row["gpus"]

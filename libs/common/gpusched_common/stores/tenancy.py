@@ -45,3 +45,22 @@ class TenancyStore:
             self._parsed = load_tenancy(document)  # it was valid when it was installed
         return self._parsed
 
+
+async def update_outcome(conn: asyncpg.Connection, event_id: str) -> tuple[str, list[str]] | None:
+    """``("applied", [])``, ``("rejected", problems)``, or None while the quota service has not decided."""
+    if await conn.fetchval("SELECT 1 FROM quota_tenancy_revisions WHERE event_id = $1", event_id):
+        return "applied", []
+    problems = await conn.fetchval("SELECT problems FROM quota_tenancy_rejections WHERE event_id = $1", event_id)
+    return ("rejected", list(problems)) if problems is not None else None
+
+
+async def tenancy_overview(conn: asyncpg.Connection) -> dict:
+    """The revision in force, every tenant's usage against its limits, and the last five rejected revisions."""
+    current = await conn.fetchrow("SELECT revision, source, applied_at FROM quota_tenancy_revisions"
+                                  " ORDER BY revision DESC LIMIT 1")
+    usage = await conn.fetch("SELECT tenant, flavor, reserved_units, nominal_units, limit_units"
+                             " FROM quota_policy_usage ORDER BY tenant, flavor")
+    rejected = await conn.fetch("SELECT revision, source, problems, rejected_at FROM quota_tenancy_rejections"
+                                " ORDER BY rejected_at DESC LIMIT 5")
+    return {"revision": dict(current) if current else None, "usage": [dict(r) for r in usage],
+            "rejections": [dict(r) for r in rejected]}

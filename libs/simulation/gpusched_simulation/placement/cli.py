@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpusched_core.placement import policy_infos, policy_names, workload_from_requests
 
-from ..options import parse_names
+from ..options import parse_names, run_standalone
 from ..report import write_json
 from ..traces.openb import default_nodes_path, default_pods_path, load_nodes, load_pods, published_dir
 from .replay import replay
@@ -134,6 +134,4 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpusched simulate")
-    configure_parser(parser)
-    return run_simulate(parser.parse_args(argv))
+    return run_standalone("gpusched simulate", configure_parser, run_simulate, argv)

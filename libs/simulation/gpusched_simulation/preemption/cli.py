@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpusched_core.placement import build_snapshot, make_policy, policy_names
 
+from ..options import run_standalone
 from ..report import stderr_log, write_json
 from ..traces.openb import default_nodes_path, default_pods_path
 from .engine import Progress, simulate
@@ -123,6 +124,4 @@ def run_simulate_preemption(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpusched simulate-preemption")
-    configure_parser(parser)
-    return run_simulate_preemption(parser.parse_args(argv))
+    return run_standalone("gpusched simulate-preemption", configure_parser, run_simulate_preemption, argv)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..options import parse_names
+from ..options import parse_names, run_standalone
 from ..report import stderr_log, write_json
 from ..traces.philly import default_trace_path, default_vc_path, read_rows, read_vc_nodes, resolve_start, window
 from .engine import SimConfig
@@ -98,6 +98,4 @@ def run_simulate_queue(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpusched simulate-queue")
-    configure_parser(parser)
-    return run_simulate_queue(parser.parse_args(argv))
+    return run_standalone("gpusched simulate-queue", configure_parser, run_simulate_queue, argv)

@@ -22,10 +22,18 @@ Two triggers, each for one blocked job that the engine starts at once (``engine`
   borrows. When the job's own tenant lacks quota, its own second-queue runs are taken for quota first
   (``top_up``); capacity is then searched with them released.
 
-One rule stays a filter around the core call, as the core has no input for it (``fair_gangs``): a job
-of a whole node or more takes runs only of its own tenant or of tenants whose decayed dominant share is
-above its tenant's. The core's ``FairShareTrigger`` weighs current usage instead of the decayed shares
-the fair-share order uses, and never takes the preemptor's own tenant's runs, which LAS must.
+Two rules stay filters of the running jobs given to the core, which cannot express them:
+
+- no tenant is pushed below its nominal quota by someone else's work (``borrowing_runs``): another
+  tenant's run is a candidate only while that tenant borrows at least the run's units (for a reclaim,
+  the core's own rule is the fallback when no such set lets the owner start). The core lets a
+  borrower's last victim cross what it borrows (it "loses jobs only while it still borrows"); a
+  tenant pushed under its nominal quota that way reclaims in turn, and the replay then preempts in
+  cascades (at 32 nodes, DRF's Jain index falls from 0.922 to 0.908 with the core's rule alone).
+- ``fair_gangs``: a job of a whole node or more takes runs only of its own tenant or of tenants whose
+  decayed dominant share is above its tenant's. The core's ``FairShareTrigger`` weighs current usage
+  instead of the decayed shares the fair-share order uses, and never takes the preemptor's own
+  tenant's runs, which LAS must.
 """
 
 from __future__ import annotations
@@ -60,13 +68,19 @@ ORDER = victim_order(CONFIG.victim_order)
 
 
 def reclaim_victims(state: SimState, request: ReclaimRequest) -> list[str]:
-    """Borrowers' runs whose preemption lets the request's first job start now, or none."""
+    """Borrowers' runs whose preemption lets the request's first job start now, or none: runs that keep
+    every borrower at or above its nominal quota when there are such, else by the core's own rule."""
     job_id = request.for_jobs[0]
     ask = ReclaimAsk(request.tenant, request.flavor, request.units, request.borrowers, state.now_s)
+    me = preemptor(state, job_id, RECLAIM_PRIORITY)
     running = running_jobs(state, lambda run: RECLAIM_PRIORITY)
-    plan = plan_reclaim(state.cluster.snapshot, preemptor(state, job_id, RECLAIM_PRIORITY), ask, running, (),
-                        state.now_s, config=CONFIG, policy=state.cluster.policy)  # fmt: skip
-    return list(plan.victim_ids) if plan.outcome == "preempt" else []
+    preferred = borrowing_runs(state, running, request.tenant)
+    for candidates in (preferred, running) if len(preferred) < len(running) else (running,):
+        plan = plan_reclaim(state.cluster.snapshot, me, ask, candidates, (), state.now_s, config=CONFIG,
+                            policy=state.cluster.policy)  # fmt: skip
+        if plan.outcome == "preempt":
+            return list(plan.victim_ids)
+    return []
 
 
 def las_victims(state: SimState, job_id: str, threshold_gpu_s: float, fair_gangs: bool = False) -> list[str]:
@@ -80,7 +94,7 @@ def las_victims(state: SimState, job_id: str, threshold_gpu_s: float, fair_gangs
     def queue_of(run: Run) -> int:
         return SECOND_QUEUE if state.attained(run) >= threshold_gpu_s else FIRST_QUEUE
 
-    running = running_jobs(state, queue_of)
+    running = borrowing_runs(state, running_jobs(state, queue_of), job.tenant)
     if fair_gangs and job.gpus >= state.cluster.gpus_per_node:
         shares = dominant_shares(QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s))
         mine = shares.get(job.tenant, 0.0)
@@ -130,6 +144,12 @@ def running_jobs(state: SimState, priority: Callable[[Run], int]) -> list[Runnin
     checkpoint_s = state.now_s - state.overhead_s
     return [RunningJob(run.job_id, run.tenant, priority(run), run.start_s, (run.job_id,), PRIORITY_CLASS, run.units,
                        checkpoint_s, flavor=FLAVOR) for run in state.running.values()]  # fmt: skip
+
+
+def borrowing_runs(state: SimState, running: list[RunningJob], tenant: str) -> list[RunningJob]:
+    """``tenant``'s runs, and those of other tenants that borrow at least the run's units (module doc)."""
+    borrowed = {t: state.used(t) - state.tenancy.nominal_units(t, FLAVOR) for t in {r.tenant for r in running}}
+    return [r for r in running if r.tenant == tenant or borrowed[r.tenant] >= r.units]
 
 
 def tenant_quotas(state: SimState, book: QuotaBook) -> dict[str, TenantQuota]:

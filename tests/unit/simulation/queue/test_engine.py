@@ -121,3 +121,15 @@ def test_a_reclaim_preempts_nothing_when_the_owner_could_not_start_anyway():
         assert state.preemptions == 0, name
         assert state.jobs["t2-a"].completed_s == 1001 and state.jobs["own"].completed_s == 1100
         assert state.max_overshoot_units == 0
+
+
+def test_a_reclaim_takes_no_run_that_would_push_its_tenant_below_its_nominal_quota():
+    # t2 borrows 3 GPUs (8 on 5), t3 borrows 5 (8 on 3); every run holds 4: only t3's runs keep their tenant
+    # at or above nominal, though t2's younger run costs the least lost work
+    jobs = [job("t3-a", "t3", 0, 1000, 4), job("t3-b", "t3", 1, 1000, 4), job("t2-a", "t2", 2, 1000, 4),
+            job("t2-b", "t2", 3, 1000, 4), job("own", "t1", 10, 100, 4)]
+    for name in ("drf", "fairshare"):
+        state = run(jobs, name, {"t1": 8, "t2": 5, "t3": 3}, borrow=8, nodes=2)
+        assert state.preemptions == 1, name
+        assert state.jobs["t3-b"].preemptions == 1 and state.jobs["own"].completed_s == 110
+        assert state.jobs["t2-a"].preemptions == state.jobs["t2-b"].preemptions == 0
