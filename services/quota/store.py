@@ -17,7 +17,7 @@ from gpusched_common.stores.quota import read_usage
 from gpusched_common.stores.tenancy import TENANCY_LOCK
 
 from gpusched_core.quota import Tenancy, UsageHistory
-from gpusched_core.quota.jobs import QueuedJob, limit_units
+from gpusched_core.quota.jobs import QueuedJob, limit_units, limits_in_force
 from gpusched_core.quota.reclaims import SentReclaim
 
 
@@ -36,20 +36,17 @@ async def ensure_usage_rows(conn: asyncpg.Connection, tenancy: Tenancy, tenants:
 
 
 async def apply_limits(conn: asyncpg.Connection, tenancy: Tenancy) -> None:
-    """Write every leaf's limits; a limit below what a tenant already holds waits until usage drains."""
-    keys = [(t, f) for t in sorted(tenancy.leaves()) for f in tenancy.flavors]
+    """Write every usage row's limits as ``limits_in_force`` decides them (the caller holds the tenancy lock
+    exclusively, so no charge runs meanwhile)."""
+    held = {(r["tenant"], r["flavor"]): r["reserved_units"]
+            for r in await conn.fetch("SELECT tenant, flavor, reserved_units FROM quota_policy_usage FOR UPDATE")}
+    rows = limits_in_force(tenancy, held)
     await conn.execute(
         "INSERT INTO quota_policy_usage (tenant, flavor, limit_units, nominal_units)"
         " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) ON CONFLICT (tenant, flavor)"
-        " DO UPDATE SET nominal_units = EXCLUDED.nominal_units,"
-        " limit_units = CASE WHEN EXCLUDED.limit_units IS NULL THEN NULL"
-        " ELSE greatest(EXCLUDED.limit_units, quota_policy_usage.reserved_units) END",
-        *_limit_columns(tenancy, keys))
-    # a tenant or flavor no longer in the file has no quota left: what it holds drains, nothing new fits
-    await conn.execute(
-        "UPDATE quota_policy_usage SET nominal_units = 0, limit_units = reserved_units"
-        " WHERE NOT (tenant = ANY($1::text[]) AND flavor = ANY($2::text[]))",
-        list(tenancy.leaves()), list(tenancy.flavors))
+        " DO UPDATE SET nominal_units = EXCLUDED.nominal_units, limit_units = EXCLUDED.limit_units",
+        [r.tenant for r in rows], [r.flavor for r in rows], [r.limit_units for r in rows],
+        [r.nominal_units for r in rows])
 
 
 def _limit_columns(tenancy: Tenancy, keys: list[tuple[str, str]]) -> tuple[list, list, list, list]:

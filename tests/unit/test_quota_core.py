@@ -12,7 +12,7 @@ from gpusched_common.identity import OPERATOR, Verdict
 from gpusched_cli.stack import local_tenancy, node_specs
 from gpusched_core.quota import UNITS_PER_GPU, QuotaSnapshot, ReclaimRequest, parse_tenancy, plan_cycle
 from gpusched_core.quota.reclaims import SentReclaim, reclaim_event, select_reclaims
-from gpusched_core.quota.jobs import as_guest, cohort_of, queued_job, to_pending
+from gpusched_core.quota.jobs import UsageLimits, as_guest, cohort_of, limits_in_force, queued_job, to_pending
 from services.quota.core import Accepted, Rejected, review_update
 from tests.builders import T0
 
@@ -196,3 +196,20 @@ def test_the_local_stack_tenancy_covers_its_models_and_takes_any_other_tenant_as
     assert t.nominal_units("research", A100) == 4 * UNITS_PER_GPU  # half of the 8 A100s
     assert charged(spec(tenant="kill-0", gpus=2), t)[0] == "guests"
     assert t.priority_classes == {"urgent": 100, "high": 50, "normal": 10, "batch": 0}
+
+
+def test_limits_in_force_drain_what_a_tenant_holds_above_them_and_what_the_tenancy_no_longer_names():
+    doc = {"version": 1, "revision": 2, "flavors": [A100], "priority_classes": {"batch": 0},
+           "default_priority_class": "batch",
+           "tenants": [{"name": "org", "children": [
+               {"name": "team-a", "quota": {A100: {"nominal": 2, "borrowing_limit": 1}}},
+               {"name": "team-b", "quota": {A100: {"nominal": 4}}}]}]}
+    g = UNITS_PER_GPU
+    held = {("team-a", A100): 5 * g, ("team-b", A100): g, ("team-c", A100): 2 * g, ("team-a", H100): g}
+    assert limits_in_force(parse_tenancy(doc), held) == [
+        UsageLimits("team-a", A100, 2 * g, 5 * g),  # 3 GPUs allowed, 5 held: nothing new fits until it drains
+        UsageLimits("team-b", A100, 4 * g, None),  # no borrowing limit: only the cohort bounds it
+        UsageLimits("team-a", H100, 0, g),  # a flavor no longer named: what runs drains
+        UsageLimits("team-c", A100, 0, 2 * g),  # a tenant no longer named
+    ]
+    assert limits_in_force(parse_tenancy(doc), {})[0] == UsageLimits("team-a", A100, 2 * g, 3 * g)

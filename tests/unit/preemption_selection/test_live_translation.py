@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from gpusched_core import lifecycle
+import pytest
+
 from gpusched_common import events as ev
+
+from gpusched_core import lifecycle
 from gpusched_core import placement as engine
-from gpusched_core.preemption.jobs import preempt_commands, quota_units_of, reclaim_ask, request_of
+from gpusched_core.preemption.jobs import preempt_commands, quota_charge, quota_units_of, reclaim_ask, request_of
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
@@ -54,3 +57,15 @@ def test_a_reclaim_request_becomes_the_cores_ask_in_quota_units():
     assert (ask.tenant, ask.flavor, ask.short_units, ask.borrowers) == ("team-a", "A100-80GB", 28000,
                                                                          (("team-b", 17500),))
     assert ask.requested_at_s == T0.timestamp()
+
+
+@pytest.mark.parametrize(("reserved", "held", "models", "expected"), [
+    pytest.param(("team-q", "A100-80GB", 3000), 1, ("A100-80GB",), ("team-q", "A100-80GB", 3000), id="reservation"),
+    pytest.param((None, None, None), 2, ("H100-80GB",), ("team-a", "H100-80GB", 14000), id="no reservation, one model"),
+    pytest.param((None, None, None), 2, ("H100-80GB", "A100-80GB"), ("team-a", None, 14000), id="several models"),
+    pytest.param((None, None, None), 1, (), ("team-a", None, 7000), id="no model known"),
+])
+def test_what_quota_charges_a_running_job(reserved, held, models, expected):
+    tenant, flavor, units = reserved
+    assert quota_charge("team-a", held, models, reserved_tenant=tenant, reserved_flavor=flavor,
+                        reserved_units=units) == expected

@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncpg
 
 from gpusched_core import preemption as sel
-from gpusched_core.quota.units import UNITS_PER_GPU
+from gpusched_core.preemption.jobs import quota_charge
 
 
 async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
-    """Jobs holding GPUs, with the tenant and what quota charges them (the policy ledger's reservation
-    when there is one, else the job's tenant and whole GPUs held) and, while they stop, the job they
-    stop for."""
+    """Jobs holding GPUs, with the tenant and what quota charges them (``quota_charge``) and, while they
+    stop, the job they stop for."""
     rows = await conn.fetch(
-        "SELECT j.job_id, coalesce(r.tenant, j.tenant) AS tenant, j.priority, j.status, coalesce(j.started_at, j.placed_at) AS since,"
+        "SELECT j.job_id, j.tenant, r.tenant AS reserved_tenant, j.priority, j.status,"
+        " coalesce(j.started_at, j.placed_at) AS since,"
         " (SELECT max(e.occurred_at) FROM events e WHERE e.stream_id = job_stream(j.job_id)"
         "   AND e.type = 'JobCheckpointed' AND e.occurred_at >= coalesce(j.started_at, j.placed_at)) AS ckpt,"
         " r.flavor AS reserved_flavor, r.units AS reserved_units,"
@@ -30,9 +30,13 @@ async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
         " FROM jobs j LEFT JOIN quota_policy_reservations r ON r.job_id = j.job_id"
         " WHERE j.status IN ('Placed', 'Running', 'Preempting')"
         "   AND EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id) ORDER BY j.job_id")
-    return [sel.RunningJob(r["job_id"], r["tenant"], r["priority"], r["since"].timestamp(), (r["job_id"],),
-                           units=r["reserved_units"] or r["held"] * UNITS_PER_GPU,
-                           last_checkpoint_at_s=r["ckpt"].timestamp() if r["ckpt"] else None,
-                           preempting=r["status"] == "Preempting",
-                           flavor=r["reserved_flavor"] or (r["models"][0] if len(r["models"] or ()) == 1 else None),
-                           preempted_for=r["preempted_for"]) for r in rows]
+    running = []
+    for r in rows:
+        tenant, flavor, units = quota_charge(r["tenant"], r["held"], tuple(r["models"] or ()),
+                                             reserved_tenant=r["reserved_tenant"], reserved_flavor=r["reserved_flavor"],
+                                             reserved_units=r["reserved_units"])
+        running.append(sel.RunningJob(r["job_id"], tenant, r["priority"], r["since"].timestamp(), (r["job_id"],),
+                                      units=units, last_checkpoint_at_s=r["ckpt"].timestamp() if r["ckpt"] else None,
+                                      preempting=r["status"] == "Preempting", flavor=flavor,
+                                      preempted_for=r["preempted_for"]))
+    return running

@@ -13,7 +13,7 @@ from gpusched_common.resources import canonical_model
 from gpusched_core import placement as engine
 from gpusched_core.placement.cycle import pending_from_spec, request_for
 from gpusched_core import preemption as sel
-from gpusched_core.quota.units import GpuAsk, gpus_to_units, units_for
+from gpusched_core.quota.units import UNITS_PER_GPU, GpuAsk, gpus_to_units, units_for
 
 
 def request_of(job_id: str, spec: ev.JobSpec, model: str | None = None) -> engine.PodRequest | engine.GangRequest:
@@ -50,3 +50,11 @@ def preempt_commands(state: lifecycle.JobState, grace_s: float, deadline_at: dat
     """One ``PreemptJob`` per node of the victim's run, so that every member of a gang stops."""
     return tuple(ev.PreemptJob(job_id=state.job_id, node_id=node, grace_s=grace_s, deadline_at=deadline_at,
                                reason=reason) for node in member_nodes(state))
+
+
+def quota_charge(tenant: str, held_gpus: int, models: tuple[str, ...], *, reserved_tenant: str | None = None,
+                 reserved_flavor: str | None = None, reserved_units: int | None = None) -> tuple[str, str | None, int]:
+    """What quota charges a running job, as (tenant, flavor, units): its reservation when it has one; else
+    its own tenant, whole GPUs held, on the one model it holds (None: several or none)."""
+    flavor = reserved_flavor or (models[0] if len(models) == 1 else None)
+    return reserved_tenant or tenant, flavor, reserved_units or held_gpus * UNITS_PER_GPU

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpusched_common import events as ev
@@ -74,6 +74,35 @@ def limit_units(tenancy: Tenancy, tenant: str, flavor: str) -> int | None:
     """``nominal + borrowing_limit``: the most a leaf may ever hold (None: only its cohort bounds it)."""
     quota = tenancy.tenants[tenant].flavor_quota(flavor)
     return None if quota.borrowing_limit is None else quota.nominal + quota.borrowing_limit
+
+
+@dataclass(frozen=True)
+class UsageLimits:
+    """The limits of one ``quota_policy_usage`` row: its nominal quota and the most it may hold (None: only
+    its cohort bounds it)."""
+
+    tenant: str
+    flavor: str
+    nominal_units: int
+    limit_units: int | None
+
+
+def limits_in_force(tenancy: Tenancy, held: Mapping[tuple[str, str], int]) -> list[UsageLimits]:
+    """The limits of every usage row once ``tenancy`` is in force, given what each (tenant, flavor) holds
+    now: every leaf's own, except that a limit below what the tenant holds is raised to what it holds (it
+    drains: nothing new fits until usage falls under the new limit); a tenant or flavor the tenancy no
+    longer names keeps only what it holds (nominal 0: nothing new fits, what runs drains)."""
+    out = []
+    for tenant in sorted(tenancy.leaves()):
+        for flavor in tenancy.flavors:
+            limit = limit_units(tenancy, tenant, flavor)
+            if limit is not None:
+                limit = max(limit, held.get((tenant, flavor), 0))
+            out.append(UsageLimits(tenant, flavor, tenancy.nominal_units(tenant, flavor), limit))
+    named = {(row.tenant, row.flavor) for row in out}
+    out += [UsageLimits(tenant, flavor, 0, units) for (tenant, flavor), units in sorted(held.items())
+            if (tenant, flavor) not in named]
+    return out
 
 
 def cap_units(tenancy: Tenancy, tenant: str, flavor: str) -> int:
