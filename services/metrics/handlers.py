@@ -14,7 +14,9 @@ import asyncpg
 
 from gpusched_common.runtime import Runtime, utcnow
 
-from gpusched_core.metrics.scaling import ScaleOut, ScalePolicy, observe, plan_scaling
+from gpusched_common import events as ev
+
+from gpusched_core.metrics.scaling import ScalePolicy, observe, plan_scaling
 from gpusched_core.metrics.views import Thresholds, Views, plan_views
 from services.metrics.exporter import Latest, MetricsExporter
 from services.metrics.http import MetricsEndpoint
@@ -61,9 +63,9 @@ class MetricsService:
         policy = scale_policy(self.settings)
         decisions = await decide_scaling(pool, lambda state: plan_scaling(state, observe(snapshot), now, policy), now)
         for d in decisions:
-            key = ("out" if isinstance(d, ScaleOut) else "in", d.model)
+            key = ("out" if isinstance(d, ev.ScaleOutRequested) else "in", d.gpu_model)
             self.latest.scale_decisions[key] = self.latest.scale_decisions.get(key, 0) + 1
-            log.warning("scale %s %s: %s", key[0], d.model, d.reason)
+            log.warning("scale %s %s: %s", key[0], d.gpu_model, d.reason)
         for idle in views.idle:
             log.info("idle allocation: job %s (%s) on %s GPUs %s idle for %.0fs", idle.job_id, idle.tenant,
                      idle.node_id, list(idle.gpu_indices), idle.idle_s)

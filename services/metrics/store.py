@@ -4,9 +4,7 @@ record scale decisions with their outbox rows in one transaction."""
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import asdict
 from datetime import datetime
 
 import asyncpg
@@ -16,7 +14,7 @@ from gpusched_common.store import enqueue
 from gpusched_common.stores import cluster, quota
 from gpusched_common.topics import CLUSTER_SCALING
 
-from gpusched_core.metrics.scaling import Decision, InFlight, ModelState, ScaleOut, ScalerState
+from gpusched_core.metrics.scaling import Decision, InFlight, ModelState, ScalerState
 from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, GroupView, BacklogJob, TenantQuota
 from gpusched_core.placement.cycle import charged_model
 from gpusched_core.quota import units_to_gpus
@@ -100,16 +98,15 @@ async def decide_scaling(pool: asyncpg.Pool, plan, now: datetime) -> tuple[Decis
             " ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, updated_at = EXCLUDED.updated_at",
             dump_state(state), now)
         for decision in decisions:
-            payload = decision.event(now)
             event_id = str(uuid.uuid4())
-            out = isinstance(decision, ScaleOut)
+            out = isinstance(decision, ev.ScaleOutRequested)
             await conn.execute(
                 "INSERT INTO scale_decisions (event_id, decided_at, direction, gpu_model, node_id, nodes, reason,"
                 " evidence) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                event_id, now, "out" if out else "in", decision.model, None if out else decision.node_id,
-                decision.nodes if isinstance(decision, ScaleOut) else 1, decision.reason,
-                json.loads(json.dumps(asdict(decision), default=str)))
-            envelope = ev.make_envelope(payload, event_id=event_id, stream_id=f"scaling-{decision.model}",
+                event_id, now, "out" if out else "in", decision.gpu_model, None if out else decision.node_id,
+                decision.nodes if out else 1, decision.reason,
+                decision.model_dump(mode="json"))
+            envelope = ev.make_envelope(decision, event_id=event_id, stream_id=f"scaling-{decision.gpu_model}",
                                         occurred_at=now, producer=SERVICE)
-            await enqueue(conn, producer=SERVICE, topic=CLUSTER_SCALING.name, key=decision.model, envelopes=[envelope])
+            await enqueue(conn, producer=SERVICE, topic=CLUSTER_SCALING.name, key=decision.gpu_model, envelopes=[envelope])
     return decisions

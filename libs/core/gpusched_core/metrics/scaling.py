@@ -90,46 +90,8 @@ class ScalerState:
     requested_in: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True)
-class ScaleOut:
-    model: str
-    nodes: int
-    reason: str
-    pending_gpus: int
-    unplaceable_gpus: int
-    free_gpus: int
-    gpus_per_node: int
-    in_flight_nodes: int
-    pressure_since: datetime
-
-    def event(self, now: datetime) -> ev.ScaleOutRequested:
-        """The decision as the event autoscalers read (the one translation of it)."""
-        return ev.ScaleOutRequested(
-            gpu_model=self.model, nodes=self.nodes, reason=self.reason, pending_gpus=self.pending_gpus,
-            unplaceable_gpus=self.unplaceable_gpus, free_gpus=self.free_gpus, gpus_per_node=self.gpus_per_node,
-            in_flight_nodes=self.in_flight_nodes, pressure_since=self.pressure_since, decided_at=now)
-
-
-@dataclass(frozen=True)
-class ScaleIn:
-    node_id: str
-    model: str
-    pool: str
-    reason: str
-    empty_since: datetime
-    idle_s: float
-    nodes_of_model: int
-    pending_gpus: int
-
-    def event(self, now: datetime) -> ev.ScaleInRequested:
-        """The decision as the event autoscalers read (the one translation of it)."""
-        return ev.ScaleInRequested(
-            node_id=self.node_id, gpu_model=self.model, reason=self.reason, empty_since=self.empty_since,
-            idle_s=self.idle_s, nodes_of_model=self.nodes_of_model, pending_gpus=self.pending_gpus, decided_at=now,
-            pool=self.pool)
-
-
-Decision = ScaleOut | ScaleIn
+# what the scaler decides is the event autoscalers read: no value of its own mirrors it
+Decision = ev.ScaleOutRequested | ev.ScaleInRequested
 
 
 def nodes_to_pack(requests: tuple[int, ...], gpus_per_node: int) -> int:
@@ -179,7 +141,7 @@ def _since(now: datetime, then: datetime | None) -> float:
 
 
 def _scale_out(model: ModelState, demand: ModelDemand, now: datetime,
-               policy: ScalePolicy) -> tuple[ModelState, ScaleOut | None]:
+               policy: ScalePolicy) -> tuple[ModelState, ev.ScaleOutRequested | None]:
     timeout = timedelta(seconds=policy.provision_timeout_s)
     flying = tuple(f for f in model.in_flight
                    if now - f.requested_at < timeout and demand.nodes < f.baseline_nodes + f.nodes)
@@ -200,22 +162,23 @@ def _scale_out(model: ModelState, demand: ModelDemand, now: datetime,
     since = model.pressure_since
     assert since is not None
     waited = _since(now, since)
-    decision = ScaleOut(
-        demand.model, needed,
-        f"{len(demand.unplaceable)} pending request(s) for {sum(demand.unplaceable)} {demand.model} GPU(s) "
-        f"could not be placed for {waited:.0f}s (window {policy.window_s:.0f}s); {demand.free_gpus} free, "
-        f"{in_flight} node(s) already requested; {needed} node(s) x {demand.gpus_per_node} GPUs pack them",
-        demand.pending_gpus, sum(demand.unplaceable), demand.free_gpus, demand.gpus_per_node, in_flight, since)
+    decision = ev.ScaleOutRequested(
+        gpu_model=demand.model, nodes=needed,
+        reason=f"{len(demand.unplaceable)} pending request(s) for {sum(demand.unplaceable)} {demand.model} GPU(s) "
+               f"could not be placed for {waited:.0f}s (window {policy.window_s:.0f}s); {demand.free_gpus} free, "
+               f"{in_flight} node(s) already requested; {needed} node(s) x {demand.gpus_per_node} GPUs pack them",
+        pending_gpus=demand.pending_gpus, unplaceable_gpus=sum(demand.unplaceable), free_gpus=demand.free_gpus,
+        gpus_per_node=demand.gpus_per_node, in_flight_nodes=in_flight, pressure_since=since, decided_at=now)
     return replace(model, last_out_at=now, in_flight=flying + (InFlight(needed, now, demand.nodes),)), decision
 
 
 def _scale_in(state: ScalerState, models: dict[str, ModelState], obs: ScaleObservation, now: datetime,
-              policy: ScalePolicy) -> tuple[dict[str, datetime], set[str], list[ScaleIn]]:
+              policy: ScalePolicy) -> tuple[dict[str, datetime], set[str], list[ev.ScaleInRequested]]:
     demand = {d.model: d for d in obs.demands}
     present = {n.node_id for n in obs.nodes}
     empty_since = {n: t for n, t in state.empty_since.items() if n in present}
     requested = {n for n in state.requested_in if n in present}
-    decisions: list[ScaleIn] = []
+    decisions: list[ev.ScaleInRequested] = []
     for node in obs.nodes:
         if node.allocated_gpus > 0:
             empty_since.pop(node.node_id, None)
@@ -241,10 +204,13 @@ def _scale_in(state: ScalerState, models: dict[str, ModelState], obs: ScaleObser
             if idle_s < policy.scale_in_idle_s:
                 continue
             keep -= 1
-            batch.append(ScaleIn(node.node_id, model_name, node.pool,
-                                 f"node {node.node_id} has had no allocation for {idle_s:.0f}s "
-                                 f"(threshold {policy.scale_in_idle_s:.0f}s) and no {model_name} work is pending; "
-                                 f"{keep} {model_name} node(s) remain", since, round(idle_s, 1), len(nodes), pending))
+            batch.append(ev.ScaleInRequested(
+                node_id=node.node_id, gpu_model=model_name, pool=node.pool,
+                reason=f"node {node.node_id} has had no allocation for {idle_s:.0f}s (threshold "
+                       f"{policy.scale_in_idle_s:.0f}s) and no {model_name} work is pending; {keep} {model_name} "
+                       f"node(s) remain",
+                empty_since=since, idle_s=round(idle_s, 1), nodes_of_model=len(nodes), pending_gpus=pending,
+                decided_at=now))
         if batch:
             requested.update(d.node_id for d in batch)
             models[model_name] = replace(model, last_in_at=now)
