@@ -77,6 +77,7 @@ TABLE_OWNERS = {
     "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version"},
     "preemption": {"preemption_evaluations", "reclaim_victims"},
     "metrics": {"cluster_utilization", "metrics_scaler_state", "scale_decisions"},
+    "gateway": {"api_tokens"},  # the gateway to come; its SQL lives in gpusched_common.tokens
 }
 _TABLE_REFERENCE = re.compile(r"(?<!epoch )\b(?:FROM|JOIN|INTO|UPDATE)\s+([a-z_]+)")  # not extract(epoch FROM x)
 _NOT_TABLES = {"unnest", "generate_series", "lateral"}
@@ -91,6 +92,8 @@ def tables_named(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("service", sorted(TABLE_OWNERS))
 def test_a_service_s_sql_names_only_its_own_tables_and_the_event_store(service):
+    if not (SERVICES / service).is_dir():
+        pytest.skip(f"services/{service} does not exist yet")
     named = set().union(*(tables_named(p) for p in (SERVICES / service).rglob("*.py")))
     assert named, service
     assert named - TABLE_OWNERS[service] - SHARED_TABLES == set()

@@ -12,6 +12,7 @@ from gpusched_cli.logs import add_logs_parser
 from gpusched_cli.ops_commands import add_ops_parsers
 from gpusched_cli.stack_commands import add_stack_parsers, add_workload_parsers
 from gpusched_cli.tenants import add_tenants_parser
+from gpusched_cli.tokens import add_tokens_parser
 from gpusched_simulation.placement.cli import add_simulate_parser, run_simulate
 from gpusched_simulation.preemption.cli import add_simulate_preemption_parser
 from gpusched_simulation.queue.cli import add_simulate_queue_parser
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_parser(sub)
     add_logs_parser(sub)
     add_tenants_parser(sub)
+    add_tokens_parser(sub)
     add_simulate_queue_parser(sub)
     add_simulate_preemption_parser(sub)
     add_simulate_parser(sub)

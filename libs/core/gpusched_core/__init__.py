@@ -8,6 +8,7 @@
 - `preemption`: victim selection for priority preemption and quota reclaims.
 - `metrics`: utilisation views and the scaler.
 - `agent`: what a node agent does with a StartJob, a preemption, a GPU fault and a reconcile.
+- `access`: who may do what (`authorize(principal, action, resource)`), for the gateway to come.
 
 Rules (checked by tests/unit/test_core_purity.py): a core module imports only the standard library,
 numpy, pydantic, yaml, other cores and the wire contract (`gpusched_common.events`, `.resources`, `.ids`,
