@@ -100,40 +100,50 @@ async def reclaim(conn: asyncpg.Connection, request: ev.ReclaimRequested, policy
     does, hold the freed GPUs for the blocked job, and remember the victims so that a repeated request
     counts what is already being given back. Returns the plan (None when its job no longer waits)."""
     await lock_cycle(conn)
+    state = await _blocked_job(conn, request, tenancies or TenancyStore())
+    if state is None or state.spec is None:
+        return None
+    ask = reclaim_ask(request)
+    preemptor = sel.Preemptor(state.job_id, request.tenant, state.spec.priority,
+                              request_of(state.job_id, state.spec, ask.flavor), quota_units_of(state.spec, ask.flavor))
+    freed = await store.load_freed(conn, state.job_id)
+    running = await load_running(conn)
+    plan = sel.plan_reclaim(await _cluster_for(conn, state.job_id), preemptor, ask, running, freed, now.timestamp(),
+                            quota_reserved=state.status is lifecycle.JobStatus.QUEUED, config=policy.config)
+    await store.record_evaluation(conn, plan, now)
+    log.info("reclaim for job %s of tenant %s: %s", state.job_id, request.tenant, plan.reasons[1])
+    await store.forget_accounted(conn, state.job_id, freed, ask.requested_at_s)
+    if plan.outcome == "preempt":
+        stopped = await store.stop_victims(conn, preemptor, plan.victims, policy, now)
+        await store.remember(conn, state.job_id, ask.flavor, stopped, {job.job_id: job.units for job in running}, now)
+        await nominate(conn, state.job_id, plan.placement, now)
+        if state.status is lifecycle.JobStatus.QUEUED:  # its stream can say why (an Admitted one has no command)
+            await _victims_selected(conn, state, plan, stopped, "; ".join(plan.reasons), now)
+    return plan
+
+
+async def _blocked_job(conn: asyncpg.Connection, request: ev.ReclaimRequested,
+                       tenancies: TenancyStore) -> lifecycle.JobState | None:
+    """The request's first job, while it still waits and is charged to the tenant the request is for."""
     if not request.for_jobs:
         log.info("reclaim for tenant %s names no blocked job; nothing to do", request.tenant)
         return None
     job_id = request.for_jobs[0]
     state = await load_job(conn, job_id)
-    tenancies = tenancies or TenancyStore()
     charged = await store.charged_tenant(conn, job_id, state.spec.tenant, tenancies) if state.spec else None
     if state.spec is None or state.status not in WAITING or charged != request.tenant:
         log.info("reclaim for job %s of tenant %s: nothing to do, the job is %s%s", job_id, request.tenant,
                  state.status.value if state.status else "unknown",
                  f" and charged to {charged}" if charged not in (None, request.tenant) else "")
         return None
-    ask = reclaim_ask(request)
-    spec = state.spec
-    preemptor = sel.Preemptor(job_id, request.tenant, spec.priority, request_of(job_id, spec, ask.flavor),
-                              quota_units_of(spec, ask.flavor))
-    freed = await store.load_freed(conn, job_id)
+    return state
+
+
+async def _cluster_for(conn: asyncpg.Connection, job_id: str) -> engine.ClusterSnapshot:
+    """The cluster as placement sees it, with the GPUs already held for ``job_id`` counted as its own."""
     _, snapshot = await load_cluster(conn)
     held = engine.RequestId(nomination_id(job_id))
-    if held in snapshot.allocations:  # GPUs already held for this job are its own
-        snapshot = engine.release(snapshot, held)
-    running = await load_running(conn)
-    plan = sel.plan_reclaim(snapshot, preemptor, ask, running, freed, now.timestamp(),
-                            quota_reserved=state.status is lifecycle.JobStatus.QUEUED, config=policy.config)
-    await store.record_evaluation(conn, plan, now)
-    log.info("reclaim for job %s of tenant %s: %s", job_id, request.tenant, plan.reasons[1])
-    await store.forget_accounted(conn, job_id, freed, ask.requested_at_s)
-    if plan.outcome == "preempt":
-        stopped = await store.stop_victims(conn, preemptor, plan.victims, policy, now)
-        await store.remember(conn, job_id, ask.flavor, stopped, {job.job_id: job.units for job in running}, now)
-        await nominate(conn, job_id, plan.placement, now)
-        if state.status is lifecycle.JobStatus.QUEUED:  # its stream can say why (an Admitted one has no command)
-            await _victims_selected(conn, state, plan, stopped, "; ".join(plan.reasons), now)
-    return plan
+    return engine.release(snapshot, held) if held in snapshot.allocations else snapshot
 
 
 async def _victims_selected(conn: asyncpg.Connection, state: lifecycle.JobState, plan: sel.PreemptionPlan,
