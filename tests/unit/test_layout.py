@@ -61,7 +61,7 @@ def test_no_module_is_over_400_lines(path):
 
 
 def test_every_service_has_the_same_anatomy():
-    for service in ("admission", "quota", "placement", "preemption", "metrics"):
+    for service in ("admission", "quota", "placement", "preemption", "metrics", "gateway"):
         present = {p.name for p in (SERVICES / service).glob("*.py")}
         assert {"settings.py", "handlers.py", "store.py", "app.py", "__main__.py"} <= present, service
     assert {"settings.py", "app.py", "__main__.py"} <= {p.name for p in (SERVICES / "node_agent").glob("*.py")}
@@ -77,7 +77,7 @@ TABLE_OWNERS = {
     "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version"},
     "preemption": {"preemption_evaluations", "reclaim_victims"},
     "metrics": {"cluster_utilization", "metrics_scaler_state", "scale_decisions"},
-    "gateway": {"api_tokens"},  # the gateway to come; its SQL lives in gpusched_common.tokens
+    "gateway": {"api_tokens"},  # through gpusched_common.tokens; its own SQL reads only the shared tables
 }
 _TABLE_REFERENCE = re.compile(r"(?<!epoch )\b(?:FROM|JOIN|INTO|UPDATE)\s+([a-z_]+)")  # not extract(epoch FROM x)
 _NOT_TABLES = {"unnest", "generate_series", "lateral"}

@@ -112,3 +112,18 @@ async def counts(conn: asyncpg.Connection) -> tuple[int, int]:
     """How many nodes have registered (in any status) and how many GPUs they have."""
     row = await conn.fetchrow("SELECT (SELECT count(*) FROM nodes) AS nodes, (SELECT count(*) FROM gpus) AS gpus")
     return row["nodes"], row["gpus"]
+
+
+async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
+    """Every registered node (ready or lost) with its lease state, GPU counts by health, GPU models and how
+    many allocations and distinct jobs it holds, by node id. For the gateway's nodes view."""
+    rows = await conn.fetch(
+        "SELECT n.node_id, n.hostname, n.status, n.labels, n.cpu_milli, n.memory_mib, n.lease_epoch, n.lost_epoch,"
+        " n.lease_ttl_s, n.last_seen_at, n.registered_at,"
+        " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id) AS gpus,"
+        " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id AND g.healthy) AS healthy_gpus,"
+        " (SELECT coalesce(array_agg(DISTINCT g.model), '{}') FROM gpus g WHERE g.node_id = n.node_id) AS gpu_models,"
+        " (SELECT count(*) FROM gpu_allocations a WHERE a.node_id = n.node_id) AS allocations,"
+        " (SELECT count(DISTINCT a.job_id) FROM gpu_allocations a WHERE a.node_id = n.node_id) AS jobs"
+        " FROM nodes n ORDER BY n.node_id")
+    return [dict(r) for r in rows]

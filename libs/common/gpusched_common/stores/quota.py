@@ -102,3 +102,12 @@ async def tenant_totals(conn: asyncpg.Connection) -> list[TenantTotals]:
         "SELECT tenant, sum(nominal_units) AS nominal, sum(reserved_units) AS reserved FROM quota_policy_usage"
         " GROUP BY tenant ORDER BY tenant")
     return [TenantTotals(r["tenant"], r["nominal"], r["reserved"]) for r in rows]
+
+
+async def usage_by_flavor(conn: asyncpg.Connection, tenant: str | None) -> list[dict]:
+    """Each tenant's reserved, nominal and limit units per flavor, by (tenant, flavor); ``tenant`` narrows
+    to one (None: every tenant). For the gateway's tenants view."""
+    rows = await conn.fetch(
+        "SELECT tenant, flavor, reserved_units, nominal_units, limit_units FROM quota_policy_usage"
+        " WHERE ($1::text IS NULL OR tenant = $1) ORDER BY tenant, flavor", tenant)
+    return [dict(r) for r in rows]

@@ -1,0 +1,114 @@
+"""Gateway service: the HTTP front door (FastAPI). ``create_app(settings)`` builds everything from
+settings; the database pool is opened in the lifespan (``open_resources``/``close_resources`` for a
+caller that drives the app without a server), nothing at import time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpusched_common.db import create_pool
+
+from services.gateway import handlers
+from services.gateway.handlers import AuthFailures, Problem, problem_response
+from services.gateway.settings import GatewaySettings
+
+
+async def open_resources(app: FastAPI) -> None:
+    settings: GatewaySettings = app.state.settings
+    # min_size 0: the gateway starts (and /readyz says 503) while the database is unreachable
+    app.state.pool = await create_pool(settings.database_url, min_size=0, max_size=settings.gateway_pool_max_size)
+
+
+async def close_resources(app: FastAPI) -> None:
+    await app.state.pool.close()
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    await open_resources(app)
+    try:
+        yield
+    finally:
+        await close_resources(app)
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    app = FastAPI(title="gpusched gateway", version="1", lifespan=_lifespan,
+                  description="Read jobs, the queue, tenants' quota and nodes (bearer tokens; RFC 9457 errors).")
+    app.state.settings = settings
+    app.state.auth_failures = AuthFailures()
+    app.include_router(handlers.router)
+    app.add_exception_handler(Problem, _on_problem)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(RequestValidationError, _on_invalid)
+    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.gateway_max_body_bytes,
+                       timeout_s=settings.gateway_read_timeout_s)
+    return app
+
+
+async def _on_problem(request: Request, exc: Exception) -> object:
+    assert isinstance(exc, Problem)
+    return problem_response(exc.status, exc.detail, exc.headers)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> object:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    return problem_response(exc.status_code, detail, dict(exc.headers or {}))
+
+
+async def _on_invalid(request: Request, exc: Exception) -> object:
+    assert isinstance(exc, RequestValidationError)
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return problem_response(422, detail)
+
+
+class LimitsMiddleware:
+    """Refuses a body over ``max_body_bytes`` (413, by its Content-Length or as it streams in) and answers
+    504 to a request still unanswered after ``timeout_s``: a slow or huge request holds no worker."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, timeout_s: float) -> None:
+        self.app, self.max_body_bytes, self.timeout_s = app, max_body_bytes, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if not declared.isdigit():
+            return await _send_problem(send, 400, "the Content-Length header is not a number")
+        if int(declared) > self.max_body_bytes:
+            return await _send_problem(send, 413, f"request bodies are limited to {self.max_body_bytes} bytes")
+        started, seen = False, 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:
+                raise Problem(413, f"request bodies are limited to {self.max_body_bytes} bytes")
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self.app(scope, limited_receive, tracking_send)
+        except TimeoutError:
+            if not started:
+                await _send_problem(send, 504, f"the request took longer than {self.timeout_s}s")
+
+
+async def _send_problem(send: Send, status: int, detail: str) -> None:
+    response = problem_response(status, detail)
+    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
