@@ -5,14 +5,15 @@
 
 from __future__ import annotations
 
-import collections
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from gpusched_common import tokens
+from gpusched_common.stores import jobs as history
 from gpusched_common.stores.cluster import node_inventory
 from gpusched_common.stores.quota import usage_by_flavor
 from gpusched_core.access import Action, Principal, Resource, authorize
@@ -33,16 +34,18 @@ class Problem(Exception):
 
 
 class AuthFailures:
-    """Refused credentials by reason, for ``/metrics`` (in-process; one gateway process, one count)."""
+    """Refused credentials by reason, for ``/metrics`` (a registry of this app's own: one count per process)."""
 
     def __init__(self) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
+        self.registry = CollectorRegistry()
+        self.counter = Counter("gpusched_gateway_auth_failures", "Requests refused for their credentials.",
+                               ["reason"], registry=self.registry)
 
-    def prometheus(self) -> str:
-        lines = ["# HELP gpusched_gateway_auth_failures_total Requests refused for their credentials.",
-                 "# TYPE gpusched_gateway_auth_failures_total counter"]
-        lines += [f'gpusched_gateway_auth_failures_total{{reason="{r}"}} {n}' for r, n in sorted(self.counts.items())]
-        return "\n".join(lines) + "\n"
+    def count(self, reason: str) -> None:
+        self.counter.labels(reason=reason).inc()
+
+    def prometheus(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 def _acts(action: Action) -> dict[str, Any]:
@@ -50,7 +53,7 @@ def _acts(action: Action) -> dict[str, Any]:
 
 
 def _refuse(request: Request, reason: str, detail: str) -> Problem:
-    request.app.state.auth_failures.counts[reason] += 1
+    request.app.state.auth_failures.count(reason)
     return Problem(401, detail, {"WWW-Authenticate": 'Bearer realm="gpusched"'})
 
 
@@ -97,8 +100,8 @@ async def readyz(request: Request) -> dict[str, str]:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> PlainTextResponse:
-    return PlainTextResponse(request.app.state.auth_failures.prometheus(), media_type="text/plain; version=0.0.4")
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.auth_failures.prometheus(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/jobs", openapi_extra=_acts(Action.JOB_LIST))
@@ -121,14 +124,13 @@ async def list_jobs(request: Request, principal: Caller, state: JobStatus | None
 @router.get("/v1/jobs/{job_id}", openapi_extra=_acts(Action.JOB_READ))
 async def read_job(request: Request, principal: Caller, job_id: str) -> dict[str, Any]:
     async with request.app.state.pool.acquire() as conn:
-        exists, owner = await store.job_tenant(conn, job_id)
+        job = await store.load_job(conn, job_id)
         # the submitting subject is not recorded yet; reads are judged by tenant only
-        resource = Resource.job(owner or "", "") if exists else Resource.missing_job()
-        scoped = _allowed(principal, Action.JOB_READ, resource)
-        scoped = scoped or None  # a job of no tenant, read by a role that may read any
-        job = await store.load_job(conn, job_id, scoped)
-        if job is None:  # gone since, or not scoped: the same 404 as a job the principal may not see
-            raise Problem(404, authorize(principal, Action.JOB_READ, Resource.missing_job()).reason)
+        resource = Resource.job(job["tenant"] or "", "") if job is not None else Resource.missing_job()
+        scoped = _allowed(principal, Action.JOB_READ, resource) or None  # a job's own tenant, or any
+        if job is None:  # authorize refuses a missing job already; this only keeps the type checker honest
+            raise Problem(404, authorize(principal, Action.JOB_READ, resource).reason)
+        job["events"] = await history.job_history(conn, job_id)
         if job["state"] in (JobStatus.ADMITTED.value, JobStatus.QUEUED.value):
             waiting = await store.waiting_jobs(conn, scoped, datetime.now(UTC))
             entry = next((w for w in waiting if w["job_id"] == job_id), None)

@@ -8,14 +8,9 @@ from typing import Any
 
 import asyncpg
 
-from gpusched_common import store
-from gpusched_common.ids import job_stream
 from gpusched_common.stores.cluster import counts as cluster_counts
-from gpusched_common.stores.cluster import pending_jobs
+from gpusched_common.stores.jobs import Waiting, job_history, waiting_jobs
 from gpusched_common.stores.metrics import utilization_summary
-from gpusched_common.stores.quota import quota_queue
-
-from gpusched_core.placement.cycle import order_pending
 
 _JOB_COLUMNS = ("job_id, tenant, status, gpus, gpu_model, priority, node_id, gpu_indices, exit_code, reasons,"
                 " submitted_at, placed_at, started_at, finished_at")
@@ -35,11 +30,7 @@ async def get_job(conn: asyncpg.Connection, job_id: str, now: datetime | None = 
     row = await conn.fetchrow(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = $1", job_id)
     if row is None:
         return None
-    history = [
-        {"version": e.envelope.stream_version, "type": e.envelope.type, "producer": e.envelope.producer,
-         "occurred_at": e.envelope.occurred_at.isoformat(), "payload": e.envelope.payload}
-        for e in await store.load(conn, job_stream(job_id))
-    ]
+    history = [{**e, "occurred_at": e["occurred_at"].isoformat()} for e in await job_history(conn, job_id)]
     job = {**_plain(dict(row)), "events": history}
     if row["status"] in ("Admitted", "Queued"):
         entry = next((w for w in await queue(conn, now=now) if w["job_id"] == job_id), None)
@@ -51,45 +42,14 @@ async def get_job(conn: asyncpg.Connection, job_id: str, now: datetime | None = 
 
 async def queue(conn: asyncpg.Connection, *, tenant: str | None = None,
                 now: datetime | None = None) -> list[dict[str, Any]]:
-    """Waiting jobs, each in the order the service it waits for considers it. First the jobs holding quota
-    that wait for capacity, in placement's order (priority, submission, arrival, id); then the jobs waiting
-    for quota, cohort by cohort in the quota cycle's own fair-share order (``stores.quota.quota_queue``).
-    Each has its ``queue``, ``position`` in it, ``ahead_higher_priority`` (waiting jobs of a higher priority
-    ahead of it in the same queue) and ``reason``. A job whose event a service has not handled yet comes
-    last without a position. Positions count every tenant's jobs; ``tenant`` only filters the rows."""
-    jobs = {r["job_id"]: r for r in await conn.fetch(
-        "SELECT job_id, tenant, status, gpus, gpu_model, priority, reasons, submitted_at FROM jobs"
-        " WHERE status IN ('Admitted', 'Queued')")}
-    out = []
-    pending, _ = await pending_jobs(conn)
-    placing = [job for job in order_pending(pending) if job.job_id in jobs]
-    for position, (job, ahead) in enumerate(zip(placing, higher_ahead([job.priority for job in placing])), start=1):
-        row = jobs.pop(job.job_id)
-        out.append(_waiting(row, "capacity", position, ahead, "; ".join(row["reasons"]) or "waiting for capacity"))
-    for entry in await quota_queue(conn, now or datetime.now(UTC)):
-        row = jobs.pop(entry.job_id, None)
-        if row is not None:  # else it was reserved or ended since the jobs were read
-            out.append(_waiting(row, f"quota/{entry.cohort}", entry.position, entry.ahead_higher_priority,
-                                entry.reason))
-    for row in sorted(jobs.values(), key=lambda r: (-r["priority"], r["submitted_at"] is None, r["job_id"])):
-        stage = "quota" if row["status"] == "Admitted" else "capacity"
-        out.append(_waiting(row, stage, None, 0, "; ".join(row["reasons"]) or f"waiting for {stage}"))
-    return [w for w in out if tenant is None or w["tenant"] == tenant]
+    """Waiting jobs in the order the service each waits for considers it (``stores.jobs.waiting_jobs``),
+    each with its ``queue``, ``position``, ``ahead_higher_priority``, ``waiting_for`` and ``reason``."""
+    return [_waiting(w) for w in await waiting_jobs(conn, now or datetime.now(UTC), tenant)]
 
 
-def higher_ahead(priorities: list[int]) -> list[int]:
-    """For each job of a queue in order: how many jobs before it have a higher priority."""
-    seen: dict[int, int] = {}
-    out = []
-    for priority in priorities:
-        out.append(sum(n for other, n in seen.items() if other > priority))
-        seen[priority] = seen.get(priority, 0) + 1
-    return out
-
-
-def _waiting(row: asyncpg.Record, queue_name: str, position: int | None, ahead: int, reason: str) -> dict[str, Any]:
-    return {**_plain(dict(row)), "queue": queue_name, "position": position, "ahead_higher_priority": ahead,
-            "waiting_for": "quota" if queue_name.startswith("quota") else "capacity", "reason": reason}
+def _waiting(w: Waiting) -> dict[str, Any]:
+    return {**_plain(w.row), "queue": w.queue, "position": w.position,
+            "ahead_higher_priority": w.ahead_higher_priority, "waiting_for": w.waiting_for, "reason": w.reason}
 
 
 def describe_wait(entry: dict[str, Any]) -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpusched_cli.queries import describe_wait, higher_ahead
+from gpusched_cli.queries import describe_wait
+from gpusched_common.stores.jobs import higher_ahead
 from gpusched_core.quota import UNITS_PER_GPU, UsageHistory, load_tenancy
 from gpusched_core.quota.positions import NEXT_CYCLE, QuotaQueueEntry, rank_cohort
 from gpusched_core.quota.jobs import QueuedJob
