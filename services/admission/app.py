@@ -19,11 +19,13 @@ def build_policy(settings: AdmissionSettings) -> AdmissionPolicy:
     keys = None
     if settings.tenant_keys_file is not None:
         keys = load_keys(settings.tenant_keys_file)
-        log.info("tenant authentication on: %d key(s) from %s", len(keys), settings.tenant_keys_file)
-    else:
-        log.warning("GPUSCHED_TENANT_KEYS_FILE is not set: tenant authentication is OFF (development only)")
+        log.info("tenant keys: %d key(s) from %s", len(keys), settings.tenant_keys_file)
+    required = keys is not None or settings.admission_require_credentials
+    if not required:
+        log.warning("neither GPUSCHED_TENANT_KEYS_FILE nor GPUSCHED_ADMISSION_REQUIRE_CREDENTIALS is set: "
+                    "submissions without a credential are admitted (development only)")
     return AdmissionPolicy(AdmissionLimits(), RateLimit(settings.admission_rate_per_s, settings.admission_rate_burst),
-                           keys)
+                           keys, required)
 
 
 async def setup(runtime: Runtime) -> None:

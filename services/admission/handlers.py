@@ -11,6 +11,7 @@ from datetime import datetime
 import asyncpg
 
 from gpusched_common.batching import Batch, TxHandler
+from gpusched_common import producers
 from gpusched_common.credentials import KEY_ID_HEADER, TenantKey, verify
 from gpusched_common.identity import Verdict
 from gpusched_common.jobs import append_job_events, load_job
@@ -19,7 +20,14 @@ from gpusched_common.store import claim
 
 from gpusched_core import lifecycle
 from services.admission import store
-from services.admission.core import AdmissionLimits, RateLimit, Unparseable, decide_submission, parse_submission
+from services.admission.core import (
+    AdmissionLimits,
+    RateLimit,
+    Submission,
+    Unparseable,
+    decide_submission,
+    parse_submission,
+)
 from services.admission.store import TenancyReader
 
 SERVICE = "admission"
@@ -30,7 +38,10 @@ log = logging.getLogger(__name__)
 class AdmissionPolicy:
     limits: AdmissionLimits
     rate: RateLimit
-    keys: dict[str, TenantKey] | None  # None: authentication is off (development only)
+    keys: dict[str, TenantKey] | None  # the tenant keys file's keys (None: no such file)
+    # False only in development: a submission without any credential is then taken at its word; one that
+    # carries a credential is verified all the same
+    require_credentials: bool = True
 
 
 def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetime],
@@ -45,13 +56,13 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
         now = clock()
         if not await claim(conn, SERVICE, submission.event_id):
             return
-        verdict = verify(policy.keys, message.headers, message.value) if policy.keys is not None else Verdict(None, None)
+        verdict = await authenticate(conn, policy, message, submission)
         tenant = submission.spec.tenant if submission.spec else None
         bucket = await store.lock_bucket(conn, tenant) if tenant is not None and verdict.reason is None else None
         decided = decide_submission(submission, verdict, bucket, policy.rate, await tenancy.current(conn, now), now)
         if decided.auth_failure is not None:
-            await store.record_auth_failure(conn, submission, message.headers.get(KEY_ID_HEADER), decided.auth_failure,
-                                            now)
+            credential = message.headers.get(producers.PRODUCER_HEADER) or message.headers.get(KEY_ID_HEADER)
+            await store.record_auth_failure(conn, submission, credential, decided.auth_failure, now)
         if decided.bucket is not None and tenant is not None:
             await store.save_bucket(conn, tenant, decided.bucket)
         if decided.check_repeat and tenant is not None and await store.is_repeat(conn, tenant, submission):
@@ -61,9 +72,29 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
         command = lifecycle.RegisterSubmission(
             spec=None if decided.reasons else submission.spec, submitted_at=submission.submitted_at or now,
             rejection_reasons=submission.reasons + decided.reasons, tenant_hint=submission.tenant_hint,
-            request_id=submission.request_id, submitted_by=message.headers.get(KEY_ID_HEADER) if verdict.tenant else None,
+            request_id=submission.request_id, submitted_by=verdict.subject if verdict.tenant else None,
+            producer=verdict.producer,
         )
         state = await load_job(conn, submission.job_id)
         await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
 
     return on_submitted
+
+
+async def authenticate(conn: asyncpg.Connection, policy: AdmissionPolicy, message: Incoming,
+                       submission: Submission) -> Verdict:
+    """Who sent the submission: a credentialed producer (``gpusched-producer``, checked against the store,
+    so a revocation holds at once), else a key of the tenant keys file, else nobody (refused unless
+    credentials are not required)."""
+    if producers.PRODUCER_HEADER in message.headers:
+        tenant = submission.spec.tenant if submission.spec else submission.tenant_hint
+        return await producers.verify(conn, message.headers, message.value, tenant, submission.attested)
+    if policy.keys is not None and KEY_ID_HEADER in message.headers:
+        return verify(policy.keys, message.headers, message.value)
+    if policy.require_credentials:
+        return Verdict(None, MISSING_CREDENTIAL)
+    return Verdict(None, None)
+
+
+MISSING_CREDENTIAL = ("missing credential: a producer's gpusched-producer and gpusched-producer-signature headers "
+                      "(or a tenant key's gpusched-key-id and gpusched-signature)")

@@ -22,8 +22,10 @@ from services.gateway.settings import GatewaySettings
 
 async def open_resources(app: FastAPI) -> None:
     settings: GatewaySettings = app.state.settings
-    # min_size 0: the gateway starts (and /readyz says 503) while the database is unreachable
-    app.state.pool = await create_pool(settings.database_url, min_size=0, max_size=settings.gateway_pool_max_size)
+    # its own role where one is set (migration 017: reads only); min_size 0: the gateway starts (and /readyz
+    # says 503) while the database is unreachable
+    app.state.pool = await create_pool(settings.gateway_database_url or settings.database_url, min_size=0,
+                                       max_size=settings.gateway_pool_max_size)
 
 
 async def close_resources(app: FastAPI) -> None:

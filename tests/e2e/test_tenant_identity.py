@@ -35,7 +35,7 @@ async def test_forged_missing_and_mismatched_credentials_are_rejected_and_counte
     views = {i: await job_view(local_stack.database_url, i) for i in ids}
     assert views["forged-1"]["status"] == "Rejected"
     assert "does not verify" in views["forged-1"]["reasons"][0]
-    assert views["missing-1"]["reasons"][0].startswith("missing tenant credential")
+    assert views["missing-1"]["reasons"][0].startswith("missing credential")
     assert views["mismatch-1"]["reasons"] == ["tenant 'inference' does not match the credential's tenant 'research'"]
     assert views[own]["status"] == "Succeeded"
     assert views[on_behalf]["status"] == "Succeeded"

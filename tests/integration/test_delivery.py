@@ -42,7 +42,7 @@ async def stream_types(database_url: str, job_id: str) -> list[str]:
 async def test_the_same_submission_delivered_twice_changes_state_once(settings):
     pool = await create_pool(settings.database_url)
     try:
-        policy = AdmissionPolicy(AdmissionLimits(), RateLimit(1000, 1000), keys=None)
+        policy = AdmissionPolicy(AdmissionLimits(), RateLimit(1000, 1000), keys=None, require_credentials=False)
         handler = make_submission_handler(policy, now)
 
         async def handle(message: Incoming) -> None:

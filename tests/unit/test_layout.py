@@ -71,7 +71,8 @@ def test_every_service_has_the_same_anatomy():
 # The event store and the jobs read model belong to every service (each appends through the lifecycle).
 SHARED_TABLES = {"events", "jobs", "outbox", "inbox"}
 TABLE_OWNERS = {
-    "admission": {"admission_auth_failures", "admission_rate_buckets", "submission_requests"},
+    "admission": {"admission_auth_failures", "admission_rate_buckets", "submission_requests",
+                  "producers"},  # producers: through gpusched_common.producers (operators issue them)
     "quota": {"quota_policy_history", "quota_policy_pending", "quota_policy_reservations", "quota_policy_usage",
               "quota_reclaims", "quota_tenancy_rejections", "quota_tenancy_revisions"},
     "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version"},

@@ -8,7 +8,7 @@ from gpusched_common import events as ev
 from gpusched_common.schema_export import render_schemas
 from gpusched_cli.main import main
 from gpusched_cli.ops_commands import SCHEMAS_DIR
-from gpusched_cli.podspec import PodSpecError, cpu_milli, memory_mib, spec_from_pod_yaml
+from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib, spec_from_pod_yaml
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -76,7 +76,7 @@ def _print(data: object, as_json: bool, text: str) -> None:
 
 
 def build_spec(args: argparse.Namespace) -> ev.JobSpec:
-    from gpusched_cli.podspec import cpu_milli, memory_mib, spec_from_pod_yaml
+    from gpusched_core.podspec import cpu_milli, memory_mib, spec_from_pod_yaml
 
     if args.file:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()

@@ -49,7 +49,7 @@ def add_tokens_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     return p
 
 
-def _with_conn(work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+def with_conn(work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
     async def go() -> T:
         conn = await connect(_settings().database_url)
         try:
@@ -65,7 +65,7 @@ def _fail(message: object, code: int) -> int:
     return code
 
 
-def _issuer() -> str:
+def issuer() -> str:
     try:
         return f"cli:{getpass.getuser()}"
     except (OSError, KeyError):  # no login name in this environment
@@ -76,7 +76,7 @@ def _json_info(info: tokens.TokenInfo) -> dict[str, object]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(info).items()}
 
 
-def _when(at: datetime | None) -> str | None:
+def when(at: datetime | None) -> str | None:
     return None if at is None else at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
@@ -85,9 +85,9 @@ def cmd_create(args: argparse.Namespace) -> int:
     try:
         tokens.checked_role(args.role, args.tenant, args.name)  # before connecting: bad input needs no database
         expires_at = now + tokens.parse_duration(args.expires) if args.expires else None
-        text, info = _with_conn(lambda conn: tokens.issue(
+        text, info = with_conn(lambda conn: tokens.issue(
             conn, role=args.role, tenant=args.tenant, name=args.name, expires_at=expires_at,
-            created_by=_issuer(), now=now))
+            created_by=issuer(), now=now))
     except ValueError as exc:
         return _fail(exc, 2)
     except asyncpg.PostgresError as exc:
@@ -96,7 +96,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         print(json.dumps({"token": text, **_json_info(info)}, indent=2))
         return 0
     bound = f" of tenant {info.tenant}" if info.tenant else ""
-    expiry = f"expires {_when(info.expires_at)} UTC" if info.expires_at else "never expires"
+    expiry = f"expires {when(info.expires_at)} UTC" if info.expires_at else "never expires"
     print(f"token {info.token_id} ({info.role}{bound}), {expiry}:")
     print(text)
     print("This token will not be shown again: only its hash is stored. Keep it secret.")
@@ -105,14 +105,14 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     try:
-        found = _with_conn(tokens.list_tokens)
+        found = with_conn(tokens.list_tokens)
     except asyncpg.PostgresError as exc:
         return _fail(f"database: {exc}", 1)
     if args.json:
         print(json.dumps([_json_info(i) for i in found], indent=2))
         return 0
-    rows = [(i.token_id, i.name, i.role, i.tenant, _when(i.created_at), _when(i.expires_at), _when(i.revoked_at),
-             _when(i.last_used_at)) for i in found]
+    rows = [(i.token_id, i.name, i.role, i.tenant, when(i.created_at), when(i.expires_at), when(i.revoked_at),
+             when(i.last_used_at)) for i in found]
     print(render(["ID", "NAME", "ROLE", "TENANT", "CREATED", "EXPIRES", "REVOKED", "LAST USED"], rows))
     return 0
 
@@ -121,7 +121,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     if not is_valid_id(args.token_id):
         return _fail(f"invalid token id {args.token_id!r}", 2)
     try:
-        revoked = _with_conn(lambda conn: tokens.revoke(conn, args.token_id, datetime.now(timezone.utc)))
+        revoked = with_conn(lambda conn: tokens.revoke(conn, args.token_id, datetime.now(timezone.utc)))
     except asyncpg.PostgresError as exc:
         return _fail(f"database: {exc}", 1)
     if not revoked:

@@ -45,7 +45,7 @@ def verify(keys: dict[str, TenantKey], headers: dict[str, str], value: bytes) ->
         return Verdict(None, f"unknown credential key {key_id!r}")
     if not hmac.compare_digest(sign(key.secret, value), signature):
         return Verdict(None, f"credential {key_id!r} does not verify: the signature does not match the submission")
-    return Verdict(key.tenant, None)
+    return Verdict(key.tenant, None, subject=key_id)
 
 
 def load_keys(path: Path) -> dict[str, TenantKey]:

@@ -12,3 +12,5 @@ OPERATOR = "*"  # the tenant of an operator's key: it may act for any tenant and
 class Verdict:
     tenant: str | None  # the authenticated tenant (OPERATOR for an operator key), None when not authenticated
     reason: str | None  # why authentication failed
+    subject: str | None = None  # who submitted: the principal a producer attests, the producer, or the key id
+    producer: str | None = None  # the producer credential that signed it (None: a key of the tenant keys file)

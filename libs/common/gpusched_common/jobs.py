@@ -98,8 +98,8 @@ async def _project(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev
         """
         INSERT INTO jobs (job_id, tenant, status, version, gpus, gpu_model, priority, node_id, gpu_indices,
                           exit_code, reasons, submitted_at, admitted_at, queued_at, placed_at, started_at,
-                          finished_at, updated_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+                          finished_at, updated_at, submitted_by, name)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
         ON CONFLICT (job_id) DO UPDATE SET
             status = EXCLUDED.status, version = EXCLUDED.version, node_id = EXCLUDED.node_id,
             gpu_indices = EXCLUDED.gpu_indices, exit_code = EXCLUDED.exit_code, reasons = EXCLUDED.reasons,
@@ -108,12 +108,13 @@ async def _project(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev
             placed_at = coalesce(EXCLUDED.placed_at, jobs.placed_at),
             started_at = coalesce(EXCLUDED.started_at, jobs.started_at),
             finished_at = coalesce(jobs.finished_at, EXCLUDED.finished_at),
-            updated_at = EXCLUDED.updated_at
+            updated_at = EXCLUDED.updated_at,
+            submitted_by = coalesce(jobs.submitted_by, EXCLUDED.submitted_by), name = coalesce(jobs.name, EXCLUDED.name)
         """,
         state.job_id, spec.tenant if spec else _tenant(state, payloads), status, state.version,
         (spec.whole_gpus or spec.gpus) if spec else None, spec.gpu_model if spec else None,
         spec.priority if spec else None,
         state.node_id, list(state.gpu_indices) or None, state.exit_code, list(state.last_reasons),
         submitted_at, stamps.get("admitted_at"), stamps.get("queued_at"), stamps.get("placed_at"),
-        stamps.get("started_at"), stamps.get("finished_at"), now,
+        stamps.get("started_at"), stamps.get("finished_at"), now, state.submitted_by, spec.name if spec else None,
     )

@@ -80,7 +80,10 @@ class JobSubmitted(Payload):
     spec: JobSpec
     submitted_at: datetime
     request_id: str | None = None  # the client's idempotency key: a repeat creates no second job
-    submitted_by: str | None = None  # set by admission: the credential key that authenticated it
+    # set by admission from the verified credential, never taken from the payload as sent, except that a
+    # producer allowed to attest (the gateway) names here the principal that submitted through it
+    submitted_by: str | None = None  # who submitted: the attested principal, the producer, or the key id
+    producer: str | None = None  # the producer credential that signed the submission
 
 
 class JobAdmitted(Payload):

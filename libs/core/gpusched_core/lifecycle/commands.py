@@ -16,7 +16,8 @@ class RegisterSubmission:
     rejection_reasons: tuple[str, ...] = ()
     tenant_hint: str | None = None  # for a submission whose spec could not be parsed
     request_id: str | None = None
-    submitted_by: str | None = None  # the credential key that authenticated the submission
+    submitted_by: str | None = None  # who submitted: the attested principal, the producer, or the key id
+    producer: str | None = None  # the producer credential that signed it (None: a tenant keys file key)
 
 
 @dataclass(frozen=True)

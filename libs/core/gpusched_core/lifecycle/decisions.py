@@ -41,7 +41,8 @@ def _register_submission(state: JobState, command: RegisterSubmission, now: date
         return (ev.JobRejected(job_id=job, tenant=tenant, reasons=list(command.rejection_reasons)),)
     return (
         ev.JobSubmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at,
-                        request_id=command.request_id, submitted_by=command.submitted_by),
+                        request_id=command.request_id, submitted_by=command.submitted_by,
+                        producer=command.producer),
         ev.JobAdmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at,
                        submitted_by=command.submitted_by),
     )

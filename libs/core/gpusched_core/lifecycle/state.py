@@ -49,13 +49,14 @@ class JobState:
     preemptor: str | None = None  # while Preempting: the job it makes room for
     runs: int = 0  # how many times the job was placed (its current run's attempt number)
     charged_model: str | None = None  # the GPU model (flavor) its quota reservation was charged for
+    submitted_by: str | None = None  # who submitted it (JobSubmitted), for the gateway's own-subject rules
 
 
 def evolve(state: JobState, event: ev.Payload) -> JobState:
     version = state.version + 1
     match event:
         case ev.JobSubmitted():
-            return replace(state, version=version, spec=event.spec)
+            return replace(state, version=version, spec=event.spec, submitted_by=event.submitted_by)
         case ev.JobAdmitted():
             return replace(state, version=version, status=JobStatus.ADMITTED, spec=event.spec)
         case ev.JobRejected():

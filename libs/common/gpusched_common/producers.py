@@ -1,0 +1,199 @@
+"""Credentialed producers: programs that publish ``JobSubmitted`` on ``gpusched.jobs.submitted`` themselves
+(the gateway is one), each with its own Ed25519 key, bound to the tenants it may submit for (migration 018).
+
+A producer's key is ``gsk_<id>_<secret>``: ``id`` is 16 random hex digits, public (the row's key, sent in
+the ``gpusched-producer`` header); ``secret`` is the 32-byte Ed25519 private key, urlsafe base64 (43
+characters), shown once when the producer is created. The store keeps only the public key: reading the
+table lets no one sign. Each message carries ``gpusched-producer-signature``, the Ed25519 signature of the
+message's bytes, so nothing of it (tenant, spec, the attested subject) can be changed in flight.
+
+Admission verifies every submission (``verify``): the producer must exist, be unrevoked, its signature
+must hold, and the spec's tenant must be one of its tenants (``*``: any). Who submitted is the principal
+the producer attests in ``submitted_by`` when it may attest (the gateway, for the caller it
+authenticated), else the producer itself (``producer:<name>``). Revocation is read by the next message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import asyncpg
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from gpusched_common.identity import OPERATOR, Verdict
+from gpusched_common.ids import is_valid_id
+
+PREFIX = "gsk_"
+PRODUCER_HEADER = "gpusched-producer"
+SIGNATURE_HEADER = "gpusched-producer-signature"
+_KEY = re.compile(r"^gsk_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+_ID = re.compile(r"^[0-9a-f]{16}$")
+MAX_SUBJECT_CHARS = 256
+_COLUMNS = "producer_id, name, tenants, attests, created_at, created_by, revoked_at"
+
+
+@dataclass(frozen=True)
+class ProducerKey:
+    """A producer's signing key (never printed: ``repr`` hides the private half)."""
+
+    producer_id: str
+    private: Ed25519PrivateKey = field(repr=False)
+
+    def headers(self, value: bytes) -> dict[str, str]:
+        """The two headers that authenticate ``value`` as this producer's."""
+        return {PRODUCER_HEADER: self.producer_id, SIGNATURE_HEADER: _b64(self.private.sign(value))}
+
+
+@dataclass(frozen=True)
+class ProducerInfo:
+    """What may be shown of a producer (its public key is no secret, but is of no use to people)."""
+
+    producer_id: str
+    name: str
+    tenants: tuple[str, ...]
+    attests: bool
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ProducerRecord:
+    """What admission judges a message by: the stored producer and its public key."""
+
+    info: ProducerInfo
+    public_key: bytes
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def parse_key(text: str) -> ProducerKey | None:
+    """The signing key of a well-formed key text, else None (the text is never echoed)."""
+    match = _KEY.match(text.strip()) if isinstance(text, str) and len(text) < 128 else None
+    if match is None:
+        return None
+    try:
+        raw = _unb64(match.group(2))
+    except (binascii.Error, ValueError):
+        return None
+    return ProducerKey(match.group(1), Ed25519PrivateKey.from_private_bytes(raw)) if len(raw) == 32 else None
+
+
+def checked_tenants(tenants: list[str] | tuple[str, ...], any_tenant: bool) -> tuple[str, ...]:
+    """The tenants a new producer is bound to; ValueError saying what is wrong otherwise."""
+    if any_tenant and tenants:
+        raise ValueError("a producer for any tenant takes no --tenant")
+    if any_tenant:
+        return (OPERATOR,)
+    if not tenants:
+        raise ValueError("a producer needs the tenants it may submit for (--tenant T, repeated) or --all-tenants")
+    bad = [t for t in tenants if not is_valid_id(t)]
+    if bad:
+        raise ValueError(f"invalid tenant id {bad[0]!r}")
+    return tuple(sorted(set(tenants)))
+
+
+async def create(conn: asyncpg.Connection, *, name: str, tenants: tuple[str, ...], attests: bool, created_by: str,
+                 now: datetime) -> tuple[str, ProducerInfo]:
+    """Store a new producer's public key; (its key text, to be shown once, and what may be shown of it)."""
+    if not is_valid_id(name):
+        raise ValueError(f"invalid producer name {name!r}: 1-128 letters, digits and ._:- starting with a letter or digit")
+    if not tenants or any(t != OPERATOR and not is_valid_id(t) for t in tenants):
+        raise ValueError(f"invalid tenants {list(tenants)!r}")
+    private = Ed25519PrivateKey.generate()
+    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    producer_id = secrets.token_hex(8)
+    try:
+        row = await conn.fetchrow(
+            "INSERT INTO producers (producer_id, name, tenants, attests, public_key, created_at, created_by)"
+            f" VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {_COLUMNS}",
+            producer_id, name, list(tenants), attests, public, now, created_by)
+    except asyncpg.UniqueViolationError:
+        raise ValueError(f"a producer named {name!r} exists already (see `gpusched producers list`)") from None
+    raw = private.private_bytes_raw()
+    return f"{PREFIX}{producer_id}_{_b64(raw)}", _info(row)
+
+
+async def list_producers(conn: asyncpg.Connection) -> list[ProducerInfo]:
+    return [_info(r) for r in await conn.fetch(f"SELECT {_COLUMNS} FROM producers ORDER BY created_at, producer_id")]
+
+
+async def revoke(conn: asyncpg.Connection, producer_id: str, now: datetime) -> bool:
+    """Revoke a producer; False when there is no such producer or it was revoked already."""
+    status = await conn.execute(
+        "UPDATE producers SET revoked_at = $2 WHERE producer_id = $1 AND revoked_at IS NULL", producer_id, now)
+    return status == "UPDATE 1"
+
+
+def parse_producer_id(text: str) -> str | None:
+    return text if isinstance(text, str) and _ID.match(text) else None
+
+
+async def load(conn: asyncpg.Connection, producer_id: str) -> ProducerRecord | None:
+    if parse_producer_id(producer_id) is None:
+        return None
+    row = await conn.fetchrow(f"SELECT {_COLUMNS}, public_key FROM producers WHERE producer_id = $1", producer_id)
+    return ProducerRecord(_info(row), bytes(row["public_key"])) if row is not None else None
+
+
+def signature_holds(record: ProducerRecord, signature: str, value: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(record.public_key).verify(_unb64(signature), value)
+    except (InvalidSignature, binascii.Error, ValueError):
+        return False
+    return True
+
+
+def judge(producer_id: str, record: ProducerRecord | None, signed: bool, tenant: str | None,
+          attested: str | None) -> Verdict:
+    """The verdict on a message that ``producer_id`` signed (pure): ``signed`` is whether the signature
+    holds over its bytes, ``tenant`` the spec's tenant, ``attested`` the subject it names in
+    ``submitted_by``. Unknown and revoked producers and bad signatures are refused before any tenant is
+    looked at; the tenant must be one of the producer's."""
+    if record is None:
+        return Verdict(None, f"unknown producer {producer_id!r}")
+    info = record.info
+    if info.revoked_at is not None:
+        return Verdict(None, f"producer {info.name!r} ({producer_id}) is revoked")
+    if not signed:
+        return Verdict(None, f"producer {info.name!r} ({producer_id}): the signature does not match the submission")
+    if tenant is None or (OPERATOR not in info.tenants and tenant not in info.tenants):
+        return Verdict(None, f"producer {info.name!r} may not submit for tenant {tenant!r} "
+                             f"(its tenants: {', '.join(info.tenants)})")
+    if info.attests and attested:
+        if len(attested) > MAX_SUBJECT_CHARS or not attested.isprintable():
+            return Verdict(None, f"producer {info.name!r} attests a subject that is not printable text of at most "
+                                 f"{MAX_SUBJECT_CHARS} characters")
+        return Verdict(tenant, None, subject=attested, producer=producer_id)
+    return Verdict(tenant, None, subject=f"producer:{info.name}", producer=producer_id)
+
+
+async def verify(conn: asyncpg.Connection, headers: dict[str, str], value: bytes, tenant: str | None,
+                 attested: str | None) -> Verdict:
+    """The verdict on a message carrying ``gpusched-producer`` (read from the store: revocation is at once)."""
+    producer_id = headers.get(PRODUCER_HEADER, "")
+    signature = headers.get(SIGNATURE_HEADER)
+    if not signature:
+        return Verdict(None, f"producer {producer_id!r}: no {SIGNATURE_HEADER} header")
+    record = await load(conn, producer_id)
+    signed = record is not None and signature_holds(record, signature, value)
+    return judge(producer_id, record, signed, tenant, attested)
+
+
+def _info(row: asyncpg.Record) -> ProducerInfo:
+    return ProducerInfo(producer_id=row["producer_id"], name=row["name"], tenants=tuple(row["tenants"]),
+                        attests=row["attests"], created_at=row["created_at"], created_by=row["created_by"],
+                        revoked_at=row["revoked_at"])

@@ -1,0 +1,133 @@
+"""What every door checks of a job spec (pure), with every reason at once: the cluster's limits
+(``check_spec``: sizes, shapes, GPU models, MIG profiles, priority, command) and the tenancy in force
+(``check_against_tenancy``). Admission decides with them; the gateway answers a bad request with the same
+reasons before anything is published."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from gpusched_common import events as ev
+from gpusched_common.ids import is_valid_id
+from gpusched_common.resources import (
+    GPU_MODELS,
+    MAX_COMMAND_BYTES,
+    MAX_CPU_MILLI_PER_NODE,
+    MAX_GANG_NODES,
+    MAX_MEMORY_MIB_PER_NODE,
+    MAX_GPUS_PER_JOB,
+    MAX_PRIORITY,
+    MAX_SUBMISSION_BYTES,
+    canonical_model,
+    model_memory_mib,
+)
+
+from gpusched_core.placement.mig import MIG_FAMILIES
+from gpusched_core.quota import Tenancy
+from gpusched_core.quota.jobs import priority_class_for, queued_job, to_pending
+from gpusched_core.quota.reasons import not_allowed, unknown_tenant
+
+# MIG profiles each MIG-capable model offers (the placement engine's geometry, NVIDIA's names)
+MIG_PROFILES_BY_MODEL = {model: tuple(profiles) for model, profiles in MIG_FAMILIES.items()}
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    max_gpus_per_job: int = MAX_GPUS_PER_JOB
+    max_priority: int = MAX_PRIORITY
+    max_submission_bytes: int = MAX_SUBMISSION_BYTES
+    max_command_bytes: int = MAX_COMMAND_BYTES
+    max_gang_nodes: int = MAX_GANG_NODES
+    max_cpu_milli_per_node: int = MAX_CPU_MILLI_PER_NODE
+    max_memory_mib_per_node: int = MAX_MEMORY_MIB_PER_NODE
+
+
+def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
+    """Every reason the spec breaks a cluster limit, all at once (empty when admissible)."""
+    reasons = []
+    if not is_valid_id(spec.tenant):
+        reasons.append(f"tenant {spec.tenant!r} is not a valid name")
+    if spec.gpus < 1:
+        reasons.append(f"gpus must be at least 1, got {spec.gpus}")
+    elif spec.gpus > limits.max_gpus_per_job:
+        reasons.append(f"gpus {spec.gpus} exceeds the limit of {limits.max_gpus_per_job} GPUs per node")
+    if spec.gpu_model is not None and canonical_model(spec.gpu_model) is None:
+        reasons.append(f"unknown GPU model {spec.gpu_model!r}")
+    reasons.extend(check_shape(spec, limits))
+    if not 0 <= spec.cpu_milli <= limits.max_cpu_milli_per_node:
+        reasons.append(f"cpu_milli {spec.cpu_milli} is outside 0..{limits.max_cpu_milli_per_node} (per node)")
+    if not 0 <= spec.memory_mib <= limits.max_memory_mib_per_node:
+        reasons.append(f"memory_mib {spec.memory_mib} is outside 0..{limits.max_memory_mib_per_node} (per node)")
+    if not 0 <= spec.priority <= limits.max_priority:
+        reasons.append(f"priority {spec.priority} is outside 0..{limits.max_priority}")
+    if not spec.command or not all(spec.command):
+        reasons.append("command is empty")
+    elif sum(len(part.encode()) for part in spec.command) > limits.max_command_bytes:
+        reasons.append(f"command is longer than {limits.max_command_bytes} bytes")
+    return tuple(reasons)
+
+
+def check_shape(spec: ev.JobSpec, limits: AdmissionLimits) -> list[str]:
+    """Gangs, shares and MIG slices: each within its limits, and at most one of them per job."""
+    reasons = []
+    if not 1 <= spec.nodes <= limits.max_gang_nodes:
+        reasons.append(f"nodes {spec.nodes} is outside 1..{limits.max_gang_nodes} (nodes per gang)")
+    fractional = [name for name, value in (("gpu_share", spec.gpu_share), ("mig_profile", spec.mig_profile))
+                  if value is not None]
+    if len(fractional) > 1:
+        reasons.append("a job asks for a gpu_share or a mig_profile, not both")
+    if fractional and (spec.gpus != 1 or spec.nodes != 1):
+        reasons.append(f"a {fractional[0]} is part of one GPU on one node: gpus and nodes must be 1")
+    share = spec.gpu_share
+    if share is not None:
+        if not 0 < share.milli < 1000:
+            reasons.append(f"gpu_share.milli {share.milli} is outside 1..999 (use gpus for whole GPUs)")
+        largest = max(m.memory_mib for m in GPU_MODELS)
+        limit = model_memory_mib(spec.gpu_model) if spec.gpu_model and canonical_model(spec.gpu_model) else largest
+        if not 0 <= share.memory_mib <= limit:
+            reasons.append(f"gpu_share.memory_mib {share.memory_mib} is outside 0..{limit}")
+    if spec.mig_profile is not None:
+        models = [canonical_model(spec.gpu_model)] if spec.gpu_model and canonical_model(spec.gpu_model) else \
+            list(MIG_PROFILES_BY_MODEL)
+        if not any(spec.mig_profile in MIG_PROFILES_BY_MODEL.get(m or "", ()) for m in models):
+            where = f"a {spec.gpu_model}" if spec.gpu_model else "any MIG-capable GPU model"
+            known = sorted({p for m in models for p in MIG_PROFILES_BY_MODEL.get(m or "", ())})
+            reasons.append(f"MIG profile {spec.mig_profile!r} does not exist on {where}"
+                           + (f" (known: {', '.join(known)})" if known else ""))
+    return reasons
+
+
+def error_reasons(exc: Exception) -> tuple[str, ...]:
+    if not isinstance(exc, ValidationError):
+        return (str(exc),)
+    reasons = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "submission"
+        if error["type"] == "extra_forbidden":
+            reasons.append(f"unknown field {where!r}")
+        else:
+            reasons.append(f"{where}: {error['msg']}")
+    return tuple(reasons)
+
+
+
+def check_against_tenancy(job_id: str, spec: ev.JobSpec, tenancy: Tenancy) -> tuple[str, ...]:
+    """Every reason the tenancy refuses the job: unknown tenant, a priority class the tenant may not use,
+    a GPU model with no quota anywhere, a request that cannot be charged (e.g. an unknown MIG shape)."""
+    charged = tenancy.charged_tenant(spec.tenant)
+    tenant = tenancy.tenants.get(charged)
+    if tenant is None or not tenant.is_leaf:
+        return (unknown_tenant(spec.tenant),)
+    reasons = []
+    priority_class = priority_class_for(tenancy, spec.priority)
+    if priority_class not in tenant.priority_classes:
+        reasons.append(not_allowed(spec.tenant, priority_class, tenant.priority_classes))
+    if spec.gpu_model is not None and spec.gpu_model not in tenancy.flavors:
+        reasons.append(f"GPU model {spec.gpu_model} has no quota in the tenancy (flavors: {', '.join(tenancy.flavors)})")
+    else:
+        pending = to_pending(tenancy, queued_job(job_id, spec, 0.0))
+        if isinstance(pending, str):
+            reasons.append(pending)
+    return tuple(reasons)
