@@ -15,6 +15,7 @@ from gpusched_common.ids import is_valid_id
 from gpusched_common.resources import canonical_model
 
 from gpusched_core.quota import Tenancy
+from gpusched_core.rates import Bucket, RateLimit, take
 from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_spec, error_reasons
 
 
@@ -93,30 +94,6 @@ def _oversized(raw: bytes, limits: AdmissionLimits) -> Submission:
         raise Unparseable(f"submission of {len(raw)} bytes exceeds {limits.max_submission_bytes} bytes")
     reason = f"submission is {len(raw)} bytes; the limit is {limits.max_submission_bytes} bytes"
     return Submission(event_id, job_id, None, None, (reason,), tenant if isinstance(tenant, str) else None, None)
-
-
-@dataclass(frozen=True)
-class Bucket:
-    tokens: float
-    updated_at: datetime
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    per_s: float
-    burst: float
-
-
-def take(bucket: Bucket | None, limit: RateLimit, now: datetime) -> tuple[bool, Bucket]:
-    """Refill for the time passed (never beyond the burst), then take one token if there is one."""
-    if bucket is None:
-        tokens = limit.burst
-    else:
-        elapsed = max(0.0, (now - bucket.updated_at).total_seconds())
-        tokens = min(limit.burst, bucket.tokens + elapsed * limit.per_s)
-    if tokens >= 1.0:
-        return True, Bucket(tokens - 1.0, now)
-    return False, Bucket(tokens, now)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from gpusched_common.identity import Verdict
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming, PoisonMessage
 from gpusched_common.store import claim
+from gpusched_common.stores.tenancy import TenancyReader
 
 from gpusched_core import lifecycle
 from services.admission import store
@@ -28,7 +29,6 @@ from services.admission.core import (
     decide_submission,
     parse_submission,
 )
-from services.admission.store import TenancyReader
 
 SERVICE = "admission"
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """All of admission's SQL: authentication failures, the tenants' rate buckets and the request ids that
-make a retried submission create no second job; and the tenancy in force as admission reads it."""
+make a retried submission create no second job (the tenancy in force: ``stores.tenancy.TenancyReader``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from datetime import datetime
 
 import asyncpg
 
-from gpusched_common.stores.tenancy import TenancyStore
-
-from gpusched_core.quota import Tenancy
-from services.admission.core import Bucket, Submission
+from gpusched_core.rates import Bucket
+from services.admission.core import Submission
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +44,3 @@ async def is_repeat(conn: asyncpg.Connection, tenant: str, submission: Submissio
         " ON CONFLICT (tenant, request_id) DO UPDATE SET request_id = EXCLUDED.request_id RETURNING job_id",
         tenant, submission.request_id, submission.job_id)
     return job_id != submission.job_id
-
-
-class TenancyReader:
-    """The newest revision quota installed (``TenancyStore.read``, which parses each revision once), looked
-    up again at most every ``refresh_s`` seconds, so a new revision reaches admission within that time."""
-
-    def __init__(self, refresh_s: float = 1.0) -> None:
-        self.refresh_s = refresh_s
-        self._store = TenancyStore()
-        self._tenancy: Tenancy | None = None
-        self._checked_at: datetime | None = None
-
-    async def current(self, conn: asyncpg.Connection, now: datetime) -> Tenancy | None:
-        """The tenancy in force (None before quota installed one: then quota alone decides)."""
-        if self._checked_at is None or (now - self._checked_at).total_seconds() >= self.refresh_s:
-            self._checked_at = now
-            self._tenancy = await self._store.read(conn)
-        return self._tenancy

@@ -5,30 +5,67 @@ caller that drives the app without a server), nothing at import time."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpusched_common import events as ev
 from gpusched_common.db import create_pool
+from gpusched_common.oidc import OidcConfig, OidcVerifier
+from gpusched_common.producers import read_key_file
+from gpusched_common.stores.tenancy import TenancyReader
+from gpusched_core.rates import RateLimit
 
-from services.gateway import handlers
-from services.gateway.handlers import AuthFailures, Problem, problem_response
+from services.gateway import handlers, submissions
+from services.gateway.auth import AuthFailures, Problem, problem_response
+from services.gateway.publisher import SubmissionPublisher
+from services.gateway.ratelimit import PrincipalLimiter
 from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+def _oidc(settings: GatewaySettings) -> OidcVerifier | None:
+    if not (settings.oidc_issuer and settings.oidc_audience):
+        return None
+    return OidcVerifier(OidcConfig(issuer=settings.oidc_issuer, audience=settings.oidc_audience,
+                                   jwks_url=settings.oidc_jwks_url, subject_claim=settings.oidc_subject_claim,
+                                   tenant_claim=settings.oidc_tenant_claim, role_claim=settings.oidc_role_claim))
+
+
+def _publisher(settings: GatewaySettings) -> SubmissionPublisher:
+    key = None
+    if settings.gateway_producer_key_file is not None:
+        key = read_key_file(settings.gateway_producer_key_file)
+        if key is None:
+            raise ValueError(f"{settings.gateway_producer_key_file} holds no producer key (gsk_...): "
+                             "create one with `gpusched gateway-init` or `gpusched producers create --attests`")
+    else:
+        log.warning("GPUSCHED_GATEWAY_PRODUCER_KEY_FILE is not set: submissions are answered with 503")
+    return SubmissionPublisher(settings, key, timeout_s=settings.gateway_publish_timeout_s)
 
 
 async def open_resources(app: FastAPI) -> None:
     settings: GatewaySettings = app.state.settings
     # its own role where one is set (migration 017: reads only); min_size 0: the gateway starts (and /readyz
     # says 503) while the database is unreachable
+    app.state.publisher = _publisher(settings)
+    app.state.oidc = _oidc(settings)
+    app.state.tenancy = TenancyReader()
     app.state.pool = await create_pool(settings.gateway_database_url or settings.database_url, min_size=0,
                                        max_size=settings.gateway_pool_max_size)
 
 
 async def close_resources(app: FastAPI) -> None:
+    await app.state.publisher.stop()
+    if app.state.oidc is not None:
+        await app.state.oidc.close()
     await app.state.pool.close()
 
 
@@ -43,10 +80,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="gpusched gateway", version="1", lifespan=_lifespan,
-                  description="Read jobs, the queue, tenants' quota and nodes (bearer tokens; RFC 9457 errors).")
+                  description="Submit and read jobs, the queue, tenants' quota and nodes (bearer tokens: API "
+                              "tokens or OIDC JWTs; RFC 9457 errors).")
     app.state.settings = settings
     app.state.auth_failures = AuthFailures()
+    app.state.limiter = PrincipalLimiter({
+        "submit": RateLimit(settings.gateway_submit_rate_per_s, settings.gateway_submit_burst),
+        "read": RateLimit(settings.gateway_read_rate_per_s, settings.gateway_read_burst)})
     app.include_router(handlers.router)
+    app.include_router(submissions.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_invalid)
@@ -55,9 +98,22 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     return app
 
 
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, with the JobSpec the submission routes take (they read the body themselves, to
+    take YAML too) among its components."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        spec = ev.JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(spec.pop("$defs", {}))
+        components["JobSpec"] = spec
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 async def _on_problem(request: Request, exc: Exception) -> object:
     assert isinstance(exc, Problem)
-    return problem_response(exc.status, exc.detail, exc.headers)
+    return problem_response(exc.status, exc.detail, exc.headers, **exc.extensions)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> object:
@@ -97,13 +153,18 @@ class LimitsMiddleware:
                 raise Problem(413, f"request bodies are limited to {self.max_body_bytes} bytes")
             return message
 
+        deadline: asyncio.Timeout | None = None
+
         async def tracking_send(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                if deadline is not None:
+                    deadline.reschedule(None)  # answered in time: a stream (a followed job) may go on
             await send(message)
 
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self.timeout_s) as deadline:
                 await self.app(scope, limited_receive, tracking_send)
         except TimeoutError:
             if not started:

@@ -5,83 +5,25 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from gpusched_common import tokens
 from gpusched_common.stores import jobs as history
 from gpusched_common.stores.cluster import node_inventory
 from gpusched_common.stores.quota import usage_by_flavor
-from gpusched_core.access import Action, Principal, Resource, authorize
+from gpusched_core.access import Action, Resource, authorize
 from gpusched_core.lifecycle import JobStatus
 
 from services.gateway import core, store
+from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
 
 router = APIRouter()
-ACTION_KEY = "x-gpusched-action"
-
-
-class Problem(Exception):
-    """An answer that is a problem detail (``app`` renders it)."""
-
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.detail, self.headers = status, detail, headers or {}
-
-
-class AuthFailures:
-    """Refused credentials by reason, for ``/metrics`` (a registry of this app's own: one count per process)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.counter = Counter("gpusched_gateway_auth_failures", "Requests refused for their credentials.",
-                               ["reason"], registry=self.registry)
-
-    def count(self, reason: str) -> None:
-        self.counter.labels(reason=reason).inc()
-
-    def prometheus(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-def _acts(action: Action) -> dict[str, Any]:
-    return {ACTION_KEY: action.value}
-
-
-def _refuse(request: Request, reason: str, detail: str) -> Problem:
-    request.app.state.auth_failures.count(reason)
-    return Problem(401, detail, {"WWW-Authenticate": 'Bearer realm="gpusched"'})
-
-
-async def authenticate(request: Request) -> Principal:
-    """The principal of the request's bearer token; 401 (counted by reason) otherwise. The token is never
-    logged nor echoed."""
-    header = request.headers.get("authorization")
-    if not header:
-        raise _refuse(request, "missing", "no credentials: send Authorization: Bearer <token>")
-    scheme, _, text = header.partition(" ")
-    if scheme.lower() != "bearer" or not text.strip():
-        raise _refuse(request, "malformed", "the Authorization header is not of the form Bearer <token>")
-    async with request.app.state.pool.acquire() as conn:
-        verified = await tokens.verify(conn, text.strip(), datetime.now(UTC))
-    if isinstance(verified, tokens.TokenRefusal):
-        raise _refuse(request, verified.reason.value, str(verified))
-    return verified
-
-
-Caller = Annotated[Principal, Depends(authenticate)]
-
-
-def _allowed(principal: Principal, action: Action, resource: Resource) -> str | None:
-    """The tenant the request is allowed for (None: cluster-wide); the Decision's status and reason else."""
-    decision = authorize(principal, action, resource)
-    if not decision.allowed:
-        raise Problem(decision.status, decision.reason)
-    return decision.tenant
 
 
 @router.get("/healthz", include_in_schema=False)
@@ -91,12 +33,18 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", include_in_schema=False)
 async def readyz(request: Request) -> dict[str, str]:
+    """Ready when the database answers and the broker does (where this gateway has a producer key)."""
     try:
         async with request.app.state.pool.acquire(timeout=2.0) as conn:
             await store.ping(conn)
     except Exception as exc:  # noqa: BLE001 - whatever keeps the database from answering means not ready
         raise Problem(503, f"the database is not reachable ({type(exc).__name__})") from None
-    return {"status": "ready"}
+    publisher = request.app.state.publisher
+    if publisher.key is not None:
+        broker = await publisher.ready()
+        if broker is not None:
+            raise Problem(503, broker)
+    return {"status": "ready", "submissions": "on" if publisher.key is not None else "off: no producer key"}
 
 
 @router.get("/metrics", include_in_schema=False)
@@ -104,32 +52,37 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.auth_failures.prometheus(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/jobs", openapi_extra=_acts(Action.JOB_LIST))
+@router.get("/v1/jobs", openapi_extra=acts(Action.JOB_LIST))
 async def list_jobs(request: Request, principal: Caller, state: JobStatus | None = None, tenant: str | None = None,
-                    limit: Annotated[int, Query(ge=1, le=500)] = 50, cursor: str | None = None) -> dict[str, Any]:
-    scoped = _allowed(principal, Action.JOB_LIST, Resource.in_tenant(tenant))
+                    name: Annotated[str | None, Query(max_length=128)] = None, since: datetime | None = None,
+                    until: datetime | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                    cursor: str | None = None) -> dict[str, Any]:
+    """Jobs newest first: of a ``state``, a ``tenant`` (the caller's own unless it may see others), a
+    ``name``, submitted ``since``/``until`` (ISO 8601 with a zone); ``next`` is the cursor of the next page."""
+    within_rate(request, principal, "read")
+    scoped = allowed(principal, Action.JOB_LIST, Resource.in_tenant(tenant))
+    for label, at in (("since", since), ("until", until)):
+        if at is not None and at.tzinfo is None:
+            raise Problem(400, f"{label} must carry a time zone (e.g. 2026-12-01T00:00:00Z)")
     try:
         after = core.decode_cursor(cursor) if cursor else None
     except core.BadCursor as exc:
         raise Problem(400, str(exc)) from None
     async with request.app.state.pool.acquire() as conn:
         rows = await store.list_jobs(conn, tenant=scoped, state=state.value if state else None, after=after,
-                                     limit=limit)
+                                     limit=limit, name=name, since=since, until=until)
     page = rows[:limit]
     more = len(rows) > limit
     return {"jobs": [{k: v for k, v in r.items() if k != "sort_at"} for r in page],
             "next": core.encode_cursor(page[-1]["sort_at"], page[-1]["job_id"]) if more else None}
 
 
-@router.get("/v1/jobs/{job_id}", openapi_extra=_acts(Action.JOB_READ))
+@router.get("/v1/jobs/{job_id}", openapi_extra=acts(Action.JOB_READ))
 async def read_job(request: Request, principal: Caller, job_id: str) -> dict[str, Any]:
+    within_rate(request, principal, "read")
     async with request.app.state.pool.acquire() as conn:
-        job = await store.load_job(conn, job_id)
-        # the submitting subject is not recorded yet; reads are judged by tenant only
-        resource = Resource.job(job["tenant"] or "", "") if job is not None else Resource.missing_job()
-        scoped = _allowed(principal, Action.JOB_READ, resource) or None  # a job's own tenant, or any
-        if job is None:  # authorize refuses a missing job already; this only keeps the type checker honest
-            raise Problem(404, authorize(principal, Action.JOB_READ, resource).reason)
+        job = await _visible_job(conn, principal, Action.JOB_READ, job_id)
+        scoped = job["tenant"]
         job["events"] = await history.job_history(conn, job_id)
         if job["state"] in (JobStatus.ADMITTED.value, JobStatus.QUEUED.value):
             waiting = await store.waiting_jobs(conn, scoped, datetime.now(UTC))
@@ -138,31 +91,79 @@ async def read_job(request: Request, principal: Caller, job_id: str) -> dict[str
     return job
 
 
-@router.get("/v1/queue", openapi_extra=_acts(Action.QUEUE_READ))
+async def _visible_job(conn: Any, principal: Any, action: Action, job_id: str) -> dict[str, Any]:
+    """The job's row when the principal may do ``action`` to it; else the Decision's 403/404 (one 404 for
+    another tenant's job and for none: nothing leaks)."""
+    job = await store.load_job(conn, job_id)
+    resource = Resource.job(job["tenant"] or "", job["submitted_by"] or "") if job else Resource.missing_job()
+    allowed(principal, action, resource)
+    if job is None:  # authorize refuses a missing job already; this only keeps the type checker honest
+        raise Problem(404, authorize(principal, action, resource).reason)
+    return job
+
+
+@router.get("/v1/jobs/{job_id}/events", openapi_extra=acts(Action.JOB_EVENTS), response_model=None)
+async def job_events(request: Request, principal: Caller, job_id: str, follow: bool = False,
+                     after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any] | StreamingResponse:
+    """The job's events in order (after version ``after``). ``follow=true``: server-sent events, each
+    event as it is appended (``id`` is its version: a reconnect sends Last-Event-ID), ending after the
+    job's last event (it succeeded, failed, was cancelled or rejected)."""
+    within_rate(request, principal, "read")
+    async with request.app.state.pool.acquire() as conn:
+        await _visible_job(conn, principal, Action.JOB_EVENTS, job_id)
+        if not follow:
+            return {"job_id": job_id, "events": await history.job_history(conn, job_id, after)}
+    resume = request.headers.get("last-event-id", "")
+    start = max(after, int(resume)) if resume.isdigit() else after
+    return StreamingResponse(follow_events(request, job_id, start), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def follow_events(request: Request, job_id: str, after: int) -> AsyncIterator[bytes]:
+    """Read the job's stream again every ``gateway_follow_poll_s`` (by its primary key: cheap) and send
+    what is new; a comment line every 15 s keeps proxies from closing a quiet stream."""
+    settings = request.app.state.settings
+    loop = asyncio.get_running_loop()
+    deadline, quiet_since = loop.time() + settings.gateway_follow_max_s, loop.time()
+    while loop.time() < deadline and not await request.is_disconnected():
+        async with request.app.state.pool.acquire() as conn:
+            events = await history.job_history(conn, job_id, after)
+        for event in events:
+            yield core.sse(event)
+            after = event["version"]
+            if event["type"] in core.LAST_EVENT_TYPES:
+                return
+        if events:
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since > 15:
+            yield b": still following\n\n"
+            quiet_since = loop.time()
+        await asyncio.sleep(settings.gateway_follow_poll_s)
+
+
+@router.get("/v1/queue", openapi_extra=acts(Action.QUEUE_READ))
 async def queue(request: Request, principal: Caller, tenant: str | None = None) -> dict[str, Any]:
-    scoped = _allowed(principal, Action.QUEUE_READ, Resource.in_tenant(tenant))
+    within_rate(request, principal, "read")
+    scoped = allowed(principal, Action.QUEUE_READ, Resource.in_tenant(tenant))
     sees_jobs = authorize(principal, Action.JOB_LIST, Resource.in_tenant(scoped)).allowed
     async with request.app.state.pool.acquire() as conn:
         waiting = await store.waiting_jobs(conn, scoped, datetime.now(UTC))
     return {"tenant": scoped, "jobs": [core.queue_view(w, sees_jobs) for w in waiting]}
 
 
-@router.get("/v1/tenants", openapi_extra=_acts(Action.TENANTS_READ))
+@router.get("/v1/tenants", openapi_extra=acts(Action.TENANTS_READ))
 async def tenants(request: Request, principal: Caller, tenant: str | None = None) -> dict[str, Any]:
-    scoped = _allowed(principal, Action.TENANTS_READ, Resource.in_tenant(tenant))
+    within_rate(request, principal, "read")
+    scoped = allowed(principal, Action.TENANTS_READ, Resource.in_tenant(tenant))
     async with request.app.state.pool.acquire() as conn:
         usage = await usage_by_flavor(conn, scoped)
     return {"tenant": scoped, "usage": [
         {**u, "borrowed_units": core.borrowed_units(u["reserved_units"], u["nominal_units"])} for u in usage]}
 
 
-@router.get("/v1/nodes", openapi_extra=_acts(Action.NODES_READ))
+@router.get("/v1/nodes", openapi_extra=acts(Action.NODES_READ))
 async def nodes(request: Request, principal: Caller) -> dict[str, Any]:
-    _allowed(principal, Action.NODES_READ, Resource.cluster())
+    within_rate(request, principal, "read")
+    allowed(principal, Action.NODES_READ, Resource.cluster())
     async with request.app.state.pool.acquire() as conn:
         return {"nodes": await node_inventory(conn)}
-
-
-def problem_response(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(core.problem(status, detail), status_code=status, headers=headers,
-                        media_type=core.PROBLEM_TYPE)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from gpusched_common.settings import Settings
@@ -23,3 +25,15 @@ class GatewaySettings(Settings):
     oidc_subject_claim: str = "sub"
     oidc_tenant_claim: str = "gpusched_tenant"
     oidc_role_claim: str = "gpusched_role"
+    # the gateway's producer key (gpusched producers create --attests, or gpusched gateway-init): without
+    # one it serves reads and answers submissions with 503
+    gateway_producer_key_file: Path | None = None
+    gateway_publish_timeout_s: float = Field(5.0, gt=0)  # a submission the broker has not acked by then: 503
+    gateway_max_batch: int = Field(1000, ge=1, le=10_000)  # jobs in one POST /v1/jobs:batch
+    # per principal: submissions (a batch costs one per job) and reads, each a token bucket
+    gateway_submit_rate_per_s: float = Field(1000.0, gt=0)
+    gateway_submit_burst: float = Field(20_000.0, ge=1)
+    gateway_read_rate_per_s: float = Field(100.0, gt=0)
+    gateway_read_burst: float = Field(500.0, ge=1)
+    gateway_follow_poll_s: float = Field(0.2, gt=0)  # how often a followed job's stream is read again
+    gateway_follow_max_s: float = Field(3600.0, gt=0)  # a follow ends after this (the client reconnects)

@@ -11,8 +11,8 @@ import asyncpg
 
 from gpusched_common.stores import jobs
 
-_JOB_COLUMNS = ("job_id, tenant, status AS state, gpus, gpu_model, priority, node_id, gpu_indices, exit_code, reasons,"
-                " submitted_at, admitted_at, queued_at, placed_at, started_at, finished_at")
+_JOB_COLUMNS = ("job_id, name, tenant, status AS state, gpus, gpu_model, priority, node_id, gpu_indices, exit_code,"
+                " reasons, submitted_by, submitted_at, admitted_at, queued_at, placed_at, started_at, finished_at")
 _SORT_AT = "coalesce(submitted_at, 'epoch'::timestamptz)"  # a job not yet submitted sorts oldest
 
 
@@ -21,17 +21,27 @@ async def ping(conn: asyncpg.Connection) -> None:
 
 
 async def list_jobs(conn: asyncpg.Connection, *, tenant: str | None, state: str | None,
-                    after: tuple[datetime, str] | None, limit: int) -> list[dict[str, Any]]:
-    """Jobs newest first by ``(submitted_at, job_id)``, after the cursor ``after``; one more than ``limit``
-    tells the caller whether another page follows."""
+                    after: tuple[datetime, str] | None, limit: int, name: str | None = None,
+                    since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
+    """Jobs newest first by ``(submitted_at, job_id)``, after the cursor ``after``, of that ``name`` and
+    submitted in ``[since, until)`` when given; one more than ``limit`` tells the caller whether another
+    page follows."""
     after_at, after_id = after if after else (None, None)
     rows = await conn.fetch(
         f"SELECT {_JOB_COLUMNS}, {_SORT_AT} AS sort_at FROM jobs"
         " WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR status = $2)"
         f" AND ($3::timestamptz IS NULL OR ({_SORT_AT}, job_id) < ($3, $4::text))"
+        " AND ($6::text IS NULL OR name = $6) AND ($7::timestamptz IS NULL OR submitted_at >= $7)"
+        " AND ($8::timestamptz IS NULL OR submitted_at < $8)"
         f" ORDER BY {_SORT_AT} DESC, job_id DESC LIMIT $5",
-        tenant, state, after_at, after_id, limit + 1)
+        tenant, state, after_at, after_id, limit + 1, name, since, until)
     return [dict(r) for r in rows]
+
+
+async def job_states(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, str]:
+    """The state of each of these jobs that exists (a retried submission answers with it)."""
+    rows = await conn.fetch("SELECT job_id, status FROM jobs WHERE job_id = ANY($1::text[])", job_ids)
+    return {r["job_id"]: r["status"] for r in rows}
 
 
 async def load_job(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | None:

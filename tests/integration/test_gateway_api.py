@@ -21,7 +21,8 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import lifecycle
 from gpusched_core import placement as engine
 from gpusched_core.access import RULES, Action, Role, Scope
-from services.gateway import handlers
+from services.gateway import handlers, submissions
+from services.gateway.auth import ACTION_KEY
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
 from services.placement.handlers import process
@@ -88,7 +89,7 @@ def assert_problem(response: httpx.Response, status: int) -> dict:
 async def test_health_readiness_and_the_documents_need_no_token(gateway):
     client, _, _ = gateway
     assert (await client.get("/healthz")).status_code == 200
-    assert (await client.get("/readyz")).json() == {"status": "ready"}
+    assert (await client.get("/readyz")).json() == {"status": "ready", "submissions": "off: no producer key"}
     assert "/v1/jobs" in (await client.get("/openapi.json")).json()["paths"]
     assert (await client.get("/docs")).status_code == 200
 
@@ -157,12 +158,21 @@ async def test_pagination_returns_every_job_exactly_once_newest_first(gateway):
     assert filtered["jobs"] == []
 
 
+ROUTERS = (handlers.router, submissions.router)
+
+
 def routes() -> list[tuple[str, Action]]:
-    """Every /v1 route with the action it names: a route without one fails here."""
-    found = [(r.path, Action(r.openapi_extra[handlers.ACTION_KEY]))
-             for r in handlers.router.routes if r.path.startswith("/v1")]
-    assert {r.path for r in handlers.router.routes if r.path.startswith("/v1")} == {p for p, _ in found}
-    return found
+    """Every /v1 GET route with the action it names: a route without one fails here (the POST routes:
+    ``post_routes``)."""
+    v1 = [r for router in ROUTERS for r in router.routes if r.path.startswith("/v1")]
+    assert all(ACTION_KEY in (r.openapi_extra or {}) for r in v1), [r.path for r in v1]
+    assert {m for r in v1 for m in r.methods} == {"GET", "POST"}  # a new method needs its own matrix below
+    return [(r.path, Action(r.openapi_extra[ACTION_KEY])) for r in v1 if "GET" in r.methods]
+
+
+def post_routes() -> list[tuple[str, Action]]:
+    v1 = [r for router in ROUTERS for r in router.routes if r.path.startswith("/v1")]
+    return [(r.path, Action(r.openapi_extra[ACTION_KEY])) for r in v1 if "POST" in r.methods]
 
 
 ROLES = {"user": Role.USER, "tenant-admin": Role.TENANT_ADMIN, "viewer": Role.VIEWER, "operator": Role.OPERATOR}
@@ -199,6 +209,32 @@ async def test_every_route_answers_every_role_as_the_rule_table_says(gateway):
                     assert f"role {role}" in assert_problem(response, want)["detail"]
                 cells += 1
     assert cells == len(routes()) * len(ROLES) * 2
+
+
+async def test_every_submission_route_answers_every_role_as_the_rule_table_says(gateway):
+    """Authorization of the POST routes, before anything is published: this fixture's gateway has no
+    producer key, so an allowed submission ends in 503 (test_gateway_submit.py submits for real)."""
+    client, _, names = gateway
+    cells = 0
+    for path, action in post_routes():
+        for name, role in ROLES.items():
+            for own in (True, False):
+                spec = {"tenant": "a" if own else "b", "gpus": 1, "command": ["true"]}
+                body = {"jobs": [spec]} if path.endswith(":batch") else spec
+                response = await client.post(path, headers=bearer(names[name]), json=body)
+                scope = RULES[(role, action)]
+                if scope is Scope.NONE:
+                    assert f"role {role}" in assert_problem(response, 403)["detail"]
+                elif own or scope is Scope.ANY:
+                    assert "no producer credential" in assert_problem(response, 503)["detail"], (path, name)
+                elif path.endswith(":batch"):  # judged job by job: this one refused, with why
+                    assert response.status_code == 200, response.text
+                    [result] = response.json()["results"]
+                    assert result["status"] == 403 and f"role {role}" in result["reasons"][0]
+                else:
+                    assert f"role {role}" in assert_problem(response, 403)["detail"]
+                cells += 1
+    assert cells == len(post_routes()) * len(ROLES) * 2
 
 
 async def test_a_viewer_sees_the_queue_as_ids_and_positions_only(gateway):

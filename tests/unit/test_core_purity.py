@@ -26,6 +26,7 @@ MODULES = sorted([*CORE.rglob("*.py"), *(COMMON / "events").rglob("*.py"), COMMO
 ALLOWED = {"__future__", "collections", "dataclasses", "enum", "functools", "heapq", "itertools", "math",
            "operator", "re", "types", "typing", "zlib", "numpy", "pydantic", "yaml", "gpusched_core",
            "bisect", "statistics", "abc", "datetime", "decimal", "fractions", "string", "textwrap", "json",
+           "hashlib",  # deterministic digests (a job id derived from an idempotency key)
            *CONTRACT}
 # calls that read the clock, a random source or the environment
 FORBIDDEN_CALLS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"), ("datetime", "now"),

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpusched_common.credentials import KEY_ID_HEADER, SIGNATURE_HEADER, TenantKey, key_for, sign, signed_headers, verify
 from services.admission.core import check_identity
-from services.admission.core import RateLimit, take
+from gpusched_core.rates import RateLimit, take
 from tests.builders import T0
 
 KEYS = {"a1": TenantKey("a1", "team-a", b"s" * 32), "op": TenantKey("op", "*", b"o" * 32)}

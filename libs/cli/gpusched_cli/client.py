@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import uuid
-from datetime import datetime, timezone
-
 from faststream.kafka import KafkaBroker
 from opentelemetry import trace
 
 from gpusched_common import events as ev
 from gpusched_common.credentials import key_for, load_keys, signed_headers
-from gpusched_common.ids import job_stream
+from gpusched_common.ids import job_id_for_request
+from gpusched_common.jobs import new_job_id, submission_bytes
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.settings import Settings
 from gpusched_common.topics import JOBS_SUBMITTED
 from gpusched_common.tracing import current_traceparent, tracer
-
-
-def new_job_id() -> str:
-    return f"j-{uuid.uuid4().hex[:16]}"
-
-
-def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None = None,
-                     now: datetime | None = None, request_id: str | None = None) -> bytes:
-    now = now or datetime.now(timezone.utc)
-    payload = ev.JobSubmitted(job_id=job_id, spec=spec, submitted_at=now, request_id=request_id)
-    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(job_id), occurred_at=now,
-                                producer="client", tenant=spec.tenant, traceparent=traceparent)
-    return envelope.model_dump_json().encode()
-
-
-def job_id_for_request(tenant: str, request_id: str) -> str:
-    """A repeated request (same tenant and request id) names the same job."""
-    return "j-" + hashlib.sha256(f"{tenant}\0{request_id}".encode()).hexdigest()[:16]
 
 
 class Client:

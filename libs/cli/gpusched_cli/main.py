@@ -12,6 +12,7 @@ from gpusched_cli.logs import add_logs_parser
 from gpusched_cli.ops_commands import add_ops_parsers
 from gpusched_cli.stack_commands import add_stack_parsers, add_workload_parsers
 from gpusched_cli.producers import add_producers_parser
+from gpusched_cli.provision import add_provision_parsers
 from gpusched_cli.tenants import add_tenants_parser
 from gpusched_cli.tokens import add_tokens_parser
 from gpusched_simulation.placement.cli import add_simulate_parser, run_simulate
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tenants_parser(sub)
     add_tokens_parser(sub)
     add_producers_parser(sub)
+    add_provision_parsers(sub)
     add_simulate_queue_parser(sub)
     add_simulate_preemption_parser(sub)
     add_simulate_parser(sub)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import NewType
 
@@ -18,3 +19,8 @@ def is_valid_id(value: str) -> bool:
 
 def job_stream(job_id: str) -> StreamId:
     return StreamId(f"job-{job_id}")
+
+
+def job_id_for_request(tenant: str, request_id: str) -> str:
+    """A repeated request (same tenant and request id) names the same job."""
+    return "j-" + hashlib.sha256(f"{tenant}\0{request_id}".encode()).hexdigest()[:16]

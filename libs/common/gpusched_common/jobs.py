@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timezone
 
 import asyncpg
 from opentelemetry import trace
@@ -16,6 +16,23 @@ from gpusched_core.lifecycle import JobState, JobStatus, evolve
 from gpusched_common.ids import job_stream
 from gpusched_common.topics import JOBS_EVENTS
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
+
+
+def new_job_id() -> str:
+    """A fresh job id (random): for a submission that names none and carries no idempotency key."""
+    return f"j-{uuid.uuid4().hex[:16]}"
+
+
+def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None = None, now: datetime | None = None,
+                     request_id: str | None = None, producer: str = "client", submitted_by: str | None = None) -> bytes:
+    """A ``JobSubmitted`` envelope as it goes on ``gpusched.jobs.submitted`` (``submitted_by``: the subject
+    a producer that may attest names; admission ignores it from any other)."""
+    now = now or datetime.now(timezone.utc)
+    payload = ev.JobSubmitted(job_id=job_id, spec=spec, submitted_at=now, request_id=request_id,
+                              submitted_by=submitted_by)
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(job_id), occurred_at=now,
+                                producer=producer, tenant=spec.tenant, traceparent=traceparent)
+    return envelope.model_dump_json().encode()
 
 
 async def load_job(conn: asyncpg.Connection, job_id: str) -> JobState:

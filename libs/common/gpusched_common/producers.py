@@ -21,6 +21,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 import asyncpg
 from cryptography.exceptions import InvalidSignature
@@ -45,6 +46,9 @@ class ProducerKey:
 
     producer_id: str
     private: Ed25519PrivateKey = field(repr=False)
+
+    def public_key(self) -> bytes:
+        return self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
     def headers(self, value: bytes) -> dict[str, str]:
         """The two headers that authenticate ``value`` as this producer's."""
@@ -191,6 +195,40 @@ async def verify(conn: asyncpg.Connection, headers: dict[str, str], value: bytes
     record = await load(conn, producer_id)
     signed = record is not None and signature_holds(record, signature, value)
     return judge(producer_id, record, signed, tenant, attested)
+
+
+def read_key_file(path: Path) -> ProducerKey | None:
+    """The key in ``path`` (None: no file, or not a producer key)."""
+    try:
+        return parse_key(path.read_text())
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+
+
+async def ensure(conn: asyncpg.Connection, key_file: Path, *, name: str, tenants: tuple[str, ...], attests: bool,
+                 created_by: str, now: datetime) -> ProducerKey:
+    """The producer whose key ``key_file`` holds, while it is stored and unrevoked; else a new producer
+    (a stale one of that name is revoked and renamed aside) whose key is written to ``key_file`` (mode
+    0600). Safe on every start: how a stack provisions the gateway's own producer."""
+    key = read_key_file(key_file)
+    record = await load(conn, key.producer_id) if key is not None else None
+    if key is not None and record is not None and record.info.revoked_at is None and record.info.name == name \
+            and key.public_key() == record.public_key:
+        return key
+    stale = await conn.fetchval("SELECT producer_id FROM producers WHERE name = $1", name)
+    if stale is not None:
+        await conn.execute("UPDATE producers SET revoked_at = coalesce(revoked_at, $2), name = name || '.' || $1"
+                           " WHERE producer_id = $1", stale, now)
+    text, _ = await create(conn, name=name, tenants=tenants, attests=attests, created_by=created_by, now=now)
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    partial = key_file.with_suffix(".partial")
+    partial.touch(mode=0o600)
+    partial.chmod(0o600)
+    partial.write_text(text + "\n")
+    partial.replace(key_file)
+    new = parse_key(text)
+    assert new is not None
+    return new
 
 
 def _info(row: asyncpg.Record) -> ProducerInfo:

@@ -69,8 +69,10 @@ async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int
     return stamped
 
 
-async def load(conn: asyncpg.Connection, stream_id: str) -> list[StoredEvent]:
-    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 ORDER BY version", stream_id)
+async def load(conn: asyncpg.Connection, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
+    """The stream's events in order, those after ``after_version`` (0: all)."""
+    rows = await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND version > $2 ORDER BY version",
+                            stream_id, after_version)
     return [_stored(r) for r in rows]
 
 

@@ -18,11 +18,12 @@ from gpusched_common.stores.quota import quota_queue
 from gpusched_core.placement.cycle import order_pending
 
 
-async def job_history(conn: asyncpg.Connection, job_id: str) -> list[dict[str, Any]]:
-    """The job's events in stream order: version, type, producer, when, payload."""
+async def job_history(conn: asyncpg.Connection, job_id: str, after_version: int = 0) -> list[dict[str, Any]]:
+    """The job's events in stream order (those after ``after_version``): version, type, producer, when,
+    payload."""
     return [{"version": e.envelope.stream_version, "type": e.envelope.type, "producer": e.envelope.producer,
              "occurred_at": e.envelope.occurred_at, "payload": e.envelope.payload}
-            for e in await store.load(conn, job_stream(job_id))]
+            for e in await store.load(conn, job_stream(job_id), after_version)]
 
 
 @dataclass(frozen=True)

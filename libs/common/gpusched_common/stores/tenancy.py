@@ -9,6 +9,8 @@ middle of a decision: every quota process decides with the revision in force, an
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 
 from gpusched_core.quota import Tenancy, load_tenancy
@@ -64,3 +66,21 @@ async def tenancy_overview(conn: asyncpg.Connection) -> dict:
                                 " ORDER BY rejected_at DESC LIMIT 5")
     return {"revision": dict(current) if current else None, "usage": [dict(r) for r in usage],
             "rejections": [dict(r) for r in rejected]}
+
+
+class TenancyReader:
+    """The newest revision quota installed (``TenancyStore.read``, which parses each revision once), looked
+    up again at most every ``refresh_s`` seconds, so a new revision reaches its reader (admission, the gateway) within that time."""
+
+    def __init__(self, refresh_s: float = 1.0) -> None:
+        self.refresh_s = refresh_s
+        self._store = TenancyStore()
+        self._tenancy: Tenancy | None = None
+        self._checked_at: datetime | None = None
+
+    async def current(self, conn: asyncpg.Connection, now: datetime) -> Tenancy | None:
+        """The tenancy in force (None before quota installed one: then quota alone decides)."""
+        if self._checked_at is None or (now - self._checked_at).total_seconds() >= self.refresh_s:
+            self._checked_at = now
+            self._tenancy = await self._store.read(conn)
+        return self._tenancy

@@ -24,8 +24,8 @@ Typical use, in a route (the shell loads the job; the core decides)::
 """
 
 from .actions import Action, Resource, Target, all_actions
-from .authorize import RULES, Decision, Scope, authorize
+from .authorize import RULES, Decision, Scope, authorize, never
 from .principal import Principal, Role
 
 __all__ = ["RULES", "Action", "Decision", "Principal", "Resource", "Role", "Scope", "Target", "all_actions",
-           "authorize"]
+           "authorize", "never"]

@@ -95,6 +95,14 @@ def authorize(principal: Principal, action: Action, resource: Resource) -> Decis
     return _tenant(principal, action, scope, resource)
 
 
+def never(principal: Principal, action: Action) -> Decision | None:
+    """The 403 of a role that never has ``action`` (scope ``none``), before anything is loaded; None when
+    it may, for some resource (a batch is refused whole by this, then judged job by job)."""
+    if RULES.get((principal.role, action), Scope.NONE) is Scope.NONE:
+        return _deny(403, f"role {principal.role} may not {action.phrase} ({action})")
+    return None
+
+
 def _covers(scope: Scope, principal: Principal, resource: Resource) -> bool:
     if scope is Scope.ANY:
         return True

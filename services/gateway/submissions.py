@@ -1,0 +1,166 @@
+"""The gateway's submission routes: ``POST /v1/jobs`` (a JobSpec as JSON, or a pod spec as YAML) and
+``POST /v1/jobs:batch`` (many JobSpecs in one request). Each job: the tenant from the caller's identity
+(``gpusched_core.access``), the same checks admission makes (``gpusched_core.submission``: every reason, as
+a 422), an id derived from the Idempotency-Key when one is sent (a retry creates no second job), then
+published signed as the gateway's producer, attesting the caller; the answer waits for the broker's ack.
+Admission still decides: ``state`` is ``Submitted`` until it has."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse
+from opentelemetry import trace
+
+from gpusched_common import events as ev
+from gpusched_common.jobs import new_job_id, submission_bytes
+from gpusched_common.tracing import current_traceparent, tracer
+from gpusched_core.access import Action, Decision, Principal, Resource, authorize, never
+from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_spec
+
+from services.gateway import core, store
+from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
+from services.gateway.publisher import NotPublished
+
+router = APIRouter()
+LIMITS = AdmissionLimits()
+SUBMITTED = "Submitted"  # accepted onto the bus; admission has not decided yet
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+
+
+def _job_body(job_id: str, tenant: str, state: str, replayed: bool) -> dict[str, Any]:
+    return {"job_id": job_id, "tenant": tenant, "state": state, "replayed": replayed}
+
+
+async def _checked(request: Request, spec: ev.JobSpec, job_id: str) -> tuple[str, ...]:
+    """Every reason admission would refuse ``spec`` for: the cluster's limits, then the tenancy in force."""
+    reasons = check_spec(spec, LIMITS)
+    if reasons:
+        return reasons
+    async with request.app.state.pool.acquire() as conn:
+        tenancy = await request.app.state.tenancy.current(conn, datetime.now(UTC))
+    return check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
+
+
+def _record(spec: ev.JobSpec, job_id: str, request_id: str | None, principal: Principal) -> tuple[str, bytes, str | None]:
+    traceparent = current_traceparent()
+    value = submission_bytes(spec, job_id, traceparent=traceparent, request_id=request_id, producer="gateway",
+                             submitted_by=principal.subject)
+    return job_id, value, traceparent
+
+
+async def _publish(request: Request, records: list[tuple[str, bytes, str | None]]) -> None:
+    try:
+        await request.app.state.publisher.publish(records)
+    except NotPublished as exc:
+        raise Problem(503, f"the submission was not accepted: {exc}; retry (with the same Idempotency-Key)",
+                      {"Retry-After": "1"}) from None
+
+
+@router.post("/v1/jobs", status_code=201, openapi_extra={
+    **acts(Action.JOB_SUBMIT),
+    "requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+        "application/yaml": {"schema": {"type": "string", "description": "a Kubernetes pod spec"}}}}})
+async def submit_job(request: Request, principal: Caller, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Submit one job. The tenant may be omitted by a caller bound to one; naming another is 403."""
+    within_rate(request, principal, "submit")
+    if idempotency_key is not None and not core.valid_idempotency_key(idempotency_key):
+        raise Problem(400, "the Idempotency-Key must be 1-100 letters, digits and ._:- starting with a letter or digit")
+    try:
+        kind, doc = core.job_document(request.headers.get("content-type"), await request.body())
+        tenant = allowed(principal, Action.JOB_SUBMIT, Resource.in_tenant(core.named_tenant(kind, doc)))
+        assert tenant is not None  # a submission is always for one tenant
+        spec = core.build_spec(kind, doc, tenant)
+    except core.BadBody as exc:
+        raise Problem(exc.status, str(exc), reasons=list(exc.reasons)) from None
+    derived, request_id = core.request_ids(tenant, idempotency_key)
+    job_id = derived or new_job_id()
+    if derived is not None:
+        async with request.app.state.pool.acquire() as conn:
+            existing = await store.job_states(conn, [job_id])
+        if job_id in existing:
+            return JSONResponse(_job_body(job_id, tenant, existing[job_id], True), status_code=200)
+    reasons = await _checked(request, spec, job_id)
+    if reasons:
+        raise Problem(422, "; ".join(reasons), reasons=list(reasons))
+    with tracer().start_as_current_span("gateway submit", kind=trace.SpanKind.PRODUCER, attributes={
+            "gpusched.job_id": job_id, "gpusched.tenant": tenant}):
+        await _publish(request, [_record(spec, job_id, request_id, principal)])
+    return JSONResponse(_job_body(job_id, tenant, SUBMITTED, False), status_code=201,
+                        headers={"Location": f"/v1/jobs/{job_id}"})
+
+
+@router.post("/v1/jobs:batch", openapi_extra={
+    **acts(Action.JOB_SUBMIT),
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["jobs"],
+        "properties": {"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobSpec"}}}}}}}})
+async def submit_batch(request: Request, principal: Caller, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+    """Submit many jobs in one request. Each is judged alone: ``results`` says, in order, each job's id and
+    state, or its status and reasons; the valid ones are published even when others are refused."""
+    refused = never(principal, Action.JOB_SUBMIT)
+    if refused is not None:
+        raise Problem(refused.status, refused.reason)
+    if idempotency_key is not None and not core.valid_idempotency_key(idempotency_key):
+        raise Problem(400, "the Idempotency-Key must be 1-100 letters, digits and ._:- starting with a letter or digit")
+    try:
+        kind, doc = core.job_document(request.headers.get("content-type"), await request.body())
+    except core.BadBody as exc:
+        raise Problem(exc.status, str(exc), reasons=list(exc.reasons)) from None
+    items = doc.get("jobs") if kind == "json" else None
+    if not isinstance(items, list) or not items:
+        raise Problem(422, 'a batch is a JSON object {"jobs": [JobSpec, ...]} with at least one job')
+    if len(items) > request.app.state.settings.gateway_max_batch:
+        raise Problem(413, f"a batch holds at most {request.app.state.settings.gateway_max_batch} jobs, got {len(items)}")
+    within_rate(request, principal, "submit", cost=len(items))
+    results: list[dict[str, Any]] = []
+    accepted: list[tuple[int, ev.JobSpec, str, str | None]] = []
+    for index, item in enumerate(items):
+        outcome = _batch_item(principal, index, item, idempotency_key)
+        if isinstance(outcome, dict):
+            results.append(outcome)
+        else:
+            results.append({})
+            accepted.append(outcome)
+    async with request.app.state.pool.acquire() as conn:
+        existing = await store.job_states(conn, [job_id for _, _, job_id, _ in accepted])
+        tenancy = await request.app.state.tenancy.current(conn, datetime.now(UTC))
+    records = []
+    with tracer().start_as_current_span("gateway submit batch", kind=trace.SpanKind.PRODUCER,
+                                        attributes={"gpusched.jobs": len(accepted)}):
+        for index, spec, job_id, request_id in accepted:
+            if job_id in existing:
+                results[index] = {"index": index, **_job_body(job_id, spec.tenant, existing[job_id], True)}
+                continue
+            reasons = check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
+            if reasons:
+                results[index] = {"index": index, "status": 422, "reasons": list(reasons)}
+                continue
+            records.append(_record(spec, job_id, request_id, principal))
+            results[index] = {"index": index, **_job_body(job_id, spec.tenant, SUBMITTED, False)}
+        if records:
+            await _publish(request, records)
+    return {"accepted": sum(1 for r in results if "job_id" in r), "refused": sum(1 for r in results if "status" in r),
+            "results": results}
+
+
+def _batch_item(principal: Principal, index: int, item: Any,
+                idempotency_key: str | None) -> dict[str, Any] | tuple[int, ev.JobSpec, str, str | None]:
+    """One job of a batch: (index, spec, job id, request id), or its refusal as a result entry."""
+    if not isinstance(item, dict):
+        return {"index": index, "status": 422, "reasons": ["a job is a JSON object (a JobSpec)"]}
+    decision: Decision = authorize(principal, Action.JOB_SUBMIT, Resource.in_tenant(core.named_tenant("json", item)))
+    if not decision.allowed or decision.tenant is None:
+        return {"index": index, "status": decision.status, "reasons": [decision.reason]}
+    try:
+        spec = core.build_spec("json", item, decision.tenant)
+    except core.BadBody as exc:
+        return {"index": index, "status": exc.status, "reasons": list(exc.reasons)}
+    reasons = check_spec(spec, LIMITS)
+    if reasons:
+        return {"index": index, "status": 422, "reasons": list(reasons)}
+    derived, request_id = core.request_ids(decision.tenant, idempotency_key, index)
+    return index, spec, derived or new_job_id(), request_id
