@@ -26,6 +26,12 @@ from gpusched_common.settings import Settings
 
 from services.node_agent.settings import AgentSettings
 
+# A stack a test starts writes its client config (server and an operator token) here, never into the
+# home directory of whoever runs the suite; GPUSCHED_SERVER/TOKEN from the caller's shell are not used.
+os.environ["GPUSCHED_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="gpusched-test-config-")) / "config.yaml")
+for _name in ("GPUSCHED_SERVER", "GPUSCHED_TOKEN"):
+    os.environ.pop(_name, None)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--broker", choices=(*BROKER_KINDS, "both"),

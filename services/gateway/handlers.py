@@ -109,6 +109,8 @@ async def job_events(request: Request, principal: Caller, job_id: str, follow: b
     event as it is appended (``id`` is its version: a reconnect sends Last-Event-ID), ending after the
     job's last event (it succeeded, failed, was cancelled or rejected)."""
     within_rate(request, principal, "read")
+    if follow:  # a job followed right after its submission appears once admission has recorded it
+        await _appeared(request, job_id)
     async with request.app.state.pool.acquire() as conn:
         await _visible_job(conn, principal, Action.JOB_EVENTS, job_id)
         if not follow:
@@ -117,6 +119,17 @@ async def job_events(request: Request, principal: Caller, job_id: str, follow: b
     start = max(after, int(resume)) if resume.isdigit() else after
     return StreamingResponse(follow_events(request, job_id, start), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _appeared(request: Request, job_id: str) -> None:
+    """Wait up to ``gateway_follow_wait_s`` for the job's row (the caller is judged after, whatever came)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.app.state.settings.gateway_follow_wait_s
+    while True:
+        async with request.app.state.pool.acquire() as conn:
+            if await store.job_states(conn, [job_id]) or loop.time() >= deadline:
+                return
+        await asyncio.sleep(0.1)
 
 
 async def follow_events(request: Request, job_id: str, after: int) -> AsyncIterator[bytes]:
@@ -157,7 +170,8 @@ async def tenants(request: Request, principal: Caller, tenant: str | None = None
     scoped = allowed(principal, Action.TENANTS_READ, Resource.in_tenant(tenant))
     async with request.app.state.pool.acquire() as conn:
         usage = await usage_by_flavor(conn, scoped)
-    return {"tenant": scoped, "usage": [
+        tenancy = await request.app.state.tenancy.current(conn, datetime.now(UTC))
+    return {"tenant": scoped, "revision": tenancy.revision if tenancy is not None else None, "usage": [
         {**u, "borrowed_units": core.borrowed_units(u["reserved_units"], u["nominal_units"])} for u in usage]}
 
 

@@ -36,4 +36,5 @@ class GatewaySettings(Settings):
     gateway_read_rate_per_s: float = Field(100.0, gt=0)
     gateway_read_burst: float = Field(500.0, ge=1)
     gateway_follow_poll_s: float = Field(0.2, gt=0)  # how often a followed job's stream is read again
+    gateway_follow_wait_s: float = Field(5.0, ge=0)  # a followed job not yet recorded: wait this long for it
     gateway_follow_max_s: float = Field(3600.0, gt=0)  # a follow ends after this (the client reconnects)

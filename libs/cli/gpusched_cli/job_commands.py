@@ -1,27 +1,26 @@
-"""`gpusched submit | jobs | queue | job`: submit a job and read where jobs stand."""
+"""`gpusched submit | jobs | job | queue | nodes`: submit jobs and read where they stand, through the gateway
+(``gpusched.Client``; the server and token come from GPUSCHED_SERVER/GPUSCHED_TOKEN or the config file
+that `gpusched up` writes). None of these commands holds a database or broker credential."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from pydantic import ValidationError
+import yaml
 
-from gpusched_common import events as ev
-from gpusched_common.db import connect
-from gpusched_common.settings import Settings
+from gpusched import ApiError, Client, NoServer
 from gpusched_common.table import render
-
-from gpusched_cli import stack
+from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
 
 
 def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="submit a job: flags and `-- command...`, or -f pod.yaml")
-    p.add_argument("--tenant")
+    p.add_argument("--tenant", help="the tenant to submit for (default: the one your token is bound to)")
     p.add_argument("--gpus", type=int, default=1, help="whole GPUs (per node for a gang)")
     p.add_argument("--gpu-model")
     p.add_argument("--nodes", type=int, default=1, help="a gang: this many nodes of --gpus each, all or nothing")
@@ -38,9 +37,12 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("jobs", help="list jobs")
+    p = sub.add_parser("jobs", help="list jobs (newest first)")
     p.add_argument("--state")
     p.add_argument("--tenant")
+    p.add_argument("--name")
+    p.add_argument("--since", help="submitted at or after (ISO 8601 with a zone, e.g. 2026-12-01T00:00:00Z)")
+    p.add_argument("--until", help="submitted before (ISO 8601 with a zone)")
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs)
@@ -52,122 +54,148 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("job", help="a job's state and event history")
     p.add_argument("job_id")
+    p.add_argument("--follow", action="store_true", help="print its events as they happen, until it ends")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_job)
 
-
-def _settings() -> Settings:
-    """Settings from the environment, pointed at the local stack when one is up and nothing is set."""
-    state = stack.load()
-    if state is not None:
-        os.environ.setdefault("GPUSCHED_DATABASE_URL", state.database_url)
-        os.environ.setdefault("GPUSCHED_KAFKA_BOOTSTRAP", state.kafka_bootstrap)
-        if "GPUSCHED_TENANT_KEYS_FILE" in state.env:
-            os.environ.setdefault("GPUSCHED_TENANT_KEYS_FILE", state.env["GPUSCHED_TENANT_KEYS_FILE"])
-    return Settings()
+    p = sub.add_parser("nodes", help="nodes: GPUs, health, allocations, lease")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_nodes)
 
 
 def _print(data: object, as_json: bool, text: str) -> None:
     print(json.dumps(data, indent=2, default=str) if as_json else text)
 
 
-def _print(data: object, as_json: bool, text: str) -> None:
-    print(json.dumps(data, indent=2, default=str) if as_json else text)
+def through_gateway(command: str, work: Callable[[Client], int]) -> int:
+    """Run ``work`` with a client of the configured gateway; its refusals become a message (and every
+    reason), not a traceback: exit 1, or 2 for a request the gateway calls invalid."""
+    try:
+        with Client.from_config() as client:
+            return work(client)
+    except NoServer as exc:
+        print(f"gpusched {command}: {exc}", file=sys.stderr)
+        return 2
+    except ApiError as exc:
+        print(f"gpusched {command}: {exc.detail}" + (f" (HTTP {exc.status})" if exc.status else ""), file=sys.stderr)
+        for reason in exc.reasons if len(exc.reasons) > 1 else []:
+            print(f"  - {reason}", file=sys.stderr)
+        return 2 if exc.status in (400, 413, 415, 422) else 1
 
 
-def build_spec(args: argparse.Namespace) -> ev.JobSpec:
-    from gpusched_core.podspec import cpu_milli, memory_mib, spec_from_pod_yaml
-
+def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
+    """("yaml", pod spec text) or ("json", a JobSpec as a dict) from the flags; ValueError when they
+    cannot make one. The gateway checks the rest (and says why)."""
     if args.file:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        return spec_from_pod_yaml(text, tenant=args.tenant, priority=args.priority)
+        if args.tenant is None and args.priority is None:
+            return "yaml", text
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{args.file}: not valid YAML: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{args.file}: a pod spec must be a YAML mapping")
+        if args.tenant is not None:
+            doc.setdefault("metadata", {})["namespace"] = args.tenant
+        if args.priority is not None:
+            doc.setdefault("spec", {})["priority"] = args.priority
+        return "yaml", yaml.safe_dump(doc, sort_keys=False)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not args.tenant:
-        raise ValueError("--tenant is required")
-    share = None
-    if args.gpu_share is not None:
-        share = ev.GpuShareSpec(milli=round(args.gpu_share * 1000), memory_mib=args.gpu_memory_mib or 0)
-    elif args.gpu_memory_mib is not None:
+    if not command:
+        raise ValueError("give the command after --, e.g. gpusched submit --gpus 1 -- python train.py")
+    if args.gpu_memory_mib is not None and args.gpu_share is None:
         raise ValueError("--gpu-memory-mib goes with --gpu-share")
-    return ev.JobSpec(tenant=args.tenant, gpus=args.gpus, gpu_model=args.gpu_model, priority=args.priority or 0,
-                      command=command, name=args.name, nodes=args.nodes, gpu_share=share, mig_profile=args.mig,
-                      cpu_milli=cpu_milli(args.cpu) if args.cpu is not None else 0,
-                      memory_mib=memory_mib(args.memory) if args.memory is not None else 0)
+    spec: dict[str, Any] = {"gpus": args.gpus, "nodes": args.nodes, "command": command}
+    optional = {"tenant": args.tenant, "gpu_model": args.gpu_model, "priority": args.priority, "name": args.name,
+                "mig_profile": args.mig,
+                "cpu_milli": cpu_milli(args.cpu) if args.cpu is not None else None,
+                "memory_mib": memory_mib(args.memory) if args.memory is not None else None,
+                "gpu_share": {"milli": round(args.gpu_share * 1000), "memory_mib": args.gpu_memory_mib or 0}
+                if args.gpu_share is not None else None}
+    spec.update({k: v for k, v in optional.items() if v is not None})
+    return "json", spec
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from gpusched_cli.client import Client
-
     try:
-        spec = build_spec(args)
-    except (ValueError, ValidationError, OSError) as exc:
+        kind, body = build_request(args)
+    except (ValueError, PodSpecError, OSError) as exc:
         print(f"gpusched submit: {exc}", file=sys.stderr)
         return 2
 
-    async def go() -> str:
-        async with Client(_settings()) as client:
-            return await client.submit(spec, request_id=args.request_id)
+    def work(client: Client) -> int:
+        if kind == "yaml":
+            assert isinstance(body, str)
+            job = client.submit_pod(body, idempotency_key=args.request_id)
+        else:
+            assert isinstance(body, dict)
+            job = client.submit(body, idempotency_key=args.request_id)
+        again = " (already submitted with this request id)" if job.get("replayed") else ""
+        _print(job, args.json, f"submitted {job['job_id']} for tenant {job['tenant']}: {job['state']}{again}")
+        return 0
 
-    job_id = asyncio.run(go())
-    _print({"job_id": job_id, "spec": spec.model_dump()}, args.json, f"submitted {job_id}")
-    return 0
+    return through_gateway("submit", work)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from gpusched_cli.queries import list_jobs
+    def work(client: Client) -> int:
+        jobs = client.jobs(state=args.state, tenant=args.tenant, name=args.name, since=args.since, until=args.until,
+                           limit=args.limit)["jobs"]
+        rows = [(j["job_id"], j["name"], j["tenant"], j["state"], j["gpus"], j["gpu_model"], j["node_id"],
+                 j["exit_code"], "; ".join(j["reasons"] or [])[:60]) for j in jobs]
+        _print(jobs, args.json, render(["JOB", "NAME", "TENANT", "STATE", "GPUS", "MODEL", "NODE", "EXIT", "REASON"],
+                                       rows))
+        return 0
 
-    async def go():
-        conn = await connect(_settings().database_url)
-        try:
-            return await list_jobs(conn, status=args.state, tenant=args.tenant, limit=args.limit)
-        finally:
-            await conn.close()
-
-    jobs = asyncio.run(go())
-    rows = [(j["job_id"], j["tenant"], j["status"], j["gpus"], j["gpu_model"], j["node_id"], j["exit_code"],
-             "; ".join(j["reasons"])[:60]) for j in jobs]
-    _print(jobs, args.json, render(["JOB", "TENANT", "STATE", "GPUS", "MODEL", "NODE", "EXIT", "REASON"], rows))
-    return 0
+    return through_gateway("jobs", work)
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from gpusched_cli.queries import queue
+    def work(client: Client) -> int:
+        jobs = client.queue(args.tenant)["jobs"]
+        rows = [(j["queue"], j["position"] or "-", j["job_id"], j.get("tenant", "-"), j.get("priority", "-"),
+                 j.get("gpus", "-"), j.get("gpu_model"),
+                 (f"behind {j['ahead_higher_priority']} of higher priority; " if j.get("ahead_higher_priority") else "")
+                 + j.get("reason", "")) for j in jobs]
+        _print(jobs, args.json, render(["QUEUE", "#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WHY"], rows))
+        return 0
 
-    async def go():
-        conn = await connect(_settings().database_url)
-        try:
-            return await queue(conn, tenant=args.tenant)
-        finally:
-            await conn.close()
-
-    jobs = asyncio.run(go())
-    rows = [(j["queue"], j["position"] or "-", j["job_id"], j["tenant"], j["priority"], j["gpus"], j["gpu_model"],
-             (f"behind {j['ahead_higher_priority']} of higher priority; " if j["ahead_higher_priority"] else "")
-             + j["reason"]) for j in jobs]
-    _print(jobs, args.json, render(["QUEUE", "#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WHY"], rows))
-    return 0
+    return through_gateway("queue", work)
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    from gpusched_cli.queries import get_job
+    def work(client: Client) -> int:
+        if args.follow:
+            for event in client.events(args.job_id, follow=True):
+                if args.json:
+                    print(json.dumps(event, default=str), flush=True)
+                else:
+                    print(f"{event['version']:>3}  {event['occurred_at']}  {event['type']:<20} {_detail(event)}",
+                          flush=True)
+            return 0
+        job = client.job(args.job_id)
+        waiting = job.get("waiting")
+        fields = [(k, job[k]) for k in job if k not in ("events", "waiting")]
+        if waiting:
+            fields.append(("waiting", f"#{waiting['position'] or '-'} in {waiting['queue']}: {waiting['reason']}"))
+        history = render(["#", "EVENT", "BY", "AT", "DETAIL"], [(e["version"], e["type"], e["producer"],
+                                                                 e["occurred_at"], _detail(e)) for e in job["events"]])
+        _print(job, args.json, f"{render(['FIELD', 'VALUE'], fields)}\n\n{history}")
+        return 0
 
-    async def go():
-        conn = await connect(_settings().database_url)
-        try:
-            return await get_job(conn, args.job_id)
-        finally:
-            await conn.close()
+    return through_gateway("job", work)
 
-    job = asyncio.run(go())
-    if job is None:
-        print(f"gpusched job: no job {args.job_id}", file=sys.stderr)
-        return 1
-    head = render(["FIELD", "VALUE"], [(k, job[k]["describe"] if k == "waiting" else job[k])
-                                       for k in job if k != "events"])
-    history = render(["#", "EVENT", "BY", "AT", "DETAIL"],
-                     [(e["version"], e["type"], e["producer"], e["occurred_at"], _detail(e)) for e in job["events"]])
-    _print(job, args.json, f"{head}\n\n{history}")
-    return 0
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    def work(client: Client) -> int:
+        nodes = client.nodes()["nodes"]
+        rows = [(n["node_id"], n["status"], ",".join(n.get("gpu_models") or []), n["gpus"], n["healthy_gpus"],
+                 n["allocations"], n.get("lease_epoch")) for n in nodes]
+        _print(nodes, args.json, render(["NODE", "STATUS", "MODELS", "GPUS", "HEALTHY", "ALLOCATIONS", "EPOCH"], rows))
+        return 0
+
+    return through_gateway("nodes", work)
 
 
 def where(placed: dict) -> str:

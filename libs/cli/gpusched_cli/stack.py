@@ -14,11 +14,16 @@ import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import asyncpg
+import httpx
 import yaml
 
+from gpusched import config as client_config
+from gpusched.config import write_config
+from gpusched_common import db_roles, producers, tokens
 from gpusched_common.credentials import TenantKey, write_keys
 from gpusched_common.identity import OPERATOR
 from gpusched_common.db import drop_database, ensure_database, migrate
@@ -45,6 +50,8 @@ class StackState:
     processes: dict[str, int] = field(default_factory=dict)  # name -> pid
     node_ids: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # GPUSCHED_* settings every process was started with
+    gateway: str | None = None  # the gateway's URL
+    config_path: str | None = None  # the client config `up` wrote (server and an operator token)
 
     @property
     def running_broker(self) -> RunningBroker | None:
@@ -164,9 +171,52 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     save(state)
     progress(f"services   {', '.join(SERVICES)} and {nodes} node agent(s) started")
     progress(f"metrics    http://127.0.0.1:{env['GPUSCHED_METRICS_PORT']}/metrics (Prometheus)")
+    await start_gateway(state)
+    progress(f"gateway    {state.gateway} (server and an operator token in {state.config_path})")
     await wait_for_nodes(url, nodes)
     progress(f"ready      {nodes} node(s) registered")
     return state
+
+
+async def start_gateway(state: StackState, timeout_s: float = 60.0) -> None:
+    """The gateway as its own process: its producer key and database role provisioned as `gpusched
+    gateway-init` does in production, an operator token issued, and both written to the client config
+    (``gpusched.config``) so that the CLI reaches this stack."""
+    home, now = Path(state.home), datetime.now(timezone.utc)
+    key_file, password = home / "gateway-producer.key", db_roles.new_password()
+    conn = await asyncpg.connect(state.database_url)
+    try:
+        async with conn.transaction():
+            await producers.ensure(conn, key_file, name="gateway", tenants=(OPERATOR,), attests=True,
+                                   created_by="gpusched up", now=now)
+            await db_roles.enable_login(conn, db_roles.GATEWAY_ROLE, password)
+            token, _ = await tokens.issue(conn, role="operator", tenant=None, name="local-operator", expires_at=None,
+                                          created_by="gpusched up", now=now)
+    finally:
+        await conn.close()
+    port = free_port()
+    start_service(state, "gateway", "services.gateway", {
+        "GPUSCHED_GATEWAY_PORT": str(port), "GPUSCHED_GATEWAY_PRODUCER_KEY_FILE": str(key_file),
+        "GPUSCHED_GATEWAY_DATABASE_URL": db_roles.role_url(state.database_url, db_roles.GATEWAY_ROLE, password)})
+    state.gateway = f"http://127.0.0.1:{port}"
+    state.config_path = str(write_config(state.gateway, token))
+    save(state)
+    await wait_until_ready(state.gateway, timeout_s)
+
+
+async def wait_until_ready(server: str, timeout_s: float) -> None:
+    deadline, last = time.monotonic() + timeout_s, "no answer"
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            try:
+                response = await client.get(f"{server}/readyz")
+                if response.status_code == 200:
+                    return
+                last = response.json().get("detail", response.text)
+            except (httpx.HTTPError, ValueError) as exc:
+                last = type(exc).__name__
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"the gateway at {server} was not ready within {timeout_s}s ({last}); see .gpusched/logs")
 
 
 LOCAL_TENANTS = ("research", "inference", "platform", "ml-eval")
@@ -270,5 +320,18 @@ def down(progress=print) -> bool:
     if state.private_pg:
         postgres.stop_private(state.private_pg)
         progress("stopped    private PostgreSQL")
+    _forget_config(state)
     (Path(state.home) / "stack.json").unlink(missing_ok=True)
     return True
+
+
+def _forget_config(state: StackState) -> None:
+    """Remove the client config `up` wrote, unless it names another server since (its token died with the
+    stack's database)."""
+    if state.config_path and state.gateway:
+        path = Path(state.config_path)
+        try:
+            if client_config.read_config(path).get("server") == state.gateway:
+                path.unlink(missing_ok=True)
+        except client_config.NoServer:
+            pass  # not ours to remove

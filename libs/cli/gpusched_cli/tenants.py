@@ -23,7 +23,7 @@ from gpusched_common.identity import OPERATOR
 from gpusched_common.db import connect
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.settings import Settings
-from gpusched_common.stores.tenancy import tenancy_overview, update_outcome
+from gpusched_common.stores.tenancy import update_outcome
 from gpusched_common.topics import TENANCY_UPDATES
 
 from gpusched_common.table import render
@@ -39,7 +39,8 @@ def add_tenants_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     apply.add_argument("file")
     apply.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the outcome (0: do not)")
     apply.set_defaults(func=cmd_apply)
-    show = sub.add_parser("show", help="the revision in force, usage against quota and recent rejections")
+    show = sub.add_parser("show", help="the revision in force and usage against quota, through the gateway")
+    show.add_argument("--tenant", help="one tenant (default: yours, or every tenant for an operator or viewer)")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_show)
     return p
@@ -84,7 +85,7 @@ async def wait_for_outcome(database_url: str, event_id: str, timeout_s: float) -
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from gpusched_cli.job_commands import _settings
+    from gpusched_cli.operator_settings import operator_settings as _settings
 
     settings = _settings()
     try:
@@ -111,25 +112,19 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from gpusched_cli.job_commands import _settings
+    """Usage against nominal quota and borrowing, per tenant and flavor, through the gateway."""
+    from gpusched_cli.job_commands import through_gateway
 
-    async def go() -> dict:
-        conn = await connect(_settings().database_url)
-        try:
-            return await tenancy_overview(conn)
-        finally:
-            await conn.close()
-
-    view = asyncio.run(go())
-    if args.json:
-        print(json.dumps(view, indent=2, default=str))
+    def work(client) -> int:  # noqa: ANN001 - a gpusched.Client
+        view = client.tenants(args.tenant)
+        if args.json:
+            print(json.dumps(view, indent=2, default=str))
+            return 0
+        print(f"revision {view['revision']} in force" if view.get("revision") is not None else "no tenancy in force")
+        rows = [(u["tenant"], u["flavor"], format_gpus(u["reserved_units"]), format_gpus(u["nominal_units"]),
+                 format_gpus(u["borrowed_units"]), "-" if u["limit_units"] is None else format_gpus(u["limit_units"]))
+                for u in view["usage"]]
+        print(render(["TENANT", "FLAVOR", "RESERVED", "NOMINAL", "BORROWED", "LIMIT"], rows))
         return 0
-    current = view["revision"]
-    print(f"revision {current['revision']} from {current['source']} since {current['applied_at']:%Y-%m-%d %H:%M:%S}"
-          if current else "no tenancy in force")
-    rows = [(u["tenant"], u["flavor"], format_gpus(u["reserved_units"]), format_gpus(u["nominal_units"]),
-             "-" if u["limit_units"] is None else format_gpus(u["limit_units"])) for u in view["usage"]]
-    print(render(["TENANT", "FLAVOR", "RESERVED", "NOMINAL", "LIMIT"], rows))
-    for r in view["rejections"]:
-        print(f"rejected revision {r['revision']} ({r['source']}): {'; '.join(r['problems'])}")
-    return 0
+
+    return through_gateway("tenants show", work)

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from gpusched_cli.job_commands import _settings
+from gpusched_cli.operator_settings import operator_settings as _settings
 from gpusched_common import tokens
 from gpusched_common.db import connect
 from gpusched_common.ids import is_valid_id

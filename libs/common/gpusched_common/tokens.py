@@ -28,6 +28,7 @@ _TOKEN = re.compile(r"^gst_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
 _DURATION = re.compile(r"^([1-9][0-9]{0,5})([mhd])$")
 _DURATION_UNITS = {"m": timedelta(minutes=1), "h": timedelta(hours=1), "d": timedelta(days=1)}
 TENANT_ROLES = frozenset({Role.USER, Role.TENANT_ADMIN})  # bound to one tenant; viewer and operator to none
+LAST_USED_PRECISION = timedelta(minutes=1)  # last_used_at is written at most this often
 _COLUMNS = "token_id, name, role, tenant, created_at, created_by, expires_at, revoked_at, last_used_at"
 
 
@@ -135,13 +136,13 @@ async def revoke(conn: asyncpg.Connection, token_id: str, now: datetime) -> bool
 
 
 async def verify(conn: asyncpg.Connection, token_text: str, now: datetime) -> Principal | TokenRefusal:
-    """The principal a token stands for, or why it is refused; a use is recorded in ``last_used_at``."""
+    """The principal a token stands for, or why it is refused; a use is recorded in ``last_used_at`` (to the minute)."""
     token_id = parse_token(token_text)
     if token_id is None:
         return TokenRefusal(RefusalReason.MALFORMED)
     row = await conn.fetchrow(
-        "SELECT token_hash, name, role, tenant, expires_at, revoked_at FROM api_tokens WHERE token_id = $1",
-        token_id)
+        "SELECT token_hash, name, role, tenant, expires_at, revoked_at, last_used_at FROM api_tokens"
+        " WHERE token_id = $1", token_id)
     # the hash first: a wrong secret learns nothing about the id's token, not even that it was revoked
     if row is None or not hmac.compare_digest(token_hash(token_text), row["token_hash"]):
         return TokenRefusal(RefusalReason.UNKNOWN)
@@ -149,12 +150,15 @@ async def verify(conn: asyncpg.Connection, token_text: str, now: datetime) -> Pr
         return TokenRefusal(RefusalReason.REVOKED)
     if row["expires_at"] is not None and row["expires_at"] <= now:
         return TokenRefusal(RefusalReason.EXPIRED)
-    # conditional on not revoked: a revocation that committed since the read above still wins
-    used = await conn.fetchval(
-        "UPDATE api_tokens SET last_used_at = $2 WHERE token_id = $1 AND revoked_at IS NULL RETURNING token_id",
-        token_id, now)
-    if used is None:
-        return TokenRefusal(RefusalReason.REVOKED)
+    # the use is written at most once a minute per token: a flood of requests (each then refused by a rate
+    # limit) costs one primary-key read each, not a write on one hot row; conditional on not revoked, so a
+    # revocation that committed since the read above still wins
+    if row["last_used_at"] is None or now - row["last_used_at"] >= LAST_USED_PRECISION:
+        used = await conn.fetchval(
+            "UPDATE api_tokens SET last_used_at = $2 WHERE token_id = $1 AND revoked_at IS NULL RETURNING token_id",
+            token_id, now)
+        if used is None:
+            return TokenRefusal(RefusalReason.REVOKED)
     return Principal(subject=subject_of(token_id, row["name"]), role=Role(row["role"]), tenant=row["tenant"])
 
 

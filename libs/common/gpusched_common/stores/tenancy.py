@@ -56,18 +56,6 @@ async def update_outcome(conn: asyncpg.Connection, event_id: str) -> tuple[str, 
     return ("rejected", list(problems)) if problems is not None else None
 
 
-async def tenancy_overview(conn: asyncpg.Connection) -> dict:
-    """The revision in force, every tenant's usage against its limits, and the last five rejected revisions."""
-    current = await conn.fetchrow("SELECT revision, source, applied_at FROM quota_tenancy_revisions"
-                                  " ORDER BY revision DESC LIMIT 1")
-    usage = await conn.fetch("SELECT tenant, flavor, reserved_units, nominal_units, limit_units"
-                             " FROM quota_policy_usage ORDER BY tenant, flavor")
-    rejected = await conn.fetch("SELECT revision, source, problems, rejected_at FROM quota_tenancy_rejections"
-                                " ORDER BY rejected_at DESC LIMIT 5")
-    return {"revision": dict(current) if current else None, "usage": [dict(r) for r in usage],
-            "rejections": [dict(r) for r in rejected]}
-
-
 class TenancyReader:
     """The newest revision quota installed (``TenancyStore.read``, which parses each revision once), looked
     up again at most every ``refresh_s`` seconds, so a new revision reaches its reader (admission, the gateway) within that time."""

@@ -1,0 +1,144 @@
+"""``gpusched.Client``: the gateway's HTTP API for programs (what the ``gpusched`` command uses too).
+
+    from gpusched import Client
+
+    with Client("https://gpusched.example", token) as c:      # or Client.from_config()
+        job = c.submit({"tenant": "research", "gpus": 2, "command": ["python", "train.py"]},
+                       idempotency_key="nightly-2026-12-01")
+        for event in c.events(job["job_id"], follow=True):  # until the job ends
+            print(event["type"])
+
+Every refusal raises ``ApiError`` with the problem detail the gateway sent (``status``, ``detail``,
+``reasons``); a gateway that cannot be reached raises ``ApiError`` with status 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from gpusched.config import ClientConfig, resolve
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, detail: str, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.problem = status, detail, problem or {}
+
+    @property
+    def reasons(self) -> list[str]:
+        return list(self.problem.get("reasons") or [])
+
+
+class Client:
+    def __init__(self, server: str, token: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.server = server.rstrip("/")
+        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout_s, transport=transport)
+
+    @classmethod
+    def from_config(cls, config: ClientConfig | None = None, **kw: Any) -> Client:
+        config = config or resolve()
+        return cls(config.server, config.token, **kw)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- submissions ---
+
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit one JobSpec (a dict; ``tenant`` may be omitted by a caller bound to one)."""
+        return self._call("POST", "/v1/jobs", json=spec, headers=_idempotency(idempotency_key))
+
+    def submit_pod(self, pod_yaml: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a Kubernetes pod spec (YAML text)."""
+        return self._call("POST", "/v1/jobs", content=pod_yaml.encode(),
+                          headers={"Content-Type": "application/yaml", **_idempotency(idempotency_key)})
+
+    def submit_batch(self, specs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/jobs:batch", json={"jobs": specs}, headers=_idempotency(idempotency_key))
+
+    # --- reads ---
+
+    def jobs(self, **filters: Any) -> dict[str, Any]:
+        """One page: ``{"jobs": [...], "next": cursor}``; filters: state, tenant, name, since, until, limit,
+        cursor."""
+        return self._call("GET", "/v1/jobs", params={k: v for k, v in filters.items() if v is not None})
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def events(self, job_id: str, *, follow: bool = False, after: int = 0) -> Iterator[dict[str, Any]]:
+        """The job's events in order; ``follow``: as they happen, until the job's last one."""
+        if not follow:
+            yield from self._call("GET", f"/v1/jobs/{job_id}/events", params={"after": after})["events"]
+            return
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/events", params={"follow": "true", "after": after},
+                               timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, read=None)) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error(response)
+            for data in _sse_data(response.iter_lines()):
+                yield json.loads(data)
+
+    def queue(self, tenant: str | None = None) -> dict[str, Any]:
+        return self._call("GET", "/v1/queue", params={"tenant": tenant} if tenant else None)
+
+    def tenants(self, tenant: str | None = None) -> dict[str, Any]:
+        return self._call("GET", "/v1/tenants", params={"tenant": tenant} if tenant else None)
+
+    def nodes(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/nodes")
+
+    def ready(self) -> dict[str, Any]:
+        return self._call("GET", "/readyz")
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"the gateway at {self.server} is not reachable ({type(exc).__name__}: {exc})") from None
+        if response.status_code >= 400:
+            raise _error(response)
+        return response.json()
+
+
+def _idempotency(key: str | None) -> dict[str, str]:
+    return {"Idempotency-Key": key} if key else {}
+
+
+def _error(response: httpx.Response) -> ApiError:
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {}
+    if not isinstance(problem, dict):
+        problem = {}
+    detail = problem.get("detail") or response.reason_phrase or f"HTTP {response.status_code}"
+    return ApiError(response.status_code, str(detail), problem)
+
+
+def _sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The ``data`` of each server-sent event (comments and other fields skipped)."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+    if data:
+        yield "\n".join(data)
