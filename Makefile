@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
 BROKER  ?= both
 
-.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 bench-e2e bench-placement bench-telemetry bench-quota schemas clean
+.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 bench-e2e bench-gateway bench-placement bench-telemetry bench-quota schemas clean
 
 install: $(STAMP)
 
@@ -58,6 +58,11 @@ test-unit: install
 bench-e2e: install
 	$(BIN)/gpusched up --nodes 8 --gpu-models H100-80GB --gpus-per-node 8 --broker $${BENCH_BROKER:-tansu}
 	$(BIN)/gpusched bench-e2e --jobs $${JOBS:-2000}; status=$$?; $(BIN)/gpusched down; exit $$status
+
+## bench-gateway: jobs/s the gateway accepts (single and batch) and read p50/p99 under load, beside a bare
+## uvicorn floor; starts its own broker, PostgreSQL and gateway; writes bench-results/gateway.json
+bench-gateway: install
+	$(BIN)/python -m gpusched_cli.bench_gateway --broker $${BENCH_BROKER:-tansu} --duration $${DURATION:-6}
 
 bench-telemetry: install
 	$(BIN)/python benchmarks/bench_telemetry.py

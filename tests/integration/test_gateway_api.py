@@ -118,6 +118,23 @@ async def test_each_refused_credential_is_a_401_problem_counted_by_reason_and_ne
         assert f'gpusched_gateway_auth_failures_total{{reason="{reason}"}} {n}' in metrics
 
 
+async def test_every_route_refuses_every_bad_credential_with_a_401(gateway):
+    """Each /v1 route (GET and POST) x no, malformed, unknown, expired and revoked credentials: 401, before
+    any body is read or anything is published."""
+    client, _, names = gateway
+    credentials = {"missing": {}, "malformed": bearer("not-a-token"),
+                   "unknown": bearer("gst_0123456789abcdef_" + "x" * 43), "expired": bearer(names["expired"]),
+                   "revoked": bearer(names["revoked"])}
+    cells = 0
+    for method, path in [("GET", p) for p, _ in routes()] + [("POST", p) for p, _ in post_routes()]:
+        url, _ = request_path(path, own=True)
+        for reason, headers in credentials.items():
+            response = await client.request(method, url, headers=headers, json={"gpus": 1, "command": ["true"]})
+            assert assert_problem(response, 401)["status"] == 401, (method, path, reason)
+            cells += 1
+    assert cells == (len(routes()) + len(post_routes())) * len(credentials)
+
+
 async def test_a_user_lists_only_its_tenant_s_jobs_and_naming_another_tenant_is_403(gateway):
     client, _, names = gateway
     body = (await client.get("/v1/jobs", headers=bearer(names["user"]), params={"limit": 500})).json()
