@@ -13,7 +13,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_cli import stack
 from gpusched_cli.queries import summary
 from gpusched_common.table import render
-from gpusched_cli.workload import demo_workload, progress_line, submit_all, wait_until_finished
+from gpusched_cli.workload import demo_workload, progress_line, submit_through_gateway, wait_until_finished
 
 TENANTS = ["research", "inference", "platform", "ml-eval"]
 
@@ -39,11 +39,11 @@ async def run_demo(args: argparse.Namespace) -> int:
     print(f"starting the local stack: {args.nodes} nodes x {args.gpus_per_node} GPUs ({', '.join(models)})")
     state = await stack.up(nodes=args.nodes, gpu_models=models, gpus_per_node=args.gpus_per_node, broker=args.broker)
     try:
-        settings = stack.client_settings(state)
         specs = demo_workload(args.jobs, TENANTS, models)
         started = time.monotonic()
-        ids = await submit_all(settings, specs)
-        print(f"submitted {len(ids)} jobs from {len(TENANTS)} tenants in {time.monotonic() - started:.1f}s")
+        ids = await asyncio.to_thread(submit_through_gateway, state, specs)
+        print(f"submitted {len(ids)} jobs from {len(TENANTS)} tenants through the gateway ({state.gateway}) in "
+              f"{time.monotonic() - started:.1f}s")
         await wait_until_finished(state.database_url, ids, timeout_s=args.timeout, progress=progress_line(len(ids)),
                                   interval_s=2.0)
         wall = time.monotonic() - started

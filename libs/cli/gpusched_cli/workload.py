@@ -6,13 +6,17 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.settings import Settings
 
+from gpusched import Client as GatewayClient
+from gpusched.config import read_config
 from gpusched_cli.client import Client
+from gpusched_cli.stack import StackState
 
 TERMINAL = ("Succeeded", "Failed", "Rejected", "Cancelled")
 
@@ -41,6 +45,23 @@ async def submit_all(settings: Settings, specs: list[ev.JobSpec], *, rate_per_s:
                 delay = started + (i + 1) / rate_per_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
+    return ids
+
+
+def submit_through_gateway(state: StackState, specs: list[ev.JobSpec], batch: int = 500) -> list[str]:
+    """Submit through the stack's gateway (``POST /v1/jobs:batch``) with the operator token `up` wrote;
+    every job must be accepted (a refusal raises with its reasons)."""
+    token = read_config(Path(state.config_path)).get("token") if state.config_path else None
+    assert state.gateway is not None, "the stack has no gateway"
+    ids: list[str] = []
+    with GatewayClient(state.gateway, token) as client:
+        for start in range(0, len(specs), batch):
+            outcome = client.submit_batch([s.model_dump(exclude_defaults=True) | {"tenant": s.tenant}
+                                           for s in specs[start:start + batch]])
+            refused = [r for r in outcome["results"] if "job_id" not in r]
+            if refused:
+                raise RuntimeError(f"the gateway refused {len(refused)} job(s): {refused[0]}")
+            ids.extend(r["job_id"] for r in outcome["results"])
     return ids
 
 
