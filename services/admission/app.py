@@ -6,10 +6,10 @@ import logging
 
 from gpusched_common.credentials import load_keys
 from gpusched_common.runtime import Runtime, run_service, utcnow
-from gpusched_common.topics import GROUP_ADMISSION, JOBS_SUBMITTED
+from gpusched_common.topics import GROUP_ADMISSION, GROUP_ADMISSION_CONTROL, JOBS_CONTROL, JOBS_SUBMITTED
 
 from services.admission.core import AdmissionLimits, RateLimit
-from services.admission.handlers import SERVICE, AdmissionPolicy, make_submission_handler
+from services.admission.handlers import SERVICE, AdmissionPolicy, make_control_handler, make_submission_handler
 from services.admission.settings import AdmissionSettings
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ def build_policy(settings: AdmissionSettings) -> AdmissionPolicy:
 async def setup(runtime: Runtime) -> None:
     handler = make_submission_handler(build_policy(AdmissionSettings.of(runtime.settings)), utcnow)
     runtime.subscribe_transactional(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler)
+    runtime.subscribe_transactional(JOBS_CONTROL.name, GROUP_ADMISSION_CONTROL, make_control_handler(utcnow))
 
 
 async def main(settings: AdmissionSettings | None = None) -> None:

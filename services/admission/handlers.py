@@ -15,7 +15,8 @@ from gpusched_common import producers
 from gpusched_common.credentials import KEY_ID_HEADER, TenantKey, verify
 from gpusched_common.identity import Verdict
 from gpusched_common.jobs import append_job_events, load_job
-from gpusched_common.messaging import Incoming, PoisonMessage
+from gpusched_common import events as ev
+from gpusched_common.messaging import Incoming, PoisonMessage, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.tenancy import TenancyReader
 
@@ -98,3 +99,33 @@ async def authenticate(conn: asyncpg.Connection, policy: AdmissionPolicy, messag
 
 MISSING_CREDENTIAL = ("missing credential: a producer's gpusched-producer and gpusched-producer-signature headers "
                       "(or a tenant key's gpusched-key-id and gpusched-signature)")
+
+
+def make_control_handler(clock: Callable[[], datetime]) -> TxHandler:
+    """``gpusched.jobs.control``: a cancel the gateway authorized for its caller. Admission checks who sent
+    it (only a producer that attests: the gateway), then the job's lifecycle decides (a job holding GPUs is
+    asked to stop; any other ends Cancelled; a finished one is left as it is)."""
+
+    async def on_control(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
+        envelope, payload = parse_event(message)
+        if not isinstance(payload, ev.CancelJob):
+            raise PoisonMessage(f"{envelope.type} is not a control request")
+        if not await claim(conn, SERVICE, envelope.event_id):
+            return
+        now = clock()
+        state = await load_job(conn, payload.job_id)
+        if state.status is None or state.spec is None:
+            log.info("cancel of %s: no such job", payload.job_id)
+            return
+        tenant = state.spec.tenant
+        verdict = await producers.verify(conn, message.headers, message.value, tenant, payload.requested_by,
+                                         must_attest=True) if producers.PRODUCER_HEADER in message.headers else \
+            Verdict(None, "missing credential: a control request must be signed by the gateway's producer")
+        if verdict.reason is not None:
+            await store.record_control_refusal(conn, payload.job_id, message.headers.get(producers.PRODUCER_HEADER),
+                                               tenant, verdict.reason, now)
+            return
+        command = lifecycle.Cancel(reason=payload.reason, requested_by=payload.requested_by)
+        await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
+
+    return on_control

@@ -44,3 +44,12 @@ async def is_repeat(conn: asyncpg.Connection, tenant: str, submission: Submissio
         " ON CONFLICT (tenant, request_id) DO UPDATE SET request_id = EXCLUDED.request_id RETURNING job_id",
         tenant, submission.request_id, submission.job_id)
     return job_id != submission.job_id
+
+
+async def record_control_refusal(conn: asyncpg.Connection, job_id: str, producer: str | None, tenant: str | None,
+                                 reason: str, now: datetime) -> None:
+    """A control request (a cancel) whose sender was refused: counted with the submissions' failures."""
+    await conn.execute(
+        "INSERT INTO admission_auth_failures (at, job_id, key_id, claimed_tenant, reason) VALUES ($1, $2, $3, $4, $5)",
+        now, job_id, producer, tenant, reason)
+    log.warning("refused a control request for %s: %s", job_id, reason)

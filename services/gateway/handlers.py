@@ -81,7 +81,7 @@ async def list_jobs(request: Request, principal: Caller, state: JobStatus | None
 async def read_job(request: Request, principal: Caller, job_id: str) -> dict[str, Any]:
     within_rate(request, principal, "read")
     async with request.app.state.pool.acquire() as conn:
-        job = await _visible_job(conn, principal, Action.JOB_READ, job_id)
+        job = await visible_job(conn, principal, Action.JOB_READ, job_id)
         scoped = job["tenant"]
         job["events"] = await history.job_history(conn, job_id)
         if job["state"] in (JobStatus.ADMITTED.value, JobStatus.QUEUED.value):
@@ -91,7 +91,7 @@ async def read_job(request: Request, principal: Caller, job_id: str) -> dict[str
     return job
 
 
-async def _visible_job(conn: Any, principal: Any, action: Action, job_id: str) -> dict[str, Any]:
+async def visible_job(conn: Any, principal: Any, action: Action, job_id: str) -> dict[str, Any]:
     """The job's row when the principal may do ``action`` to it; else the Decision's 403/404 (one 404 for
     another tenant's job and for none: nothing leaks)."""
     job = await store.load_job(conn, job_id)
@@ -112,7 +112,7 @@ async def job_events(request: Request, principal: Caller, job_id: str, follow: b
     if follow:  # a job followed right after its submission appears once admission has recorded it
         await _appeared(request, job_id)
     async with request.app.state.pool.acquire() as conn:
-        await _visible_job(conn, principal, Action.JOB_EVENTS, job_id)
+        await visible_job(conn, principal, Action.JOB_EVENTS, job_id)
         if not follow:
             return {"job_id": job_id, "events": await history.job_history(conn, job_id, after)}
     resume = request.headers.get("last-event-id", "")

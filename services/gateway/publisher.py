@@ -49,15 +49,17 @@ class SubmissionPublisher:
                 self._producer = producer
             return self._producer
 
-    async def publish(self, records: Sequence[tuple[str, bytes, str | None]]) -> None:
-        """Publish ``(job_id, envelope bytes, traceparent)`` records, signed, and wait for every ack."""
+    async def publish(self, records: Sequence[tuple[str, bytes, str | None]], *, topic: str = JOBS_SUBMITTED.name,
+                      event_type: str = ev.JobSubmitted.TYPE) -> None:
+        """Publish ``(job_id, envelope bytes, traceparent)`` records of ``event_type`` on ``topic``, signed, and
+        wait for every ack."""
         if self.key is None:
             raise NotPublished("this gateway has no producer credential (GPUSCHED_GATEWAY_PRODUCER_KEY_FILE)")
         producer = await self._started()
         try:
             async with asyncio.timeout(self._timeout_s):
-                sent = [await producer.send(JOBS_SUBMITTED.name, value, key=job_id.encode(),
-                                            headers=self._headers(value, traceparent))
+                sent = [await producer.send(topic, value, key=job_id.encode(),
+                                            headers=self._headers(value, traceparent, event_type))
                         for job_id, value, traceparent in records]
                 await asyncio.gather(*sent)
         except (KafkaError, OSError, TimeoutError) as exc:
@@ -65,9 +67,9 @@ class SubmissionPublisher:
             await self._reset()
             raise NotPublished(f"the broker did not acknowledge the submission ({type(exc).__name__})") from None
 
-    def _headers(self, value: bytes, traceparent: str | None) -> list[tuple[str, bytes]]:
+    def _headers(self, value: bytes, traceparent: str | None, event_type: str) -> list[tuple[str, bytes]]:
         assert self.key is not None
-        headers = {"event-type": ev.JobSubmitted.TYPE, **self.key.headers(value)}
+        headers = {"event-type": event_type, **self.key.headers(value)}
         if traceparent:
             headers["traceparent"] = traceparent
         return [(k, v.encode()) for k, v in headers.items()]

@@ -26,7 +26,7 @@ from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, selec
 from services.placement import store
 from services.placement.store import SERVICE, ClusterCache
 
-_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled)
+_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested)
 # messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
 _WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
 
@@ -75,14 +75,28 @@ async def on_cancelled(conn: asyncpg.Connection, cancelled: ev.JobCancelled, now
     return True
 
 
+async def on_cancel_requested(conn: asyncpg.Connection, asked: ev.JobCancelRequested, now: datetime) -> bool:
+    """Tell every node the job runs on to stop it; its GPUs stay held until each reports the process gone
+    (``on_exited``: the job then ends Cancelled)."""
+    for node_id in await store.nodes_of(conn, asked.job_id):
+        await store.send_command(conn, ev.StopJob(job_id=asked.job_id, node_id=node_id,
+                                                  reason=f"cancelled: {asked.reason}"), node_id, now)
+    return False
+
+
 async def on_registered(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> bool:
     """Record the node's inventory and new lease, then tell the agent which jobs should run there. Under
     the cycle lock, the list holds every placement committed so far, and any later one commits (and so is
     published) after this answer: the agent never sees a StartJob its ReconcileJobs denies."""
     await store.upsert_node(conn, node, now)
-    reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=await store.jobs_on(conn, node.node_id),
-                                 lease_epoch=node.lease_epoch)
+    expected = await store.jobs_on(conn, node.node_id)
+    reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=expected, lease_epoch=node.lease_epoch)
     await store.send_command(conn, reconcile, node.node_id, now)
+    for job_id in expected:  # asked to stop while the agent was away: it stops them now, and reports
+        asked = (await load_job(conn, job_id)).cancel
+        if asked is not None:
+            await store.send_command(conn, ev.StopJob(job_id=job_id, node_id=node.node_id,
+                                                      reason=f"cancelled: {asked.reason}"), node.node_id, now)
     return True
 
 
@@ -132,7 +146,8 @@ async def on_exited(conn: asyncpg.Connection, report: ev.JobExitReported, now: d
     return True
 
 
-_HANDLERS = {ev.QuotaReserved: on_reserved, ev.JobCancelled: on_cancelled, ev.NodeRegistered: on_registered,
+_HANDLERS = {ev.QuotaReserved: on_reserved, ev.JobCancelled: on_cancelled, ev.JobCancelRequested: on_cancel_requested,
+             ev.NodeRegistered: on_registered,
              ev.NodeHeartbeat: on_heartbeat, ev.GpuHealthChanged: on_gpu_health, ev.JobStartReported: on_started,
              ev.JobCheckpointReported: on_checkpointed, ev.JobExitReported: on_exited}
 
@@ -146,6 +161,8 @@ async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: s
     await append_job_events(conn, state, events, producer=SERVICE, now=now)
     await store.release_gpus(conn, job_id)
     await _stop_members(conn, state, node_id, reason, now)  # a gang runs whole or not at all
+    if isinstance(events[0], ev.JobCancelled):
+        return True  # it was being cancelled: it ends here, and is not queued again
     assert state.spec is not None
     # requeued, it still runs on the model its quota is charged for
     await store.queue_for_placement(conn, job_id, bound_to_charge(state.spec, state.charged_model))

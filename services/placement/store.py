@@ -75,6 +75,12 @@ async def release_gpus(conn: asyncpg.Connection, job_id: str, node_id: str | Non
     return sorted({r["node_id"] for r in rows})
 
 
+async def nodes_of(conn: asyncpg.Connection, job_id: str) -> list[str]:
+    """The nodes the job holds GPUs on."""
+    rows = await conn.fetch("SELECT DISTINCT node_id FROM gpu_allocations WHERE job_id = $1 ORDER BY node_id", job_id)
+    return [r["node_id"] for r in rows]
+
+
 async def jobs_on(conn: asyncpg.Connection, node_id: str) -> list[str]:
     """The jobs holding GPUs on the node, by id."""
     rows = await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations WHERE node_id = $1 ORDER BY job_id", node_id)

@@ -21,7 +21,7 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import lifecycle
 from gpusched_core import placement as engine
 from gpusched_core.access import RULES, Action, Role, Scope
-from services.gateway import handlers, submissions
+from services.gateway import control, handlers, submissions
 from services.gateway.auth import ACTION_KEY
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
@@ -175,7 +175,7 @@ async def test_pagination_returns_every_job_exactly_once_newest_first(gateway):
     assert filtered["jobs"] == []
 
 
-ROUTERS = (handlers.router, submissions.router)
+ROUTERS = (handlers.router, submissions.router, control.router)
 
 
 def routes() -> list[tuple[str, Action]]:
@@ -238,9 +238,14 @@ async def test_every_submission_route_answers_every_role_as_the_rule_table_says(
             for own in (True, False):
                 spec = {"tenant": "a" if own else "b", "gpus": 1, "command": ["true"]}
                 body = {"jobs": [spec]} if path.endswith(":batch") else spec
-                response = await client.post(path, headers=bearer(names[name]), json=body)
+                url, _ = request_path(path, own)
+                response = await client.post(url, headers=bearer(names[name]), json=body)
                 scope = RULES[(role, action)]
-                if scope is Scope.NONE:
+                if "{job_id}" in path:  # control of a seeded job of tenant a (own) or b, submitted by no token
+                    want = 403 if scope in (Scope.NONE, Scope.OWN_SUBJECT) and (own or scope is Scope.NONE) else (
+                        503 if own or scope is Scope.ANY else 404)
+                    assert assert_problem(response, want)["status"] == want, (path, name, own, response.text)
+                elif scope is Scope.NONE:
                     assert f"role {role}" in assert_problem(response, 403)["detail"]
                 elif own or scope is Scope.ANY:
                     assert "no producer credential" in assert_problem(response, 503)["detail"], (path, name)

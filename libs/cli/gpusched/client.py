@@ -70,6 +70,10 @@ class Client:
     def submit_batch(self, specs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs:batch", json={"jobs": specs}, headers=_idempotency(idempotency_key))
 
+    def cancel(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Cancel a job: ``cancel`` is ``requested`` (it ends Cancelled once stopped), or says it had ended."""
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
+
     # --- reads ---
 
     def jobs(self, **filters: Any) -> dict[str, Any]:

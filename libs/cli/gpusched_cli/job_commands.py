@@ -17,6 +17,8 @@ from gpusched import ApiError, Client, NoServer
 from gpusched_common.table import render
 from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
 
+FINISHED = ("Succeeded", "Failed", "Cancelled", "Rejected")
+
 
 def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="submit a job: flags and `-- command...`, or -f pod.yaml")
@@ -57,6 +59,14 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--follow", action="store_true", help="print its events as they happen, until it ends")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_job)
+
+    p = sub.add_parser("cancel", help="cancel jobs: by id, or every job of --tenant/--state")
+    p.add_argument("job_ids", nargs="*", metavar="JOB")
+    p.add_argument("--tenant", help="with no JOB: the tenant's jobs (yours by default)")
+    p.add_argument("--state", help="with no JOB: only jobs in this state (e.g. Admitted)")
+    p.add_argument("--reason", help="why, recorded with the cancellation")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("nodes", help="nodes: GPUs, health, allocations, lease")
     p.add_argument("--json", action="store_true")
@@ -185,6 +195,37 @@ def cmd_job(args: argparse.Namespace) -> int:
         return 0
 
     return through_gateway("job", work)
+
+
+def _every_job(client: Client, tenant: str | None, state: str | None) -> list[str]:
+    ids: list[str] = []
+    cursor = None
+    while True:
+        page = client.jobs(tenant=tenant, state=state, limit=500, cursor=cursor)
+        ids.extend(j["job_id"] for j in page["jobs"] if j["state"] not in FINISHED)
+        cursor = page["next"]
+        if cursor is None:
+            return ids
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    if not args.job_ids and not (args.tenant or args.state):
+        print("gpusched cancel: name the jobs, or select them with --tenant and/or --state", file=sys.stderr)
+        return 2
+
+    def work(client: Client) -> int:
+        ids = args.job_ids or _every_job(client, args.tenant, args.state)
+        outcomes = []
+        for job_id in ids:
+            try:
+                outcomes.append(client.cancel(job_id, args.reason))
+            except ApiError as exc:  # one job refused (not found, not yours): say so and go on with the rest
+                outcomes.append({"job_id": job_id, "state": None, "cancel": f"refused: {exc.detail}"})
+        rows = [(o["job_id"], o["state"] or "-", o["cancel"]) for o in outcomes]
+        _print(outcomes, args.json, render(["JOB", "STATE", "CANCEL"], rows) if rows else "no job to cancel")
+        return 1 if any(o["cancel"].startswith("refused") for o in outcomes) else 0
+
+    return through_gateway("cancel", work)
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:

@@ -23,6 +23,15 @@ def new_job_id() -> str:
     return f"j-{uuid.uuid4().hex[:16]}"
 
 
+def control_bytes(payload: ev.CancelJob, *, tenant: str | None, traceparent: str | None = None,
+                  now: datetime | None = None) -> bytes:
+    """A control request's envelope as it goes on ``gpusched.jobs.control`` (keyed by the job id)."""
+    now = now or datetime.now(timezone.utc)
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(payload.job_id),
+                                occurred_at=now, producer="gateway", tenant=tenant, traceparent=traceparent)
+    return envelope.model_dump_json().encode()
+
+
 def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None = None, now: datetime | None = None,
                      request_id: str | None = None, producer: str = "client", submitted_by: str | None = None) -> bytes:
     """A ``JobSubmitted`` envelope as it goes on ``gpusched.jobs.submitted`` (``submitted_by``: the subject

@@ -162,7 +162,7 @@ def signature_holds(record: ProducerRecord, signature: str, value: bytes) -> boo
 
 
 def judge(producer_id: str, record: ProducerRecord | None, signed: bool, tenant: str | None,
-          attested: str | None) -> Verdict:
+          attested: str | None, *, must_attest: bool = False) -> Verdict:
     """The verdict on a message that ``producer_id`` signed (pure): ``signed`` is whether the signature
     holds over its bytes, ``tenant`` the spec's tenant, ``attested`` the subject it names in
     ``submitted_by``. Unknown and revoked producers and bad signatures are refused before any tenant is
@@ -174,6 +174,9 @@ def judge(producer_id: str, record: ProducerRecord | None, signed: bool, tenant:
         return Verdict(None, f"producer {info.name!r} ({producer_id}) is revoked")
     if not signed:
         return Verdict(None, f"producer {info.name!r} ({producer_id}): the signature does not match the submission")
+    if must_attest and not (info.attests and attested):
+        return Verdict(None, f"producer {info.name!r} may not send this message: only a producer that attests "
+                             "the principal it acts for (the gateway) may")
     if tenant is None or (OPERATOR not in info.tenants and tenant not in info.tenants):
         return Verdict(None, f"producer {info.name!r} may not submit for tenant {tenant!r} "
                              f"(its tenants: {', '.join(info.tenants)})")
@@ -186,15 +189,16 @@ def judge(producer_id: str, record: ProducerRecord | None, signed: bool, tenant:
 
 
 async def verify(conn: asyncpg.Connection, headers: dict[str, str], value: bytes, tenant: str | None,
-                 attested: str | None) -> Verdict:
-    """The verdict on a message carrying ``gpusched-producer`` (read from the store: revocation is at once)."""
+                 attested: str | None, *, must_attest: bool = False) -> Verdict:
+    """The verdict on a message carrying ``gpusched-producer`` (read from the store: revocation is at once);
+    ``must_attest``: only a producer that attests its principal may send it (control requests)."""
     producer_id = headers.get(PRODUCER_HEADER, "")
     signature = headers.get(SIGNATURE_HEADER)
     if not signature:
         return Verdict(None, f"producer {producer_id!r}: no {SIGNATURE_HEADER} header")
     record = await load(conn, producer_id)
     signed = record is not None and signature_holds(record, signature, value)
-    return judge(producer_id, record, signed, tenant, attested)
+    return judge(producer_id, record, signed, tenant, attested, must_attest=must_attest)
 
 
 def read_key_file(path: Path) -> ProducerKey | None:

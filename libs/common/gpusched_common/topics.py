@@ -14,6 +14,7 @@ class Topic:
 
 JOBS_SUBMITTED = Topic("gpusched.jobs.submitted", key="job id")
 JOBS_EVENTS = Topic("gpusched.jobs.events", key="job id")
+JOBS_CONTROL = Topic("gpusched.jobs.control", key="job id")  # cancel (and later hold, release): the gateway's
 NODES_COMMANDS = Topic("gpusched.nodes.commands", key="node id")
 NODES_REPORTS = Topic("gpusched.nodes.reports", key="node id")
 NODES_TELEMETRY = Topic("gpusched.nodes.telemetry", key="node id", high_volume=True)
@@ -25,6 +26,7 @@ DEADLETTER = Topic("gpusched.deadletter", key="original key")
 ALL_TOPICS: tuple[Topic, ...] = (
     JOBS_SUBMITTED,
     JOBS_EVENTS,
+    JOBS_CONTROL,
     NODES_COMMANDS,
     NODES_REPORTS,
     NODES_TELEMETRY,
@@ -37,6 +39,7 @@ ALL_TOPICS: tuple[Topic, ...] = (
 # Consumer groups: one per service and topic it consumes, so each sees every event once (each
 # subscription is its own consumer; the broker's ACLs name the same groups, infra/kafka_security.py).
 GROUP_ADMISSION = "gpusched-admission"
+GROUP_ADMISSION_CONTROL = f"{GROUP_ADMISSION}-control"
 GROUP_QUOTA = "gpusched-quota"  # job events
 GROUP_QUOTA_ADMIN = "gpusched-quota-admin"  # tenancy revisions
 GROUP_PLACEMENT = "gpusched-placement"

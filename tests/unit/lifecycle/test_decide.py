@@ -71,7 +71,8 @@ def test_a_duplicate_submission_creates_nothing():
     pytest.param(placed, d.RecordExit("n1", 0, 1.0), [ev.JobSucceeded], id="exit-before-start-report"),
     pytest.param(running, d.RecordExit("n2", 0, 1.0), [], id="exit-from-another-node-ignored"),
     pytest.param(queued, d.DeferPlacement(("no room",)), [ev.PlacementDeferred], id="queued-defers"),
-    pytest.param(running, d.Cancel("user"), [ev.JobCancelled], id="running-cancels"),
+    pytest.param(running, d.Cancel("user"), [ev.JobCancelRequested], id="running-is-asked-to-stop"),
+    pytest.param(queued, d.Cancel("user"), [ev.JobCancelled], id="queued-cancels"),
 ])
 def test_transitions(state, command, expected):
     assert [type(e) for e in d.decide(state(), command, T0)] == expected

@@ -15,7 +15,7 @@ from gpusched_common.events.base import (
 )
 from gpusched_common.events.jobs import (
     GpuShareSpec, GangMember, GangMemberExited, JobSpec, JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
-    PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, PreemptionRequested,
+    PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobCancelRequested, CancelJob, PreemptionRequested,
     VictimsSelected, JobCheckpointed, JobPreempted, JobRequeued, QuotaReleased,
 )
 from gpusched_common.events.nodes import (
@@ -33,7 +33,8 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
     model.TYPE: model
     for model in (
         JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced, GangMemberExited,
-        PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobRequeued, QuotaReleased,
+        PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobCancelRequested, CancelJob,
+        JobRequeued, QuotaReleased,
         PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
@@ -86,7 +87,7 @@ def make_envelope(
 
 __all__ = [  # the events package is the one place to import event models from
     "Envelope", "ExitReason", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
-    "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCheckpointReported", "JobCheckpointed",
+    "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCancelRequested", "CancelJob", "JobCheckpointReported", "JobCheckpointed",
     "JobExitReported", "JobFailed", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobSpec",
     "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",
     "NodeRegistered", "PAYLOAD_TYPES", "Payload", "PlacementDeferred", "PreemptJob", "PreemptionRequested",

@@ -199,6 +199,27 @@ class JobCancelled(Payload):
     TYPE: ClassVar[str] = "JobCancelled"
     job_id: str
     reason: str
+    requested_by: str | None = None  # who cancelled it (the principal the gateway attested)
+
+
+class JobCancelRequested(Payload):
+    """A job that holds GPUs is to be cancelled: its agents stop it (SIGTERM, grace, SIGKILL) and it ends
+    ``Cancelled`` once they report the process gone; until then its GPUs and quota stay held."""
+
+    TYPE: ClassVar[str] = "JobCancelRequested"
+    job_id: str
+    reason: str
+    requested_by: str | None = None
+
+
+class CancelJob(Payload):
+    """A request to cancel a job, on ``gpusched.jobs.control``. Only a producer that may attest (the
+    gateway, having authorized the caller) may send it; admission verifies the producer and decides."""
+
+    TYPE: ClassVar[str] = "CancelJob"
+    job_id: str
+    reason: str
+    requested_by: str
 
 
 class PreemptionRequested(Payload):

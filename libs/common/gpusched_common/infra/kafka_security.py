@@ -32,9 +32,9 @@ from pathlib import Path
 from gpusched_common.infra import kafka
 from gpusched_common.infra.processes import free_port
 from gpusched_common.topics import (
-    CLUSTER_SCALING, DEADLETTER, GROUP_ADMISSION, GROUP_METRICS, GROUP_PLACEMENT_JOBS, GROUP_PLACEMENT_NODES, GROUP_PREEMPTION,
+    CLUSTER_SCALING, DEADLETTER, GROUP_ADMISSION, GROUP_ADMISSION_CONTROL, GROUP_METRICS, GROUP_PLACEMENT_JOBS, GROUP_PLACEMENT_NODES, GROUP_PREEMPTION,
     GROUP_PREEMPTION_RECLAIMS, GROUP_QUOTA, GROUP_QUOTA_ADMIN,
-    JOBS_EVENTS, JOBS_SUBMITTED, NODES_COMMANDS, NODES_REPORTS, NODES_TELEMETRY, QUOTA_RECLAIMS, TENANCY_UPDATES,
+    JOBS_CONTROL, JOBS_EVENTS, JOBS_SUBMITTED, NODES_COMMANDS, NODES_REPORTS, NODES_TELEMETRY, QUOTA_RECLAIMS, TENANCY_UPDATES,
     agent_group,
 )
 
@@ -247,7 +247,8 @@ class ServiceAccess:
 # built by `messaging` dead-letters what it cannot handle, so each consumer may write gpusched.deadletter;
 # without it one poison message would stop its partition for good.
 SERVICE_ACCESS: dict[str, ServiceAccess] = {
-    "admission": ServiceAccess(((JOBS_SUBMITTED.name, GROUP_ADMISSION),), (JOBS_EVENTS.name, DEADLETTER.name)),
+    "admission": ServiceAccess(((JOBS_SUBMITTED.name, GROUP_ADMISSION), (JOBS_CONTROL.name, GROUP_ADMISSION_CONTROL)),
+                               (JOBS_EVENTS.name, DEADLETTER.name)),
     "quota": ServiceAccess(((JOBS_EVENTS.name, GROUP_QUOTA), (TENANCY_UPDATES.name, GROUP_QUOTA_ADMIN)),
                            (JOBS_EVENTS.name, QUOTA_RECLAIMS.name, DEADLETTER.name)),
     "placement": ServiceAccess(((JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS),
@@ -259,6 +260,8 @@ SERVICE_ACCESS: dict[str, ServiceAccess] = {
     "metrics": ServiceAccess(((NODES_TELEMETRY.name, GROUP_METRICS),), (CLUSTER_SCALING.name,)),
     # the operator's CLI: submissions and tenancy revisions (creating topics stays with the admin)
     "cli": ServiceAccess((), (JOBS_SUBMITTED.name, TENANCY_UPDATES.name)),
+    # the gateway: submissions and control requests, signed as its producer
+    "gateway": ServiceAccess((), (JOBS_SUBMITTED.name, JOBS_CONTROL.name)),
 }
 
 

@@ -113,6 +113,7 @@ class ReleaseQuota:
 @dataclass(frozen=True)
 class Cancel:
     reason: str
+    requested_by: str | None = None  # who asked (an attested principal), recorded with the cancellation
 
 
 # every command `decide` accepts; adding one here needs a handler in decisions.HANDLERS (a test checks)

@@ -102,10 +102,13 @@ def _record_exit(state: JobState, command: RecordExit, now: datetime) -> Events:
     if command.node_id in state.exited_nodes:
         return ()  # this member's exit was recorded already
     if len(state.node_ids) > 1 and len(state.exited_nodes) + 1 < len(state.node_ids) and (
-            state.status is JobStatus.PREEMPTING or (command.exit_code == 0 and command.error is None)):
+            state.status is JobStatus.PREEMPTING or state.cancel is not None
+            or (command.exit_code == 0 and command.error is None)):
         # a gang member done (or stopped for a preemption) while others still run: the job goes on
         return (ev.GangMemberExited(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
                                     runtime_s=command.runtime_s),)
+    if state.cancel is not None:  # stopped as asked (or ended on its own meanwhile): the cancellation wins
+        return (_cancelled(state),)
     if state.status is JobStatus.PREEMPTING:
         return (ev.JobPreempted(job_id=job, node_id=command.node_id, exit_code=command.exit_code,
                                 checkpoint_ref=state.checkpoint_ref, lost_s=_lost_s(state, now)),)
@@ -121,6 +124,8 @@ def _record_exit(state: JobState, command: RecordExit, now: datetime) -> Events:
 def _requeue(state: JobState, command: Requeue, now: datetime) -> Events:
     if state.status not in HOLDS_GPUS or not _runs_on(state, command.node_id):
         return ()  # already requeued, finished, or placed elsewhere since
+    if state.cancel is not None:  # its node is gone with the process: nothing left to stop
+        return (_cancelled(state),)
     return (ev.JobRequeued(job_id=state.job_id, node_id=command.node_id, reason=command.reason),)
 
 
@@ -156,11 +161,20 @@ def _release_quota(state: JobState, command: ReleaseQuota, now: datetime) -> Eve
 
 
 def _cancel(state: JobState, command: Cancel, now: datetime) -> Events:
-    if state.status in TERMINAL:
+    """A job that holds no GPUs ends Cancelled at once; one that does is asked to stop (its GPUs and quota
+    are freed only when its agents report it gone: ``_record_exit``). Terminal, or asked already: nothing."""
+    if state.status in TERMINAL or state.cancel is not None:
         return ()
     if state.status is None:
         raise InvalidTransition(f"job {state.job_id} does not exist")
-    return (ev.JobCancelled(job_id=state.job_id, reason=command.reason),)
+    if state.status in HOLDS_GPUS:
+        return (ev.JobCancelRequested(job_id=state.job_id, reason=command.reason, requested_by=command.requested_by),)
+    return (ev.JobCancelled(job_id=state.job_id, reason=command.reason, requested_by=command.requested_by),)
+
+
+def _cancelled(state: JobState) -> ev.JobCancelled:
+    assert state.cancel is not None
+    return ev.JobCancelled(job_id=state.job_id, reason=state.cancel.reason, requested_by=state.cancel.requested_by)
 
 
 # each handler takes its own command type, so the table can only say "some command" (Any) for the argument;

@@ -50,6 +50,7 @@ class JobState:
     runs: int = 0  # how many times the job was placed (its current run's attempt number)
     charged_model: str | None = None  # the GPU model (flavor) its quota reservation was charged for
     submitted_by: str | None = None  # who submitted it (JobSubmitted), for the gateway's own-subject rules
+    cancel: ev.JobCancelRequested | None = None  # a cancellation asked while it holds GPUs: it ends Cancelled
 
 
 def evolve(state: JobState, event: ev.Payload) -> JobState:
@@ -92,6 +93,8 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
         case ev.JobFailed():
             return replace(state, version=version, status=JobStatus.FAILED, exit_code=event.exit_code,
                            last_reasons=(event.reason,))
+        case ev.JobCancelRequested():
+            return replace(state, version=version, cancel=event, last_reasons=(f"cancelling: {event.reason}",))
         case ev.JobCancelled():
             return replace(state, version=version, status=JobStatus.CANCELLED, last_reasons=(event.reason,))
         case ev.JobRequeued():

@@ -1,0 +1,54 @@
+"""The gateway's job control routes: ``POST /v1/jobs/{id}/cancel`` (hold and release come next, on the same
+topic). The caller is judged by ``gpusched_core.access`` against the job's tenant and submitter (a user
+cancels the jobs it submitted, a tenant admin its tenant's, an operator any; another tenant's job is 404);
+the request goes to admission on ``gpusched.jobs.control``, signed as the gateway's producer and naming
+the caller, and the job's lifecycle decides. A finished job is answered as it is, with no change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from gpusched_common import events as ev
+from gpusched_common.jobs import control_bytes
+from gpusched_common.topics import JOBS_CONTROL
+from gpusched_common.tracing import current_traceparent
+from gpusched_core.access import Action
+from gpusched_core.lifecycle import TERMINAL
+
+from services.gateway.auth import Caller, Problem, acts, within_rate
+from services.gateway.handlers import visible_job
+from services.gateway.publisher import NotPublished
+
+router = APIRouter()
+FINISHED = frozenset(status.value for status in TERMINAL)
+
+
+class CancelRequest(BaseModel):
+    reason: str | None = Field(None, max_length=500, description="why; recorded with the cancellation")
+
+
+@router.post("/v1/jobs/{job_id}/cancel", status_code=202, openapi_extra=acts(Action.JOB_CANCEL))
+async def cancel_job(request: Request, principal: Caller, job_id: str,
+                     body: CancelRequest | None = Body(None)) -> JSONResponse:
+    """Cancel a job in any state: one waiting ends Cancelled; one running is stopped (SIGTERM, a grace,
+    SIGKILL) and ends Cancelled once its agents report it gone. 202 when asked; 200 when it had ended."""
+    within_rate(request, principal, "submit")
+    async with request.app.state.pool.acquire() as conn:
+        job = await visible_job(conn, principal, Action.JOB_CANCEL, job_id)
+    if job["state"] in FINISHED:
+        return JSONResponse({"job_id": job_id, "state": job["state"], "cancel": f"nothing to cancel: the job "
+                             f"already {job['state']}"}, status_code=200)
+    reason = (body.reason if body and body.reason else None) or f"cancelled by {principal.subject}"
+    request_ = ev.CancelJob(job_id=job_id, reason=reason, requested_by=principal.subject)
+    value = control_bytes(request_, tenant=job["tenant"], traceparent=current_traceparent())
+    try:
+        await request.app.state.publisher.publish([(job_id, value, None)], topic=JOBS_CONTROL.name,
+                                                  event_type=ev.CancelJob.TYPE)
+    except NotPublished as exc:
+        raise Problem(503, f"the cancel was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
+    body_out: dict[str, Any] = {"job_id": job_id, "state": job["state"], "cancel": "requested", "reason": reason}
+    return JSONResponse(body_out, status_code=202)

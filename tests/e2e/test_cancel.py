@@ -1,0 +1,128 @@
+"""Cancelling through the gateway, end to end on the local stack: a waiting job ends Cancelled at once and
+gives back its quota; a running one (and a gang, on every node) is stopped by its agents and ends Cancelled
+only when they report it gone, then its GPUs are free; a finished job is answered as it is; a second cancel
+changes nothing; another tenant's job is 404 and a teammate's 403; `gpusched cancel --tenant` with only a
+server and a token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from gpusched import ApiError, Client
+from gpusched_common import tokens
+from gpusched_common.db import connect
+from gpusched_cli.workload import wait_until_finished
+from tests.e2e.test_gateway import cli
+
+STACK_NODES = 2
+STACK_GPU_MODELS = ["H100-80GB"]
+STACK_GPUS_PER_NODE = 4
+
+
+async def token_for(local_stack, role: str, tenant: str, name: str) -> str:
+    conn = await connect(local_stack.database_url)
+    try:
+        text, _ = await tokens.issue(conn, role=role, tenant=tenant, name=name, expires_at=None, created_by="test",
+                                     now=datetime.now(UTC))
+    finally:
+        await conn.close()
+    return text
+
+
+async def wait_state(client: Client, job_id: str, state: str | tuple[str, ...], timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    wanted = (state,) if isinstance(state, str) else state
+    while True:
+        try:
+            job = await asyncio.to_thread(client.job, job_id)
+        except ApiError as exc:  # not recorded by admission yet
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+            continue
+        if job["state"] in wanted and (job["state"] not in ("Admitted", "Queued") or job["reasons"]):
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{job_id} is {job['state']}, not {state}, after {timeout_s}s: {job['reasons']}")
+        await asyncio.sleep(0.2)
+
+
+async def allocations(local_stack, job_id: str) -> int:
+    conn = await connect(local_stack.database_url)
+    try:
+        return await conn.fetchval("SELECT count(*) FROM gpu_allocations WHERE job_id = $1", job_id)
+    finally:
+        await conn.close()
+
+
+async def test_cancel_a_running_job_a_waiting_one_and_a_gang(local_stack):
+    token = await token_for(local_stack, "user", "research", "alice")
+    with Client(local_stack.gateway, token) as client:
+        # sleep traps nothing: SIGTERM ends it; the ignoring one needs the grace and SIGKILL
+        running = client.submit({"gpus": 4, "command": ["sleep", "600"], "name": "long"})["job_id"]
+        stubborn = client.submit({"gpus": 4, "command": ["sh", "-c", "trap '' TERM; sleep 600"]})["job_id"]
+        await wait_state(client, running, "Running")
+        await wait_state(client, stubborn, "Running")
+        waiting = client.submit({"gpus": 4, "command": ["true"]})["job_id"]  # no room: waits, with why
+        await wait_state(client, waiting, ("Admitted", "Queued"))
+
+        assert client.cancel(waiting, "changed my mind")["cancel"] == "requested"
+        cancelled = await wait_state(client, waiting, "Cancelled")
+        last = cancelled["events"][-2:] if cancelled["events"][-1]["type"] == "QuotaReleased" else cancelled["events"]
+        assert any(e["type"] == "JobCancelled" and e["payload"]["reason"] == "changed my mind"
+                   and e["payload"]["requested_by"].endswith(":alice") for e in last)
+
+        asked = client.cancel(running)
+        assert (asked["cancel"], asked["state"]) == ("requested", "Running")
+        assert client.cancel(running)["cancel"] == "requested"  # twice: harmless
+        done = await wait_state(client, running, "Cancelled")
+        types = [e["type"] for e in done["events"]]
+        assert types.index("JobCancelRequested") < types.index("JobCancelled")
+        assert types.count("JobCancelled") == 1
+        assert await allocations(local_stack, running) == 0
+
+        client.cancel(stubborn)
+        stopped = await wait_state(client, stubborn, "Cancelled", timeout_s=60)  # after the grace, SIGKILL
+        assert await allocations(local_stack, stubborn) == 0
+        assert "JobCancelRequested" in [e["type"] for e in stopped["events"]]
+
+        gang = client.submit({"gpus": 2, "nodes": 2, "command": ["sleep", "600"]})["job_id"]
+        gang_job = await wait_state(client, gang, "Running")
+        assert await allocations(local_stack, gang) == 4, gang_job
+        client.cancel(gang)
+        ended = await wait_state(client, gang, "Cancelled")
+        assert await allocations(local_stack, gang) == 0
+        assert [e["type"] for e in ended["events"]].count("JobCancelled") == 1
+
+        finished = client.submit({"gpus": 1, "command": ["true"]})["job_id"]
+        await wait_until_finished(local_stack.database_url, [finished], timeout_s=60, interval_s=0.2)
+        assert client.cancel(finished) == {"job_id": finished, "state": "Succeeded",
+                                           "cancel": "nothing to cancel: the job already Succeeded"}
+
+
+async def test_who_may_cancel_and_the_cli(local_stack):
+    alice = await token_for(local_stack, "user", "inference", "alice-inf")
+    bob = await token_for(local_stack, "user", "inference", "bob-inf")
+    admin = await token_for(local_stack, "tenant-admin", "inference", "lead-inf")
+    outsider = await token_for(local_stack, "user", "platform", "carol")
+    with Client(local_stack.gateway, alice) as client:
+        job = client.submit({"gpus": 1, "command": ["sleep", "600"]})["job_id"]
+    with Client(local_stack.gateway, outsider) as client, pytest.raises(ApiError) as hidden:
+        client.cancel(job)
+    assert hidden.value.status == 404
+    with Client(local_stack.gateway, bob) as client, pytest.raises(ApiError) as teammate:
+        client.cancel(job)
+    assert teammate.value.status == 403 and "it submitted them" in teammate.value.detail
+    # the tenant's admin cancels every running job of the tenant, with the CLI and nothing but a token
+    done = await asyncio.to_thread(cli, local_stack, admin, "cancel", "--state", "Running", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [o["job_id"] for o in json.loads(done.stdout)] == [job]
+    with Client(local_stack.gateway, alice) as client:
+        await wait_state(client, job, "Cancelled")
+    empty = await asyncio.to_thread(cli, local_stack, admin, "cancel")
+    assert empty.returncode == 2 and "name the jobs" in empty.stderr
