@@ -32,6 +32,7 @@ class Submission:
     traceparent: str | None
     request_id: str | None = None
     attested: str | None = None  # the submitter the producer names (believed only from one that may attest)
+    hold: bool = False  # submitted held
 
 
 class Unparseable(ValueError):
@@ -68,7 +69,8 @@ def parse_submission(raw: bytes, limits: AdmissionLimits) -> Submission:
     if not reasons and spec.gpu_model is not None:
         spec = spec.model_copy(update={"gpu_model": canonical_model(spec.gpu_model)})
     return Submission(event_id, job_id, payload_model.submitted_at, None if reasons else spec, reasons,
-                      tenant_hint, envelope.traceparent, payload_model.request_id, payload_model.submitted_by)
+                      tenant_hint, envelope.traceparent, payload_model.request_id, payload_model.submitted_by,
+                      payload_model.hold)
 
 
 def check_identity(spec_tenant: str | None, credential_tenant: str | None, auth_reason: str | None) -> tuple[str, ...]:

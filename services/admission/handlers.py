@@ -74,7 +74,7 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
             spec=None if decided.reasons else submission.spec, submitted_at=submission.submitted_at or now,
             rejection_reasons=submission.reasons + decided.reasons, tenant_hint=submission.tenant_hint,
             request_id=submission.request_id, submitted_by=verdict.subject if verdict.tenant else None,
-            producer=verdict.producer,
+            producer=verdict.producer, hold=submission.hold,
         )
         state = await load_job(conn, submission.job_id)
         await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
@@ -108,7 +108,7 @@ def make_control_handler(clock: Callable[[], datetime]) -> TxHandler:
 
     async def on_control(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if not isinstance(payload, ev.CancelJob):
+        if not isinstance(payload, ev.CancelJob | ev.HoldJob | ev.ReleaseJob):
             raise PoisonMessage(f"{envelope.type} is not a control request")
         if not await claim(conn, SERVICE, envelope.event_id):
             return
@@ -125,7 +125,19 @@ def make_control_handler(clock: Callable[[], datetime]) -> TxHandler:
             await store.record_control_refusal(conn, payload.job_id, message.headers.get(producers.PRODUCER_HEADER),
                                                tenant, verdict.reason, now)
             return
-        command = lifecycle.Cancel(reason=payload.reason, requested_by=payload.requested_by)
-        await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
+        command = _CONTROL[type(payload)](payload)
+        try:
+            events = lifecycle.decide(state, command, now)
+        except lifecycle.InvalidTransition as exc:  # e.g. a hold that raced the job's placement
+            log.info("%s of %s: %s", envelope.type, payload.job_id, exc)
+            return
+        await append_job_events(conn, state, events, producer=SERVICE, now=now)
 
     return on_control
+
+
+_CONTROL = {  # each control request and the lifecycle command it asks for
+    ev.CancelJob: lambda p: lifecycle.Cancel(reason=p.reason, requested_by=p.requested_by),
+    ev.HoldJob: lambda p: lifecycle.Hold(reason=p.reason, requested_by=p.requested_by),
+    ev.ReleaseJob: lambda p: lifecycle.Release(requested_by=p.requested_by),
+}

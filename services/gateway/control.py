@@ -52,3 +52,48 @@ async def cancel_job(request: Request, principal: Caller, job_id: str,
         raise Problem(503, f"the cancel was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
     body_out: dict[str, Any] = {"job_id": job_id, "state": job["state"], "cancel": "requested", "reason": reason}
     return JSONResponse(body_out, status_code=202)
+
+
+HOLDABLE = frozenset({"Admitted", "Queued"})
+
+
+@router.post("/v1/jobs/{job_id}/hold", status_code=202, openapi_extra=acts(Action.JOB_HOLD))
+async def hold_job(request: Request, principal: Caller, job_id: str,
+                   body: CancelRequest | None = Body(None)) -> JSONResponse:
+    """Set a waiting job aside: quota and placement leave it (a reservation is given back) until released.
+    409 for a job that runs or ended; holding a held job changes nothing."""
+    job = await _controlled(request, principal, Action.JOB_HOLD, job_id)
+    if job["state"] == "Held":
+        return JSONResponse({"job_id": job_id, "state": "Held", "hold": "held already"}, status_code=200)
+    if job["state"] not in HOLDABLE:
+        raise Problem(409, f"job {job_id} is {job['state']}: only a waiting job (Admitted or Queued) can be held")
+    reason = (body.reason if body and body.reason else None) or f"held by {principal.subject}"
+    await _send(request, ev.HoldJob(job_id=job_id, reason=reason, requested_by=principal.subject), job["tenant"])
+    return JSONResponse({"job_id": job_id, "state": job["state"], "hold": "requested", "reason": reason},
+                        status_code=202)
+
+
+@router.post("/v1/jobs/{job_id}/release", status_code=202, openapi_extra=acts(Action.JOB_RELEASE))
+async def release_job(request: Request, principal: Caller, job_id: str) -> JSONResponse:
+    """Put a held job back in line at its original submission time; 409 for a job that is not held."""
+    job = await _controlled(request, principal, Action.JOB_RELEASE, job_id)
+    if job["state"] != "Held":
+        raise Problem(409, f"job {job_id} is {job['state']}, not Held: there is nothing to release")
+    await _send(request, ev.ReleaseJob(job_id=job_id, reason=f"released by {principal.subject}",
+                                       requested_by=principal.subject), job["tenant"])
+    return JSONResponse({"job_id": job_id, "state": "Held", "release": "requested"}, status_code=202)
+
+
+async def _controlled(request: Request, principal: Caller, action: Action, job_id: str) -> dict[str, Any]:
+    within_rate(request, principal, "submit")
+    async with request.app.state.pool.acquire() as conn:
+        return await visible_job(conn, principal, action, job_id)
+
+
+async def _send(request: Request, payload: ev.HoldJob | ev.ReleaseJob, tenant: str) -> None:
+    value = control_bytes(payload, tenant=tenant, traceparent=current_traceparent())
+    try:
+        await request.app.state.publisher.publish([(payload.job_id, value, None)], topic=JOBS_CONTROL.name,
+                                                  event_type=payload.TYPE)
+    except NotPublished as exc:
+        raise Problem(503, f"the request was not accepted: {exc}; retry", {"Retry-After": "1"}) from None

@@ -22,7 +22,7 @@ PROBLEM_TYPE = "application/problem+json"
 # status: (the type's slug, the title); other statuses are "error"
 _KINDS = {400: ("invalid-request", "Bad Request"), 401: ("unauthenticated", "Unauthorized"),
           403: ("forbidden", "Forbidden"), 404: ("not-found", "Not Found"),
-          405: ("method-not-allowed", "Method Not Allowed"), 413: ("request-too-large", "Content Too Large"),
+          405: ("method-not-allowed", "Method Not Allowed"), 409: ("conflict", "Conflict"), 413: ("request-too-large", "Content Too Large"),
           415: ("unsupported-media-type", "Unsupported Media Type"), 422: ("invalid-request", "Unprocessable Content"),
           429: ("rate-limited", "Too Many Requests"), 503: ("unavailable", "Service Unavailable"),
           504: ("timeout", "Gateway Timeout")}

@@ -44,10 +44,11 @@ async def _checked(request: Request, spec: ev.JobSpec, job_id: str) -> tuple[str
     return check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
 
 
-def _record(spec: ev.JobSpec, job_id: str, request_id: str | None, principal: Principal) -> tuple[str, bytes, str | None]:
+def _record(spec: ev.JobSpec, job_id: str, request_id: str | None, principal: Principal,
+            hold: bool = False) -> tuple[str, bytes, str | None]:
     traceparent = current_traceparent()
     value = submission_bytes(spec, job_id, traceparent=traceparent, request_id=request_id, producer="gateway",
-                             submitted_by=principal.subject)
+                             submitted_by=principal.subject, hold=hold)
     return job_id, value, traceparent
 
 
@@ -64,8 +65,10 @@ async def _publish(request: Request, records: list[tuple[str, bytes, str | None]
     "requestBody": {"required": True, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
         "application/yaml": {"schema": {"type": "string", "description": "a Kubernetes pod spec"}}}}})
-async def submit_job(request: Request, principal: Caller, idempotency_key: IdempotencyKey = None) -> JSONResponse:
-    """Submit one job. The tenant may be omitted by a caller bound to one; naming another is 403."""
+async def submit_job(request: Request, principal: Caller, idempotency_key: IdempotencyKey = None,
+                     hold: bool = False) -> JSONResponse:
+    """Submit one job. The tenant may be omitted by a caller bound to one; naming another is 403.
+    ``hold=true``: admitted held, waiting for a release."""
     within_rate(request, principal, "submit")
     if idempotency_key is not None and not core.valid_idempotency_key(idempotency_key):
         raise Problem(400, "the Idempotency-Key must be 1-100 letters, digits and ._:- starting with a letter or digit")
@@ -88,7 +91,7 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
         raise Problem(422, "; ".join(reasons), reasons=list(reasons))
     with tracer().start_as_current_span("gateway submit", kind=trace.SpanKind.PRODUCER, attributes={
             "gpusched.job_id": job_id, "gpusched.tenant": tenant}):
-        await _publish(request, [_record(spec, job_id, request_id, principal)])
+        await _publish(request, [_record(spec, job_id, request_id, principal, hold)])
     return JSONResponse(_job_body(job_id, tenant, SUBMITTED, False), status_code=201,
                         headers={"Location": f"/v1/jobs/{job_id}"})
 
@@ -98,7 +101,8 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
     "requestBody": {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "required": ["jobs"],
         "properties": {"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobSpec"}}}}}}}})
-async def submit_batch(request: Request, principal: Caller, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+async def submit_batch(request: Request, principal: Caller, idempotency_key: IdempotencyKey = None,
+                       hold: bool = False) -> dict[str, Any]:
     """Submit many jobs in one request. Each is judged alone: ``results`` says, in order, each job's id and
     state, or its status and reasons; the valid ones are published even when others are refused."""
     refused = never(principal, Action.JOB_SUBMIT)
@@ -139,7 +143,7 @@ async def submit_batch(request: Request, principal: Caller, idempotency_key: Ide
             if reasons:
                 results[index] = {"index": index, "status": 422, "reasons": list(reasons)}
                 continue
-            records.append(_record(spec, job_id, request_id, principal))
+            records.append(_record(spec, job_id, request_id, principal, hold))
             results[index] = {"index": index, **_job_body(job_id, spec.tenant, SUBMITTED, False)}
         if records:
             await _publish(request, records)

@@ -26,7 +26,7 @@ from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, selec
 from services.placement import store
 from services.placement.store import SERVICE, ClusterCache
 
-_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested)
+_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
 # messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
 _WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
 
@@ -73,6 +73,11 @@ async def on_cancelled(conn: asyncpg.Connection, cancelled: ev.JobCancelled, now
         stop = ev.StopJob(job_id=cancelled.job_id, node_id=node_id, reason=cancelled.reason)
         await store.send_command(conn, stop, node_id, now)
     return True
+
+
+async def on_held(conn: asyncpg.Connection, held: ev.JobHeld, now: datetime) -> bool:
+    await store.forget_pending(conn, held.job_id)  # quota gives back its reservation; released, it comes again
+    return False
 
 
 async def on_cancel_requested(conn: asyncpg.Connection, asked: ev.JobCancelRequested, now: datetime) -> bool:
@@ -147,6 +152,7 @@ async def on_exited(conn: asyncpg.Connection, report: ev.JobExitReported, now: d
 
 
 _HANDLERS = {ev.QuotaReserved: on_reserved, ev.JobCancelled: on_cancelled, ev.JobCancelRequested: on_cancel_requested,
+             ev.JobHeld: on_held,
              ev.NodeRegistered: on_registered,
              ev.NodeHeartbeat: on_heartbeat, ev.GpuHealthChanged: on_gpu_health, ev.JobStartReported: on_started,
              ev.JobCheckpointReported: on_checkpointed, ev.JobExitReported: on_exited}

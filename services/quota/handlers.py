@@ -73,15 +73,18 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
                                   options: CycleOptions = CycleOptions()) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, *_TERMINAL)):
+        if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, ev.JobHeld, ev.JobReleased, *_TERMINAL)):
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return
         tenancy = await tenancies.current(conn)
         now = clock()
-        if isinstance(payload, ev.JobAdmitted):
-            tenant: str | None = payload.spec.tenant
-            await store.queue_job(conn, queued_job(payload.job_id, payload.spec, payload.submitted_at.timestamp()))
+        if isinstance(payload, ev.JobAdmitted | ev.JobReleased):
+            spec = payload.spec if isinstance(payload, ev.JobAdmitted) else (await load_job(conn, payload.job_id)).spec
+            if spec is None or (await load_job(conn, payload.job_id)).status is lifecycle.JobStatus.HELD:
+                return  # admitted held (its JobHeld follows): it waits for its release, not for quota
+            tenant: str | None = spec.tenant
+            await store.queue_job(conn, queued_job(payload.job_id, spec, payload.submitted_at.timestamp()))
         else:
             tenant = await release(conn, tenancy, payload.job_id, now)
             if tenant is not None and isinstance(payload, ev.JobPreempted):

@@ -25,7 +25,7 @@ async def test_appended_events_load_back_in_version_order(database_url):
         await store.append(conn, "s1", 2, [envelope()])
         loaded = await store.load(conn, "s1")
         assert [e.envelope.stream_version for e in loaded] == [1, 2, 3]
-        assert loaded[0].envelope.payload == {"job_id": "j1", "reason": "test"}
+        assert loaded[0].envelope.payload == {"job_id": "j1", "reason": "test", "requested_by": None}
     finally:
         await conn.close()
 

@@ -58,13 +58,14 @@ class Client:
 
     # --- submissions ---
 
-    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
-        """Submit one JobSpec (a dict; ``tenant`` may be omitted by a caller bound to one)."""
-        return self._call("POST", "/v1/jobs", json=spec, headers=_idempotency(idempotency_key))
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None, hold: bool = False) -> dict[str, Any]:
+        """Submit one JobSpec (a dict; ``tenant`` may be omitted by a caller bound to one); ``hold``: held."""
+        return self._call("POST", "/v1/jobs", json=spec, headers=_idempotency(idempotency_key),
+                          params={"hold": "true"} if hold else None)
 
-    def submit_pod(self, pod_yaml: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit_pod(self, pod_yaml: str, *, idempotency_key: str | None = None, hold: bool = False) -> dict[str, Any]:
         """Submit a Kubernetes pod spec (YAML text)."""
-        return self._call("POST", "/v1/jobs", content=pod_yaml.encode(),
+        return self._call("POST", "/v1/jobs", content=pod_yaml.encode(), params={"hold": "true"} if hold else None,
                           headers={"Content-Type": "application/yaml", **_idempotency(idempotency_key)})
 
     def submit_batch(self, specs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
@@ -73,6 +74,12 @@ class Client:
     def cancel(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
         """Cancel a job: ``cancel`` is ``requested`` (it ends Cancelled once stopped), or says it had ended."""
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
+
+    def hold(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/hold", json={"reason": reason} if reason else None)
+
+    def release(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/release")
 
     # --- reads ---
 

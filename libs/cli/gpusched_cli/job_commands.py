@@ -35,9 +35,25 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name")
     p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")
     p.add_argument("-f", "--file", help="a Kubernetes pod spec (YAML); `-` reads stdin")
+    p.add_argument("--hold", action="store_true", help="submit held: it waits for `gpusched release`")
+    p.add_argument("--wait", action="store_true", help="follow the job and exit with its exit code (like srun)")
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("watch", help="follow a job's events until it ends; exit with its exit code")
+    p.add_argument("job_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_watch)
+
+    for verb, text in (("hold", "set waiting jobs aside: quota and placement leave them until released"),
+                       ("release", "put held jobs back in line at their original submission time")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("job_ids", nargs="+", metavar="JOB")
+        if verb == "hold":
+            p.add_argument("--reason", help="why, recorded with the hold")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=cmd_hold if verb == "hold" else cmd_release)
 
     p = sub.add_parser("jobs", help="list jobs (newest first)")
     p.add_argument("--state")
@@ -137,11 +153,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         if kind == "yaml":
             assert isinstance(body, str)
-            job = client.submit_pod(body, idempotency_key=args.request_id)
+            job = client.submit_pod(body, idempotency_key=args.request_id, hold=args.hold)
         else:
             assert isinstance(body, dict)
-            job = client.submit(body, idempotency_key=args.request_id)
+            job = client.submit(body, idempotency_key=args.request_id, hold=args.hold)
         again = " (already submitted with this request id)" if job.get("replayed") else ""
+        if args.wait:
+            print(f"submitted {job['job_id']} for tenant {job['tenant']}{again}; following it", file=sys.stderr)
+            return _follow(client, job["job_id"], args.json)
         _print(job, args.json, f"submitted {job['job_id']} for tenant {job['tenant']}: {job['state']}{again}")
         return 0
 
@@ -195,6 +214,59 @@ def cmd_job(args: argparse.Namespace) -> int:
         return 0
 
     return through_gateway("job", work)
+
+
+def exit_status(last: dict[str, Any]) -> int:
+    """The exit code a script sees for a job's last event: the command's own when it ran and ended, 1 when
+    it failed without one, 125 when rejected, 130 when cancelled (as a shell reports SIGINT)."""
+    payload = last.get("payload") or {}
+    if last["type"] == "JobSucceeded":
+        return 0
+    if last["type"] == "JobFailed":
+        code = payload.get("exit_code")
+        return code if isinstance(code, int) and 0 < code < 256 else 1
+    return {"JobRejected": 125, "JobCancelled": 130}.get(last["type"], 1)
+
+
+def _follow(client: Client, job_id: str, as_json: bool) -> int:
+    last: dict[str, Any] | None = None
+    for event in client.events(job_id, follow=True):
+        last = event
+        if as_json:
+            print(json.dumps(event, default=str), flush=True)
+        else:
+            print(f"{event['version']:>3}  {event['occurred_at']}  {event['type']:<20} {_detail(event)}", flush=True)
+    if last is None or last["type"] not in ("JobSucceeded", "JobFailed", "JobRejected", "JobCancelled"):
+        print(f"gpusched: stopped following {job_id} before it ended", file=sys.stderr)
+        return 1
+    return exit_status(last)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    return through_gateway("watch", lambda client: _follow(client, args.job_id, args.json))
+
+
+def _each(command: str, args: argparse.Namespace, act: Callable[[Client, str], dict[str, Any]], key: str) -> int:
+    def work(client: Client) -> int:
+        outcomes = []
+        for job_id in args.job_ids:
+            try:
+                outcomes.append(act(client, job_id))
+            except ApiError as exc:
+                outcomes.append({"job_id": job_id, "state": None, key: f"refused: {exc.detail}"})
+        _print(outcomes, args.json, render(["JOB", "STATE", key.upper()],
+                                           [(o["job_id"], o["state"] or "-", o[key]) for o in outcomes]))
+        return 1 if any(str(o[key]).startswith("refused") for o in outcomes) else 0
+
+    return through_gateway(command, work)
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    return _each("hold", args, lambda client, job_id: client.hold(job_id, args.reason), "hold")
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    return _each("release", args, lambda client, job_id: client.release(job_id), "release")
 
 
 def _every_job(client: Client, tenant: str | None, state: str | None) -> list[str]:

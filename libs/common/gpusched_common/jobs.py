@@ -23,7 +23,7 @@ def new_job_id() -> str:
     return f"j-{uuid.uuid4().hex[:16]}"
 
 
-def control_bytes(payload: ev.CancelJob, *, tenant: str | None, traceparent: str | None = None,
+def control_bytes(payload: ev.CancelJob | ev.HoldJob | ev.ReleaseJob, *, tenant: str | None, traceparent: str | None = None,
                   now: datetime | None = None) -> bytes:
     """A control request's envelope as it goes on ``gpusched.jobs.control`` (keyed by the job id)."""
     now = now or datetime.now(timezone.utc)
@@ -33,12 +33,13 @@ def control_bytes(payload: ev.CancelJob, *, tenant: str | None, traceparent: str
 
 
 def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None = None, now: datetime | None = None,
-                     request_id: str | None = None, producer: str = "client", submitted_by: str | None = None) -> bytes:
+                     request_id: str | None = None, producer: str = "client", submitted_by: str | None = None,
+                     hold: bool = False) -> bytes:
     """A ``JobSubmitted`` envelope as it goes on ``gpusched.jobs.submitted`` (``submitted_by``: the subject
     a producer that may attest names; admission ignores it from any other)."""
     now = now or datetime.now(timezone.utc)
     payload = ev.JobSubmitted(job_id=job_id, spec=spec, submitted_at=now, request_id=request_id,
-                              submitted_by=submitted_by)
+                              submitted_by=submitted_by, hold=hold)
     envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(job_id), occurred_at=now,
                                 producer=producer, tenant=spec.tenant, traceparent=traceparent)
     return envelope.model_dump_json().encode()

@@ -15,7 +15,8 @@ from gpusched_common.events.base import (
 )
 from gpusched_common.events.jobs import (
     GpuShareSpec, GangMember, GangMemberExited, JobSpec, JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
-    PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobCancelRequested, CancelJob, PreemptionRequested,
+    PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobCancelRequested, CancelJob, JobHeld, JobReleased, HoldJob, ReleaseJob,
+    PreemptionRequested,
     VictimsSelected, JobCheckpointed, JobPreempted, JobRequeued, QuotaReleased,
 )
 from gpusched_common.events.nodes import (
@@ -34,7 +35,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
     for model in (
         JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced, GangMemberExited,
         PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobCancelRequested, CancelJob,
-        JobRequeued, QuotaReleased,
+        JobHeld, JobReleased, HoldJob, ReleaseJob, JobRequeued, QuotaReleased,
         PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
@@ -87,7 +88,7 @@ def make_envelope(
 
 __all__ = [  # the events package is the one place to import event models from
     "Envelope", "ExitReason", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
-    "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCancelRequested", "CancelJob", "JobCheckpointReported", "JobCheckpointed",
+    "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCancelRequested", "CancelJob", "JobHeld", "JobReleased", "HoldJob", "ReleaseJob", "JobCheckpointReported", "JobCheckpointed",
     "JobExitReported", "JobFailed", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobSpec",
     "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",
     "NodeRegistered", "PAYLOAD_TYPES", "Payload", "PlacementDeferred", "PreemptJob", "PreemptionRequested",

@@ -80,6 +80,7 @@ class JobSubmitted(Payload):
     spec: JobSpec
     submitted_at: datetime
     request_id: str | None = None  # the client's idempotency key: a repeat creates no second job
+    hold: bool = False  # submitted held: admitted, then held until released (gpusched submit --hold)
     # set by admission from the verified credential, never taken from the payload as sent, except that a
     # producer allowed to attest (the gateway) names here the principal that submitted through it
     submitted_by: str | None = None  # who submitted: the attested principal, the producer, or the key id
@@ -210,6 +211,43 @@ class JobCancelRequested(Payload):
     job_id: str
     reason: str
     requested_by: str | None = None
+
+
+class JobHeld(Payload):
+    """A waiting job set aside: quota and placement no longer consider it (a reservation it held is given
+    back) until it is released; it keeps its place in history and its submission time."""
+
+    TYPE: ClassVar[str] = "JobHeld"
+    job_id: str
+    reason: str
+    requested_by: str | None = None
+
+
+class JobReleased(Payload):
+    """A held job back in line for quota, at its original submission time (``submitted_at``)."""
+
+    TYPE: ClassVar[str] = "JobReleased"
+    job_id: str
+    submitted_at: datetime
+    requested_by: str | None = None
+
+
+class HoldJob(Payload):
+    """A request to hold a waiting job, on ``gpusched.jobs.control`` (only from the gateway, like CancelJob)."""
+
+    TYPE: ClassVar[str] = "HoldJob"
+    job_id: str
+    reason: str
+    requested_by: str
+
+
+class ReleaseJob(Payload):
+    """A request to release a held job, on ``gpusched.jobs.control`` (only from the gateway)."""
+
+    TYPE: ClassVar[str] = "ReleaseJob"
+    job_id: str
+    reason: str
+    requested_by: str
 
 
 class CancelJob(Payload):

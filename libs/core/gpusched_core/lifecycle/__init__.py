@@ -7,7 +7,9 @@
     Placed | Running | Preempting -> Queued (requeued: its node was lost or its GPU failed)
     Placed | Running -> Preempting -> Preempted -> (quota released) Admitted -> Queued -> ... resumes from
     its last checkpoint
-    any state but a terminal one -> Cancelled
+    Admitted | Queued -> Held (quota given back) -> Admitted (released, at its submission time)
+    any state but a terminal one -> Cancelled; one holding GPUs (Placed, Running, Preempting) is first
+    asked to stop (JobCancelRequested) and ends Cancelled when its exit is reported or its node is lost
 
 Typical use, in a handler (the shell loads the state and appends the events)::
 
@@ -23,14 +25,14 @@ Typical use, in a handler (the shell loads the state and appends the events)::
 """
 
 from .commands import (
-    Cancel, Command, DeferPlacement, DeferQuota, Member, Place, RecordCheckpoint, RecordExit, RecordStart,
+    Cancel, Command, DeferPlacement, DeferQuota, Hold, Member, Release, Place, RecordCheckpoint, RecordExit, RecordStart,
     RegisterSubmission, ReleaseQuota, Requeue, RequestPreemption, ReserveQuota, SelectVictims,
 )
 from .decisions import InvalidTransition, decide
 from .state import HOLDS_GPUS, TERMINAL, JobState, JobStatus, evolve, fold
 
 __all__ = [
-    "Cancel", "Command", "DeferPlacement", "DeferQuota", "Member", "Place", "RecordCheckpoint", "RecordExit",
+    "Cancel", "Command", "DeferPlacement", "DeferQuota", "Hold", "Member", "Release", "Place", "RecordCheckpoint", "RecordExit",
     "RecordStart", "RegisterSubmission", "ReleaseQuota", "Requeue", "RequestPreemption", "ReserveQuota",
     "SelectVictims", "InvalidTransition", "decide", "HOLDS_GPUS", "TERMINAL", "JobState", "JobStatus", "evolve",
     "fold",

@@ -18,6 +18,7 @@ class RegisterSubmission:
     request_id: str | None = None
     submitted_by: str | None = None  # who submitted: the attested principal, the producer, or the key id
     producer: str | None = None  # the producer credential that signed it (None: a tenant keys file key)
+    hold: bool = False  # admitted held
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,20 @@ class Cancel:
     requested_by: str | None = None  # who asked (an attested principal), recorded with the cancellation
 
 
+@dataclass(frozen=True)
+class Hold:
+    reason: str
+    requested_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    requested_by: str | None = None
+
+
 # every command `decide` accepts; adding one here needs a handler in decisions.HANDLERS (a test checks)
 Command = (
     RegisterSubmission | DeferQuota | ReserveQuota | Place | DeferPlacement | RecordStart | RecordExit
     | Requeue | RequestPreemption | SelectVictims | RecordCheckpoint | ReleaseQuota | Cancel
+    | Hold | Release
 )

@@ -16,7 +16,7 @@ from typing import Any
 from gpusched_common import events as ev
 
 from .commands import (
-    Cancel, Command, DeferPlacement, DeferQuota, Place, RecordCheckpoint, RecordExit, RecordStart,
+    Cancel, Command, DeferPlacement, Hold, Release, DeferQuota, Place, RecordCheckpoint, RecordExit, RecordStart,
     RegisterSubmission, ReleaseQuota, Requeue, RequestPreemption, ReserveQuota, SelectVictims,
 )
 from .state import HOLDS_GPUS, TERMINAL, JobState, JobStatus
@@ -39,12 +39,14 @@ def _register_submission(state: JobState, command: RegisterSubmission, now: date
     if command.rejection_reasons or command.spec is None:
         tenant = command.spec.tenant if command.spec else command.tenant_hint
         return (ev.JobRejected(job_id=job, tenant=tenant, reasons=list(command.rejection_reasons)),)
+    held = (ev.JobHeld(job_id=job, reason="submitted held", requested_by=command.submitted_by),) if command.hold else ()
     return (
         ev.JobSubmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at,
                         request_id=command.request_id, submitted_by=command.submitted_by,
-                        producer=command.producer),
+                        producer=command.producer, hold=command.hold),
         ev.JobAdmitted(job_id=job, spec=command.spec, submitted_at=command.submitted_at,
                        submitted_by=command.submitted_by),
+        *held,
     )
 
 
@@ -153,7 +155,8 @@ def _record_checkpoint(state: JobState, command: RecordCheckpoint, now: datetime
 
 
 def _release_quota(state: JobState, command: ReleaseQuota, now: datetime) -> Events:
-    if not state.quota_held or (state.status not in TERMINAL and state.status is not JobStatus.PREEMPTED):
+    if not state.quota_held or (state.status not in TERMINAL and state.status not in (JobStatus.PREEMPTED,
+                                                                                       JobStatus.HELD)):
         return ()
     spec = _spec(state)
     return (ev.QuotaReleased(job_id=state.job_id, tenant=spec.tenant, gpus=spec.gpus,
@@ -170,6 +173,28 @@ def _cancel(state: JobState, command: Cancel, now: datetime) -> Events:
     if state.status in HOLDS_GPUS:
         return (ev.JobCancelRequested(job_id=state.job_id, reason=command.reason, requested_by=command.requested_by),)
     return (ev.JobCancelled(job_id=state.job_id, reason=command.reason, requested_by=command.requested_by),)
+
+
+HOLDABLE = frozenset({JobStatus.ADMITTED, JobStatus.QUEUED})  # waiting, and holding no GPUs
+
+
+def _hold(state: JobState, command: Hold, now: datetime) -> Events:
+    """A waiting job is set aside (quota gives back a reservation it held); held already: nothing. A job
+    that runs or ended cannot be held."""
+    if state.status is JobStatus.HELD:
+        return ()
+    if state.status not in HOLDABLE:
+        raise InvalidTransition(f"job {state.job_id} is {state.status.value if state.status else 'unknown'}: "
+                                "only a waiting job (Admitted or Queued) can be held")
+    return (ev.JobHeld(job_id=state.job_id, reason=command.reason, requested_by=command.requested_by),)
+
+
+def _release(state: JobState, command: Release, now: datetime) -> Events:
+    """A held job goes back in line at its original submission time; one not held: nothing."""
+    if state.status is not JobStatus.HELD:
+        return ()
+    assert state.submitted_at is not None
+    return (ev.JobReleased(job_id=state.job_id, submitted_at=state.submitted_at, requested_by=command.requested_by),)
 
 
 def _cancelled(state: JobState) -> ev.JobCancelled:
@@ -193,6 +218,8 @@ HANDLERS: Mapping[type, Callable[[JobState, Any, datetime], Events]] = {
     RecordCheckpoint: _record_checkpoint,
     ReleaseQuota: _release_quota,
     Cancel: _cancel,
+    Hold: _hold,
+    Release: _release,
 }
 
 

@@ -19,6 +19,7 @@ class JobStatus(str, Enum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     CANCELLED = "Cancelled"
+    HELD = "Held"  # set aside while waiting: neither quota nor placement considers it until released
     PREEMPTING = "Preempting"
     PREEMPTED = "Preempted"
 
@@ -50,6 +51,7 @@ class JobState:
     runs: int = 0  # how many times the job was placed (its current run's attempt number)
     charged_model: str | None = None  # the GPU model (flavor) its quota reservation was charged for
     submitted_by: str | None = None  # who submitted it (JobSubmitted), for the gateway's own-subject rules
+    submitted_at: datetime | None = None  # when it was submitted: a released job goes back in line at it
     cancel: ev.JobCancelRequested | None = None  # a cancellation asked while it holds GPUs: it ends Cancelled
 
 
@@ -57,7 +59,8 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
     version = state.version + 1
     match event:
         case ev.JobSubmitted():
-            return replace(state, version=version, spec=event.spec, submitted_by=event.submitted_by)
+            return replace(state, version=version, spec=event.spec, submitted_by=event.submitted_by,
+                           submitted_at=event.submitted_at)
         case ev.JobAdmitted():
             return replace(state, version=version, status=JobStatus.ADMITTED, spec=event.spec)
         case ev.JobRejected():
@@ -93,6 +96,10 @@ def evolve(state: JobState, event: ev.Payload) -> JobState:
         case ev.JobFailed():
             return replace(state, version=version, status=JobStatus.FAILED, exit_code=event.exit_code,
                            last_reasons=(event.reason,))
+        case ev.JobHeld():
+            return replace(state, version=version, status=JobStatus.HELD, last_reasons=(f"held: {event.reason}",))
+        case ev.JobReleased():
+            return replace(state, version=version, status=JobStatus.ADMITTED, last_reasons=())
         case ev.JobCancelRequested():
             return replace(state, version=version, cancel=event, last_reasons=(f"cancelling: {event.reason}",))
         case ev.JobCancelled():

@@ -1,8 +1,9 @@
-"""Cancelling through the gateway, end to end on the local stack: a waiting job ends Cancelled at once and
+"""Job control through the gateway, end to end on the local stack. Cancel: a waiting job ends Cancelled at once and
 gives back its quota; a running one (and a gang, on every node) is stopped by its agents and ends Cancelled
 only when they report it gone, then its GPUs are free; a finished job is answered as it is; a second cancel
-changes nothing; another tenant's job is 404 and a teammate's 403; `gpusched cancel --tenant` with only a
-server and a token."""
+changes nothing; another tenant's job is 404 and a teammate's 403; `gpusched cancel --state` with only a
+server and a token. Hold and release: a held job leaves the line and comes back at its submission time;
+`submit --hold`; only waiting jobs are held. `submit --wait` exits with the job's exit code."""
 
 from __future__ import annotations
 
@@ -112,6 +113,7 @@ async def test_who_may_cancel_and_the_cli(local_stack):
     outsider = await token_for(local_stack, "user", "platform", "carol")
     with Client(local_stack.gateway, alice) as client:
         job = client.submit({"gpus": 1, "command": ["sleep", "600"]})["job_id"]
+        await wait_state(client, job, "Running")  # recorded: a refusal below is about who asks, not timing
     with Client(local_stack.gateway, outsider) as client, pytest.raises(ApiError) as hidden:
         client.cancel(job)
     assert hidden.value.status == 404
@@ -126,3 +128,47 @@ async def test_who_may_cancel_and_the_cli(local_stack):
         await wait_state(client, job, "Cancelled")
     empty = await asyncio.to_thread(cli, local_stack, admin, "cancel")
     assert empty.returncode == 2 and "name the jobs" in empty.stderr
+
+
+async def test_hold_keeps_a_job_out_of_line_and_release_puts_it_back_at_its_submission_time(local_stack):
+    token = await token_for(local_stack, "user", "ml-eval", "dana")
+    with Client(local_stack.gateway, token) as client:
+        blocker = client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"]
+        other = client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"]
+        await wait_state(client, blocker, "Running")
+        await wait_state(client, other, "Running")
+        first = client.submit({"gpus": 4, "command": ["true"], "name": "first"})["job_id"]
+        await wait_state(client, first, ("Admitted", "Queued"))
+        second = client.submit({"gpus": 4, "command": ["true"], "name": "second"})["job_id"]
+        await wait_state(client, second, ("Admitted", "Queued"))
+        assert client.hold(first, "not yet")["hold"] == "requested"
+        held = await wait_state(client, first, "Held")
+        assert held["reasons"] == ["held: not yet"]
+        assert first not in [j["job_id"] for j in client.queue()["jobs"]]
+        with pytest.raises(ApiError) as not_held:
+            client.release(second)
+        assert not_held.value.status == 409
+        assert client.release(first)["release"] == "requested"
+        await wait_state(client, first, ("Admitted", "Queued"))
+        client.cancel(blocker)  # room for one 4-GPU job: the first submitted goes first, though held since
+        placed_first = await wait_state(client, first, "Succeeded")
+        placed_second = await wait_state(client, second, "Succeeded")
+
+        def placed_at(job: dict) -> str:
+            return next(e["occurred_at"] for e in job["events"] if e["type"] == "JobPlaced")
+        assert placed_at(placed_first) < placed_at(placed_second)
+        parked = client.submit({"gpus": 1, "command": ["true"]}, hold=True)["job_id"]
+        assert (await wait_state(client, parked, "Held"))["events"][-1]["type"] == "JobHeld"
+        with pytest.raises(ApiError) as running_hold:
+            client.hold(other)
+        assert running_hold.value.status == 409 and "only a waiting job" in running_hold.value.detail
+        for job_id in (other, parked):
+            client.cancel(job_id)
+
+
+async def test_submit_wait_exits_with_the_job_s_exit_code(local_stack):
+    token = await token_for(local_stack, "user", "platform", "erin")
+    failed = await asyncio.to_thread(cli, local_stack, token, "submit", "--wait", "--", "sh", "-c", "exit 7")
+    assert failed.returncode == 7 and "JobFailed" in failed.stdout, failed.stderr
+    ok = await asyncio.to_thread(cli, local_stack, token, "submit", "--wait", "--", "true")
+    assert ok.returncode == 0 and "JobSucceeded" in ok.stdout, ok.stderr
