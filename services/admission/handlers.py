@@ -108,6 +108,8 @@ def make_control_handler(clock: Callable[[], datetime]) -> TxHandler:
 
     async def on_control(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
+        if isinstance(payload, ev.CordonNode):
+            return  # an operator's node control: placement decides it
         if not isinstance(payload, ev.CancelJob | ev.HoldJob | ev.ReleaseJob):
             raise PoisonMessage(f"{envelope.type} is not a control request")
         if not await claim(conn, SERVICE, envelope.event_id):

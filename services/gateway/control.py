@@ -1,5 +1,5 @@
-"""The gateway's job control routes: ``POST /v1/jobs/{id}/cancel`` (hold and release come next, on the same
-topic). The caller is judged by ``gpusched_core.access`` against the job's tenant and submitter (a user
+"""The gateway's control routes: ``POST /v1/jobs/{id}/cancel``, ``/hold``, ``/release``, and operators'
+``POST /v1/nodes/{id}/cordon``, ``/uncordon``. The caller is judged by ``gpusched_core.access`` against the job's tenant and submitter (a user
 cancels the jobs it submitted, a tenant admin its tenant's, an operator any; another tenant's job is 404);
 the request goes to admission on ``gpusched.jobs.control``, signed as the gateway's producer and naming
 the caller, and the job's lifecycle decides. A finished job is answered as it is, with no change."""
@@ -13,13 +13,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from gpusched_common import events as ev
-from gpusched_common.jobs import control_bytes
+from gpusched_common.jobs import control_bytes, node_control_bytes
+from gpusched_common.stores.cluster import node_cordon
 from gpusched_common.topics import JOBS_CONTROL
 from gpusched_common.tracing import current_traceparent
-from gpusched_core.access import Action
+from gpusched_core.access import Action, Resource
 from gpusched_core.lifecycle import TERMINAL
 
-from services.gateway.auth import Caller, Problem, acts, within_rate
+from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
 from services.gateway.handlers import visible_job
 from services.gateway.publisher import NotPublished
 
@@ -97,3 +98,39 @@ async def _send(request: Request, payload: ev.HoldJob | ev.ReleaseJob, tenant: s
                                                   event_type=payload.TYPE)
     except NotPublished as exc:
         raise Problem(503, f"the request was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
+
+
+@router.post("/v1/nodes/{node_id}/cordon", status_code=202, openapi_extra=acts(Action.NODE_CORDON))
+async def cordon_node(request: Request, principal: Caller, node_id: str,
+                      body: CancelRequest | None = Body(None)) -> JSONResponse:
+    """Operators: place no new work on the node (what runs there goes on); an event with who and why."""
+    return await _node_control(request, principal, node_id, True, body)
+
+
+@router.post("/v1/nodes/{node_id}/uncordon", status_code=202, openapi_extra=acts(Action.NODE_UNCORDON))
+async def uncordon_node(request: Request, principal: Caller, node_id: str) -> JSONResponse:
+    """Operators: place work on the node again."""
+    return await _node_control(request, principal, node_id, False, None)
+
+
+async def _node_control(request: Request, principal: Caller, node_id: str, cordon: bool,
+                        body: CancelRequest | None) -> JSONResponse:
+    within_rate(request, principal, "submit")
+    allowed(principal, Action.NODE_CORDON if cordon else Action.NODE_UNCORDON, Resource.cluster())
+    async with request.app.state.pool.acquire() as conn:
+        node = await node_cordon(conn, node_id)
+    if node is None:
+        raise Problem(404, f"no node {node_id}")
+    verb = "cordon" if cordon else "uncordon"
+    if (node["cordoned_at"] is not None) == cordon:
+        return JSONResponse({"node_id": node_id, "cordoned": cordon, verb: f"{verb}ed already"}, status_code=200)
+    reason = (body.reason if body and body.reason else None) or f"{verb}ed by {principal.subject}"
+    payload = ev.CordonNode(node_id=node_id, cordon=cordon, reason=reason, requested_by=principal.subject)
+    value = node_control_bytes(payload, traceparent=current_traceparent())
+    try:
+        await request.app.state.publisher.publish([(node_id, value, None)], topic=JOBS_CONTROL.name,
+                                                  event_type=payload.TYPE)
+    except NotPublished as exc:
+        raise Problem(503, f"the request was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
+    return JSONResponse({"node_id": node_id, "cordoned": not cordon, verb: "requested", "reason": reason},
+                        status_code=202)

@@ -59,3 +59,4 @@ async def waiting_jobs(conn: asyncpg.Connection, tenant: str | None, now: dateti
         out.append({**row, "queue": w.queue, "position": w.position,
                     "ahead_higher_priority": w.ahead_higher_priority, "reason": w.reason})
     return out
+

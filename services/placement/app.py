@@ -6,12 +6,20 @@ import asyncio
 import logging
 
 from gpusched_common.runtime import Runtime, run_service, utcnow
-from gpusched_common.topics import GROUP_PLACEMENT_JOBS, GROUP_PLACEMENT_NODES, JOBS_EVENTS, NODES_REPORTS
+from gpusched_common.topics import (
+    GROUP_PLACEMENT_CONTROL,
+    GROUP_PLACEMENT_JOBS,
+    GROUP_PLACEMENT_NODES,
+    JOBS_CONTROL,
+    JOBS_EVENTS,
+    NODES_REPORTS,
+)
 
 from gpusched_core import placement as engine
 from services.placement import store
 from services.placement.handlers import check_leases, make_handler, run_cycle
 from services.placement.settings import PlacementSettings
+from services.placement.node_control import make_node_control_handler
 from services.placement.store import SERVICE, ClusterCache
 
 log = logging.getLogger(__name__)
@@ -27,6 +35,8 @@ async def setup(runtime: Runtime) -> None:
     # one group per topic: each subscription is its own consumer
     runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS, handler)
     runtime.subscribe_transactional(NODES_REPORTS.name, GROUP_PLACEMENT_NODES, handler)
+    runtime.subscribe_transactional(JOBS_CONTROL.name, GROUP_PLACEMENT_CONTROL,
+                                    make_node_control_handler(utcnow, policy, cache))
 
     async def lease_loop() -> None:
         # Heartbeats that arrived while placement was down are still in Kafka, not yet in the table: give

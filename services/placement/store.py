@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from gpusched_common import events as ev
-from gpusched_common.store import enqueue
+from gpusched_common.store import append, enqueue
 from gpusched_common.stores.cluster import load_cluster, lock_cycle
 from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import current_traceparent
@@ -79,6 +79,30 @@ async def nodes_of(conn: asyncpg.Connection, job_id: str) -> list[str]:
     """The nodes the job holds GPUs on."""
     rows = await conn.fetch("SELECT DISTINCT node_id FROM gpu_allocations WHERE job_id = $1 ORDER BY node_id", job_id)
     return [r["node_id"] for r in rows]
+
+
+async def set_cordon(conn: asyncpg.Connection, node_id: str, cordon: bool, by: str, reason: str,
+                     now: datetime) -> bool:
+    """Cordon or uncordon the node; False when there is no such node or it is so already."""
+    if cordon:
+        status = await conn.execute(
+            "UPDATE nodes SET cordoned_at = $2, cordoned_by = $3, cordon_reason = $4"
+            " WHERE node_id = $1 AND cordoned_at IS NULL", node_id, now, by, reason)
+    else:
+        status = await conn.execute(
+            "UPDATE nodes SET cordoned_at = NULL, cordoned_by = NULL, cordon_reason = NULL"
+            " WHERE node_id = $1 AND cordoned_at IS NOT NULL", node_id)
+    return status == "UPDATE 1"
+
+
+async def record_node_event(conn: asyncpg.Connection, payload: ev.NodeCordoned | ev.NodeUncordoned,
+                            now: datetime) -> None:
+    """Append an operator's change of a node to the node's stream in the event store (its history)."""
+    stream = f"node-{payload.node_id}"
+    version = await conn.fetchval("SELECT coalesce(max(version), 0) FROM events WHERE stream_id = $1", stream)
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=stream, occurred_at=now,
+                                producer=SERVICE, traceparent=current_traceparent())
+    await append(conn, stream, version, [envelope])
 
 
 async def jobs_on(conn: asyncpg.Connection, node_id: str) -> list[str]:

@@ -172,3 +172,45 @@ async def test_submit_wait_exits_with_the_job_s_exit_code(local_stack):
     assert failed.returncode == 7 and "JobFailed" in failed.stdout, failed.stderr
     ok = await asyncio.to_thread(cli, local_stack, token, "submit", "--wait", "--", "true")
     assert ok.returncode == 0 and "JobSucceeded" in ok.stdout, ok.stderr
+
+
+async def test_cordon_keeps_new_work_off_a_node_until_uncordoned(local_stack):
+    from pathlib import Path
+
+    from gpusched.config import read_config
+
+    operator = read_config(Path(local_stack.config_path))["token"]
+    user = await token_for(local_stack, "user", "research", "frank")
+    refused = await asyncio.to_thread(cli, local_stack, user, "cordon", "node-1")
+    assert refused.returncode == 1 and "role user may not cordon nodes" in refused.stdout + refused.stderr
+    done = await asyncio.to_thread(cli, local_stack, operator, "cordon", "node-1", "--reason", "firmware update")
+    assert done.returncode == 0, done.stdout + done.stderr
+    with Client(local_stack.gateway, operator) as admin:
+        deadline = time.monotonic() + 30
+        while not next(n for n in admin.nodes()["nodes"] if n["node_id"] == "node-1")["cordoned_at"]:
+            assert time.monotonic() < deadline, "node-1 was not cordoned"
+            await asyncio.sleep(0.2)
+        assert admin.cordon("node-1")["cordon"] == "cordoned already"
+        with pytest.raises(ApiError) as unknown:
+            admin.cordon("node-99")
+        assert unknown.value.status == 404
+        with Client(local_stack.gateway, user) as client:
+            first = client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"]
+            second = client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"]
+            running = await wait_state(client, first, "Running")
+            assert running["node_id"] == "node-2"
+            waiting = await wait_state(client, second, ("Admitted", "Queued"))
+            assert waiting["node_id"] is None
+            admin.uncordon("node-1")
+            moved = await wait_state(client, second, "Running")
+            assert moved["node_id"] == "node-1"
+            for job_id in (first, second):
+                client.cancel(job_id)
+    conn = await connect(local_stack.database_url)
+    try:
+        history = await conn.fetch("SELECT type, payload FROM events WHERE stream_id = 'node-node-1' ORDER BY version")
+    finally:
+        await conn.close()
+    assert [r["type"] for r in history] == ["NodeCordoned", "NodeUncordoned"]
+    cordoned = history[0]["payload"] if isinstance(history[0]["payload"], dict) else json.loads(history[0]["payload"])
+    assert cordoned["reason"] == "firmware update" and cordoned["requested_by"].startswith("token:")

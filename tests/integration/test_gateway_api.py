@@ -207,6 +207,8 @@ def expected(role: Role, action: Action, own: bool) -> int:
 
 
 def request_path(path: str, own: bool) -> tuple[str, dict[str, str]]:
+    if "{node_id}" in path:
+        return path.replace("{node_id}", "n1"), {}
     if "{job_id}" in path:
         return path.replace("{job_id}", "a-01" if own else "b-01"), {}
     return path, ({} if own or path == "/v1/nodes" else {"tenant": "b"})
@@ -241,7 +243,13 @@ async def test_every_submission_route_answers_every_role_as_the_rule_table_says(
                 url, _ = request_path(path, own)
                 response = await client.post(url, headers=bearer(names[name]), json=body)
                 scope = RULES[(role, action)]
-                if "{job_id}" in path:  # control of a seeded job of tenant a (own) or b, submitted by no token
+                if "{node_id}" in path:  # operators only; the seeded node n1 is not cordoned
+                    want = 503 if scope is Scope.ANY else 403
+                    if path.endswith("/uncordon") and scope is Scope.ANY:
+                        assert response.status_code == 200 and response.json()["uncordon"] == "uncordoned already"
+                    else:
+                        assert assert_problem(response, want)["status"] == want, (path, name, own, response.text)
+                elif "{job_id}" in path:  # control of a seeded job of tenant a (own) or b, submitted by no token
                     allowed_status = 409 if path.endswith("/release") else 503  # the seeded jobs are not held
                     want = 403 if scope in (Scope.NONE, Scope.OWN_SUBJECT) and (own or scope is Scope.NONE) else (
                         allowed_status if own or scope is Scope.ANY else 404)

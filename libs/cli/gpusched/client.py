@@ -81,6 +81,12 @@ class Client:
     def release(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/release")
 
+    def cordon(self, node_id: str, reason: str | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/nodes/{node_id}/cordon", json={"reason": reason} if reason else None)
+
+    def uncordon(self, node_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/nodes/{node_id}/uncordon")
+
     # --- reads ---
 
     def jobs(self, **filters: Any) -> dict[str, Any]:

@@ -88,6 +88,15 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_nodes)
 
+    for verb, text in (("cordon", "operators: place no new work on nodes (what runs goes on)"),
+                       ("uncordon", "operators: place work on nodes again")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("node_ids", nargs="+", metavar="NODE")
+        if verb == "cordon":
+            p.add_argument("--reason", help="why, recorded with the cordon")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=cmd_cordon if verb == "cordon" else cmd_uncordon)
+
 
 def _print(data: object, as_json: bool, text: str) -> None:
     print(json.dumps(data, indent=2, default=str) if as_json else text)
@@ -246,16 +255,19 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return through_gateway("watch", lambda client: _follow(client, args.job_id, args.json))
 
 
-def _each(command: str, args: argparse.Namespace, act: Callable[[Client, str], dict[str, Any]], key: str) -> int:
+def _each(command: str, args: argparse.Namespace, act: Callable[[Client, str], dict[str, Any]], key: str,
+          ids: list[str] | None = None, id_field: str = "job_id") -> int:
+    """``act`` on each job (or node) named, a table of what each answered; exit 1 when one was refused."""
     def work(client: Client) -> int:
         outcomes = []
-        for job_id in args.job_ids:
+        for one in ids if ids is not None else args.job_ids:
             try:
-                outcomes.append(act(client, job_id))
+                outcomes.append(act(client, one))
             except ApiError as exc:
-                outcomes.append({"job_id": job_id, "state": None, key: f"refused: {exc.detail}"})
-        _print(outcomes, args.json, render(["JOB", "STATE", key.upper()],
-                                           [(o["job_id"], o["state"] or "-", o[key]) for o in outcomes]))
+                outcomes.append({id_field: one, "state": None, key: f"refused: {exc.detail}"})
+        columns = [id_field.split("_")[0].upper(), *(["STATE"] if id_field == "job_id" else []), key.upper()]
+        rows = [(o[id_field], *([o.get("state") or "-"] if id_field == "job_id" else []), o[key]) for o in outcomes]
+        _print(outcomes, args.json, render(columns, rows))
         return 1 if any(str(o[key]).startswith("refused") for o in outcomes) else 0
 
     return through_gateway(command, work)
@@ -303,9 +315,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_nodes(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         nodes = client.nodes()["nodes"]
-        rows = [(n["node_id"], n["status"], ",".join(n.get("gpu_models") or []), n["gpus"], n["healthy_gpus"],
-                 n["allocations"], n.get("lease_epoch")) for n in nodes]
-        _print(nodes, args.json, render(["NODE", "STATUS", "MODELS", "GPUS", "HEALTHY", "ALLOCATIONS", "EPOCH"], rows))
+        rows = [(n["node_id"], n["status"] + (" (cordoned)" if n.get("cordoned_at") else ""),
+                 ",".join(n.get("gpu_models") or []), n["gpus"], n["healthy_gpus"], n["allocations"],
+                 n.get("lease_epoch"), n.get("cordon_reason") or "") for n in nodes]
+        _print(nodes, args.json, render(["NODE", "STATUS", "MODELS", "GPUS", "HEALTHY", "ALLOCATIONS", "EPOCH", "CORDON"],
+                                        rows))
         return 0
 
     return through_gateway("nodes", work)
@@ -334,3 +348,13 @@ def _detail(event: dict) -> str:
             text = "; ".join(value) if isinstance(value, list) else str(value)
             return f"{key}: {text}"[:100]
     return ""
+
+
+def cmd_cordon(args: argparse.Namespace) -> int:
+    return _each("cordon", args, lambda client, node_id: client.cordon(node_id, args.reason), "cordon",
+                 args.node_ids, "node_id")
+
+
+def cmd_uncordon(args: argparse.Namespace) -> int:
+    return _each("uncordon", args, lambda client, node_id: client.uncordon(node_id), "uncordon", args.node_ids,
+                 "node_id")

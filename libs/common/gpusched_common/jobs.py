@@ -32,6 +32,15 @@ def control_bytes(payload: ev.CancelJob | ev.HoldJob | ev.ReleaseJob, *, tenant:
     return envelope.model_dump_json().encode()
 
 
+def node_control_bytes(payload: ev.CordonNode, *, traceparent: str | None = None,
+                       now: datetime | None = None) -> bytes:
+    """An operator's node request's envelope on ``gpusched.jobs.control`` (keyed by the node id)."""
+    now = now or datetime.now(timezone.utc)
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
+                                occurred_at=now, producer="gateway", traceparent=traceparent)
+    return envelope.model_dump_json().encode()
+
+
 def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None = None, now: datetime | None = None,
                      request_id: str | None = None, producer: str = "client", submitted_by: str | None = None,
                      hold: bool = False) -> bytes:

@@ -45,6 +45,7 @@ GROUP_QUOTA_ADMIN = "gpusched-quota-admin"  # tenancy revisions
 GROUP_PLACEMENT = "gpusched-placement"
 GROUP_PLACEMENT_JOBS = f"{GROUP_PLACEMENT}-jobs"
 GROUP_PLACEMENT_NODES = f"{GROUP_PLACEMENT}-nodes"
+GROUP_PLACEMENT_CONTROL = f"{GROUP_PLACEMENT}-control"  # operators' node control (cordon)
 GROUP_PREEMPTION = "gpusched-preemption"  # job events (the group's name from before reclaims existed)
 GROUP_PREEMPTION_RECLAIMS = f"{GROUP_PREEMPTION}-reclaims"
 GROUP_METRICS = "gpusched-metrics"

@@ -22,7 +22,7 @@ from gpusched_common.events.jobs import (
 from gpusched_common.events.nodes import (
     StartJob, PreemptJob, JobCheckpointReported, StopJob, MigDeviceInventory, GpuInventory, NodeRegistered,
     NodeHeartbeat, JobStartReported, JobExitReported, GpuProcessSample, GpuSample, GpuTelemetry,
-    GpuHealthChanged, ReconcileJobs, ExitReason,
+    GpuHealthChanged, ReconcileJobs, ExitReason, CordonNode, NodeCordoned, NodeUncordoned,
 )
 from gpusched_common.events.scaling import (
     ScaleOutRequested, ScaleInRequested, ReclaimBorrower, ReclaimRequested,
@@ -38,7 +38,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         JobHeld, JobReleased, HoldJob, ReleaseJob, JobRequeued, QuotaReleased,
         PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
-        GpuTelemetry, GpuHealthChanged, ReconcileJobs, ScaleOutRequested, ScaleInRequested,
+        GpuTelemetry, GpuHealthChanged, ReconcileJobs, CordonNode, NodeCordoned, NodeUncordoned, ScaleOutRequested, ScaleInRequested,
         ReclaimRequested, TenancyUpdated,
     )
 }
@@ -88,7 +88,7 @@ def make_envelope(
 
 __all__ = [  # the events package is the one place to import event models from
     "Envelope", "ExitReason", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
-    "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCancelRequested", "CancelJob", "JobHeld", "JobReleased", "HoldJob", "ReleaseJob", "JobCheckpointReported", "JobCheckpointed",
+    "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCancelRequested", "CancelJob", "CordonNode", "NodeCordoned", "NodeUncordoned", "JobHeld", "JobReleased", "HoldJob", "ReleaseJob", "JobCheckpointReported", "JobCheckpointed",
     "JobExitReported", "JobFailed", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobSpec",
     "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",
     "NodeRegistered", "PAYLOAD_TYPES", "Payload", "PlacementDeferred", "PreemptJob", "PreemptionRequested",

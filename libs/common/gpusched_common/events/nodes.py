@@ -210,3 +210,30 @@ class ReconcileJobs(Payload):
     node_id: str
     job_ids: list[str]
     lease_epoch: int | None = None  # the epoch this answers; an agent ignores an answer to an older epoch
+
+
+class CordonNode(Payload):
+    """An operator's request, on ``gpusched.jobs.control`` keyed by the node id, to cordon (``cordon``) or
+    uncordon a node. Only a producer that attests (the gateway, having authorized an operator) may send it;
+    placement verifies it and records ``NodeCordoned``/``NodeUncordoned`` on the node's stream."""
+
+    TYPE: ClassVar[str] = "CordonNode"
+    node_id: str
+    cordon: bool
+    reason: str
+    requested_by: str
+
+
+class NodeCordoned(Payload):
+    """No new work is placed on the node; what runs there goes on."""
+
+    TYPE: ClassVar[str] = "NodeCordoned"
+    node_id: str
+    reason: str
+    requested_by: str
+
+
+class NodeUncordoned(Payload):
+    TYPE: ClassVar[str] = "NodeUncordoned"
+    node_id: str
+    requested_by: str

@@ -32,7 +32,7 @@ from pathlib import Path
 from gpusched_common.infra import kafka
 from gpusched_common.infra.processes import free_port
 from gpusched_common.topics import (
-    CLUSTER_SCALING, DEADLETTER, GROUP_ADMISSION, GROUP_ADMISSION_CONTROL, GROUP_METRICS, GROUP_PLACEMENT_JOBS, GROUP_PLACEMENT_NODES, GROUP_PREEMPTION,
+    CLUSTER_SCALING, DEADLETTER, GROUP_ADMISSION, GROUP_ADMISSION_CONTROL, GROUP_METRICS, GROUP_PLACEMENT_CONTROL, GROUP_PLACEMENT_JOBS, GROUP_PLACEMENT_NODES, GROUP_PREEMPTION,
     GROUP_PREEMPTION_RECLAIMS, GROUP_QUOTA, GROUP_QUOTA_ADMIN,
     JOBS_CONTROL, JOBS_EVENTS, JOBS_SUBMITTED, NODES_COMMANDS, NODES_REPORTS, NODES_TELEMETRY, QUOTA_RECLAIMS, TENANCY_UPDATES,
     agent_group,
@@ -252,7 +252,8 @@ SERVICE_ACCESS: dict[str, ServiceAccess] = {
     "quota": ServiceAccess(((JOBS_EVENTS.name, GROUP_QUOTA), (TENANCY_UPDATES.name, GROUP_QUOTA_ADMIN)),
                            (JOBS_EVENTS.name, QUOTA_RECLAIMS.name, DEADLETTER.name)),
     "placement": ServiceAccess(((JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS),
-                                (NODES_REPORTS.name, GROUP_PLACEMENT_NODES)),
+                                (NODES_REPORTS.name, GROUP_PLACEMENT_NODES),
+                                (JOBS_CONTROL.name, GROUP_PLACEMENT_CONTROL)),
                                (JOBS_EVENTS.name, NODES_COMMANDS.name, DEADLETTER.name)),
     "preemption": ServiceAccess(((JOBS_EVENTS.name, GROUP_PREEMPTION),
                                  (QUOTA_RECLAIMS.name, GROUP_PREEMPTION_RECLAIMS)),

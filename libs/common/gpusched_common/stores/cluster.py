@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -29,12 +30,15 @@ async def lock_cycle(conn: asyncpg.Connection) -> None:
 
 
 async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
-    """Ready nodes (a lost node takes no new work), their GPUs, allocations and nominations."""
-    node_rows = await conn.fetch("SELECT node_id, cpu_milli, memory_mib, labels FROM nodes WHERE status = 'Ready'")
+    """Ready, uncordoned nodes (a lost or cordoned node takes no new work), their GPUs, allocations and
+    nominations."""
+    node_rows = await conn.fetch("SELECT node_id, cpu_milli, memory_mib, labels FROM nodes"
+                                 " WHERE status = 'Ready' AND cordoned_at IS NULL")
     gpus_of: dict[str, list[GpuRow]] = {r["node_id"]: [] for r in node_rows}
     for r in await conn.fetch(
             "SELECT g.node_id, g.gpu_index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain"
-            " FROM gpus g JOIN nodes n USING (node_id) WHERE n.status = 'Ready' ORDER BY g.node_id, g.gpu_index"):
+            " FROM gpus g JOIN nodes n USING (node_id) WHERE n.status = 'Ready' AND n.cordoned_at IS NULL"
+            " ORDER BY g.node_id, g.gpu_index"):
         gpus_of[r["node_id"]].append(GpuRow(r["gpu_index"], r["uuid"], r["model"], r["memory_mib"], r["healthy"],
                                             r["mig_enabled"], r["nvlink_domain"]))
     nodes = {r["node_id"]: NodeRow(r["node_id"], r["cpu_milli"], r["memory_mib"], tuple(gpus_of[r["node_id"]]),
@@ -119,6 +123,7 @@ async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
     many allocations and distinct jobs it holds, by node id. For the gateway's nodes view."""
     rows = await conn.fetch(
         "SELECT n.node_id, n.hostname, n.status, n.labels, n.cpu_milli, n.memory_mib, n.lease_epoch, n.lost_epoch,"
+        " n.cordoned_at, n.cordoned_by, n.cordon_reason,"
         " n.lease_ttl_s, n.last_seen_at, n.registered_at,"
         " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id) AS gpus,"
         " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id AND g.healthy) AS healthy_gpus,"
@@ -127,3 +132,10 @@ async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
         " (SELECT count(DISTINCT a.job_id) FROM gpu_allocations a WHERE a.node_id = n.node_id) AS jobs"
         " FROM nodes n ORDER BY n.node_id")
     return [dict(r) for r in rows]
+
+
+async def node_cordon(conn: asyncpg.Connection, node_id: str) -> dict[str, Any] | None:
+    """Whether the node is cordoned, since when, by whom and why (None: no such node); for the gateway."""
+    row = await conn.fetchrow("SELECT node_id, cordoned_at, cordoned_by, cordon_reason FROM nodes WHERE node_id = $1",
+                              node_id)
+    return dict(row) if row is not None else None

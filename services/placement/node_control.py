@@ -1,0 +1,64 @@
+"""Placement's handler of operators' node control (``CordonNode`` on ``gpusched.jobs.control``, keyed by the
+node id): cordon (no new work is placed there; what runs goes on) and uncordon (placed on again). Only a
+producer that attests may send it (the gateway, having authorized an operator); each change is an event on
+the node's stream with who asked and why. Job control on the same topic is admission's, not ours."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+import asyncpg
+
+from gpusched_common import events as ev
+from gpusched_common import producers
+from gpusched_common.batching import Batch, TxHandler
+from gpusched_common.identity import OPERATOR
+from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.store import claim
+from gpusched_common.stores.cluster import lock_cycle
+from gpusched_core import placement as engine
+
+from services.placement import store
+from services.placement.handlers import run_cycle
+from services.placement.store import SERVICE, ClusterCache
+
+log = logging.getLogger(__name__)
+
+
+def make_node_control_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy,
+                              cache: ClusterCache) -> TxHandler:
+    async def on_control(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
+        envelope, payload = parse_event(message)
+        if not isinstance(payload, ev.CordonNode):
+            return  # a job's control request: admission decides it
+        if not await claim(conn, SERVICE, envelope.event_id):
+            return
+        if producers.PRODUCER_HEADER not in message.headers:
+            log.warning("refused %s of %s: not signed by a producer", envelope.type, payload.node_id)
+            return
+        verdict = await producers.verify(conn, message.headers, message.value, OPERATOR, payload.requested_by,
+                                         must_attest=True)
+        if verdict.reason is not None:
+            log.warning("refused %s of %s: %s", envelope.type, payload.node_id, verdict.reason)
+            return
+        now = clock()
+        await lock_cycle(conn)  # nodes are the cycle's input: their writers hold its lock
+        if await cordon(conn, payload, now) and not payload.cordon:
+            batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
+
+    return on_control
+
+
+async def cordon(conn: asyncpg.Connection, request: ev.CordonNode, now: datetime) -> bool:
+    """Apply the request; True when it changed the node (an unknown node, or one cordoned already, is
+    left as it is)."""
+    if not await store.set_cordon(conn, request.node_id, request.cordon, request.requested_by, request.reason, now):
+        log.info("%s of %s: nothing to change", "cordon" if request.cordon else "uncordon", request.node_id)
+        return False
+    event: ev.Payload = (ev.NodeCordoned(node_id=request.node_id, reason=request.reason,
+                                         requested_by=request.requested_by) if request.cordon
+                         else ev.NodeUncordoned(node_id=request.node_id, requested_by=request.requested_by))
+    await store.record_node_event(conn, event, now)
+    return True
