@@ -21,6 +21,7 @@ from gpusched_common.store import claim
 from gpusched_common.stores.tenancy import TenancyReader
 
 from gpusched_core import lifecycle
+from gpusched_core.submission import with_default_time_limit
 from services.admission import store
 from services.admission.core import (
     AdmissionLimits,
@@ -60,7 +61,8 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
         verdict = await authenticate(conn, policy, message, submission)
         tenant = submission.spec.tenant if submission.spec else None
         bucket = await store.lock_bucket(conn, tenant) if tenant is not None and verdict.reason is None else None
-        decided = decide_submission(submission, verdict, bucket, policy.rate, await tenancy.current(conn, now), now)
+        in_force = await tenancy.current(conn, now)
+        decided = decide_submission(submission, verdict, bucket, policy.rate, in_force, now)
         if decided.auth_failure is not None:
             credential = message.headers.get(producers.PRODUCER_HEADER) or message.headers.get(KEY_ID_HEADER)
             await store.record_auth_failure(conn, submission, credential, decided.auth_failure, now)
@@ -70,8 +72,10 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
             log.info("submission %s repeats request %s of tenant %s; no new job", submission.job_id,
                      submission.request_id, tenant)
             return
+        admitted = None if decided.reasons or submission.spec is None else \
+            with_default_time_limit(submission.spec, in_force)
         command = lifecycle.RegisterSubmission(
-            spec=None if decided.reasons else submission.spec, submitted_at=submission.submitted_at or now,
+            spec=admitted, submitted_at=submission.submitted_at or now,
             rejection_reasons=submission.reasons + decided.reasons, tenant_hint=submission.tenant_hint,
             request_id=submission.request_id, submitted_by=verdict.subject if verdict.tenant else None,
             producer=verdict.producer, hold=submission.hold,

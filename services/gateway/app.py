@@ -22,7 +22,7 @@ from gpusched_common.producers import read_key_file
 from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
-from services.gateway import control, handlers, submissions
+from services.gateway import control, handlers, logs, submissions
 from services.gateway.auth import AuthFailures, Problem, problem_response
 from services.gateway.publisher import SubmissionPublisher
 from services.gateway.ratelimit import PrincipalLimiter
@@ -90,6 +90,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(handlers.router)
     app.include_router(submissions.router)
     app.include_router(control.router)
+    app.include_router(logs.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

@@ -113,19 +113,34 @@ async def uncordon_node(request: Request, principal: Caller, node_id: str) -> JS
     return await _node_control(request, principal, node_id, False, None)
 
 
+class DrainRequest(CancelRequest):
+    grace_s: float = Field(600.0, gt=0, le=86400, description="how long each job may checkpoint before SIGKILL")
+
+
+@router.post("/v1/nodes/{node_id}/drain", status_code=202, openapi_extra=acts(Action.NODE_DRAIN))
+async def drain_node(request: Request, principal: Caller, node_id: str,
+                     body: DrainRequest | None = Body(None)) -> JSONResponse:
+    """Operators: cordon the node and preempt its jobs through the checkpoint protocol (each resumes on
+    another node); ``gpusched nodes`` shows it Draining, then Drained once empty."""
+    return await _node_control(request, principal, node_id, True, body, drain=body or DrainRequest())
+
+
 async def _node_control(request: Request, principal: Caller, node_id: str, cordon: bool,
-                        body: CancelRequest | None) -> JSONResponse:
+                        body: CancelRequest | None, drain: DrainRequest | None = None) -> JSONResponse:
     within_rate(request, principal, "submit")
-    allowed(principal, Action.NODE_CORDON if cordon else Action.NODE_UNCORDON, Resource.cluster())
+    action = Action.NODE_DRAIN if drain else Action.NODE_CORDON if cordon else Action.NODE_UNCORDON
+    allowed(principal, action, Resource.cluster())
     async with request.app.state.pool.acquire() as conn:
         node = await node_cordon(conn, node_id)
     if node is None:
         raise Problem(404, f"no node {node_id}")
-    verb = "cordon" if cordon else "uncordon"
-    if (node["cordoned_at"] is not None) == cordon:
+    verb = "drain" if drain else "cordon" if cordon else "uncordon"
+    done = node["drain_requested_at"] is not None if drain else (node["cordoned_at"] is not None) == cordon
+    if done:
         return JSONResponse({"node_id": node_id, "cordoned": cordon, verb: f"{verb}ed already"}, status_code=200)
     reason = (body.reason if body and body.reason else None) or f"{verb}ed by {principal.subject}"
-    payload = ev.CordonNode(node_id=node_id, cordon=cordon, reason=reason, requested_by=principal.subject)
+    payload = ev.CordonNode(node_id=node_id, cordon=cordon, reason=reason, requested_by=principal.subject,
+                            drain_grace_s=drain.grace_s if drain else None)
     value = node_control_bytes(payload, traceparent=current_traceparent())
     try:
         await request.app.state.publisher.publish([(node_id, value, None)], topic=JOBS_CONTROL.name,

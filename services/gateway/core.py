@@ -167,3 +167,12 @@ def _jsonable(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def node_state(node: dict[str, Any]) -> str:
+    """What an operator sees of a node: Lost, Drained (drained and empty), Draining, Cordoned, or Ready."""
+    if node["status"] != "Ready":
+        return str(node["status"])
+    if node.get("drain_requested_at") is not None:
+        return "Drained" if not node.get("allocations") else "Draining"
+    return "Cordoned" if node.get("cordoned_at") is not None else "Ready"

@@ -180,4 +180,4 @@ async def nodes(request: Request, principal: Caller) -> dict[str, Any]:
     within_rate(request, principal, "read")
     allowed(principal, Action.NODES_READ, Resource.cluster())
     async with request.app.state.pool.acquire() as conn:
-        return {"nodes": await node_inventory(conn)}
+        return {"nodes": [{**n, "state": core.node_state(n)} for n in await node_inventory(conn)]}

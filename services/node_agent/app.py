@@ -4,6 +4,7 @@ GPUSCHED_SIMULATED_NODES > 1, a fleet of simulated agents `<node_id>-001..N` in 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from faststream.kafka import KafkaBroker
 
@@ -14,6 +15,7 @@ from gpusched_common.topics import NODES_COMMANDS, agent_group
 from services.node_agent.agent import Agent
 from services.node_agent.config import AgentConfig
 from services.node_agent.fleet import Fleet, fleet_node_ids
+from services.node_agent.log_server import LogServer, log_app
 from services.node_agent.nvml import make_backend
 from services.node_agent.reporter import SERVICE, Send
 from services.node_agent.runner import JobRunner
@@ -27,20 +29,30 @@ def broker_sender(broker: KafkaBroker) -> Send:
     return send
 
 
-def build_agent(settings: AgentSettings, node_id: str, send: Send) -> Agent:
+def build_agent(settings: AgentSettings, node_id: str, send: Send, log_url: str | None = None) -> Agent:
     backend = make_backend(settings.nvml_backend, node_id, settings.simulated_gpus)
     runner = JobRunner(settings.agent_work_dir / node_id)
-    return Agent(AgentConfig.from_settings(settings, node_id), send, backend, runner)
+    config = replace(AgentConfig.from_settings(settings, node_id), log_url=log_url)
+    return Agent(config, send, backend, runner)
 
 
-def build_fleet(settings: AgentSettings, send: Send) -> Fleet:
+def build_log_server(settings: AgentSettings, node_ids: list[str]) -> LogServer | None:
+    if settings.agent_gateway_public_key is None:
+        return None
+    paths = {node_id: JobRunner(settings.agent_work_dir / node_id).log_path for node_id in node_ids}
+    return LogServer(log_app(settings.agent_gateway_public_key, paths), settings.agent_log_host,
+                     settings.agent_log_port, settings.agent_log_url)
+
+
+def build_fleet(settings: AgentSettings, send: Send, log_server: LogServer | None = None) -> Fleet:
     if settings.simulated_nodes > 1:
         if settings.nvml_backend != "simulated":
             raise ValueError("GPUSCHED_SIMULATED_NODES > 1 needs GPUSCHED_NVML_BACKEND=simulated")
         node_ids = fleet_node_ids(settings.node_id, settings.simulated_nodes)
     else:
         node_ids = [settings.node_id]
-    return Fleet(build_agent(settings, node_id, send) for node_id in node_ids)
+    url = log_server.url if log_server is not None else None
+    return Fleet(build_agent(settings, node_id, send, url) for node_id in node_ids)
 
 
 def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[None]], list[Fleet]]:
@@ -49,7 +61,12 @@ def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[
     built: list[Fleet] = []
 
     async def setup(runtime: Runtime) -> None:
-        fleet = build_fleet(settings, broker_sender(runtime.broker))
+        node_ids = fleet_node_ids(settings.node_id, settings.simulated_nodes) if settings.simulated_nodes > 1 \
+            else [settings.node_id]
+        log_server = build_log_server(settings, node_ids)
+        fleet = build_fleet(settings, broker_sender(runtime.broker), log_server)
+        if log_server is not None:
+            runtime.background.append(log_server.run)
         built.append(fleet)
         group = agent_group(settings.node_id if settings.simulated_nodes <= 1 else f"fleet-{settings.node_id}")
         runtime.subscribe(NODES_COMMANDS.name, group, fleet.on_command)

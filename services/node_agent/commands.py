@@ -84,7 +84,7 @@ class Commands:
                                         {**command.env, **job_env.env, **mig_env(command)},
                                         lease_epoch=ctx.lease.epoch,
                                         share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
-                                        attempt=command.attempt)
+                                        attempt=command.attempt, time_limit_s=command.time_limit_s)
         if isinstance(result, JobExit):
             ctx.reporter.in_order(ev.JobExitReported(job_id=result.job_id, node_id=ctx.node_id,
                                                      exit_code=result.exit_code, runtime_s=0.0, error=result.error,

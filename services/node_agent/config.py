@@ -24,6 +24,7 @@ class AgentConfig:
     labels: dict[str, str] = field(default_factory=dict)
     mps_pipe_dir: Path | None = None
     faults: tuple[Fault, ...] = ()
+    log_url: str | None = None  # the process's log server, advertised at registration
 
     @classmethod
     def from_settings(cls, settings: AgentSettings, node_id: str) -> AgentConfig:

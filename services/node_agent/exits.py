@@ -8,6 +8,7 @@ no longer expects it here ends unreported: nobody waits for it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -38,6 +39,17 @@ class JobExits:
     def watch(self, record: JobRecord, traceparent: str | None) -> None:
         self.running[record.job_id] = record
         self._ctx.spawn(self._wait_and_report(record, traceparent), f"watch-{record.job_id}")
+        if record.time_limit_s is not None:
+            self._ctx.spawn(self._enforce_limit(record), f"limit-{record.job_id}")
+
+    async def _enforce_limit(self, record: JobRecord) -> None:
+        """Stop the run when its time limit is reached (counted from its start: an adopted job keeps it)."""
+        assert record.time_limit_s is not None
+        await asyncio.sleep(max(0.0, record.started_at_s + record.time_limit_s - time.time()))
+        if self.running.get(record.job_id) is record:
+            log.info("%s: job %s reached its time limit of %.0fs", self._ctx.node_id, record.job_id,
+                     record.time_limit_s)
+            self.stop(record.job_id, ev.ExitReason.TIME_LIMIT)
 
     def stop(self, job_id: str, reason_code: str, grace_s: float | None = None) -> None:
         """Stop the job (SIGTERM, SIGKILL after `grace_s`, by default half the fencing grace); its exit is
@@ -96,7 +108,8 @@ class JobExits:
             return
         error = stop_error(reason, node_id=ctx.node_id, gpu_indices=record.gpu_indices,
                            lease_epoch=record.lease_epoch,
-                           unhealthy_reasons={i: h.reasons for i, h in ctx.health.items() if not h.healthy})
+                           unhealthy_reasons={i: h.reasons for i, h in ctx.health.items() if not h.healthy},
+                           time_limit_s=record.time_limit_s)
         with tracer().start_as_current_span(f"{SERVICE} job exited", context=context_from_traceparent(traceparent),
                                             attributes={"gpusched.job_id": record.job_id,
                                                         "gpusched.exit_code": result.exit_code}):

@@ -120,7 +120,8 @@ class JobRunner:
 
     async def start(self, job_id: str, command: list[str], gpu_indices: tuple[int, ...], env: dict[str, str],
                     *, lease_epoch: int = 0, share_milli: int | None = None,
-                    memory_mib: int | None = None, attempt: int = 1) -> JobRecord | JobExit:
+                    memory_mib: int | None = None, attempt: int = 1,
+                    time_limit_s: float | None = None) -> JobRecord | JobExit:
         """Start `command`; `env` is added to the agent's environment (and includes CUDA_VISIBLE_DEVICES)."""
         if not is_valid_id(job_id):
             return JobExit(job_id, 127, 0.0, error=f"invalid job id {job_id!r}")
@@ -141,7 +142,7 @@ class JobRunner:
         finally:
             output.close()
         record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, start_ticks(proc.pid), lease_epoch,
-                           share_milli, memory_mib, attempt)
+                           share_milli, memory_mib, attempt, time_limit_s)
         write_record(self._dir, record)
         self._procs[job_id] = proc
         return record

@@ -23,4 +23,9 @@ class AgentSettings(Settings):
     health_ignored_xids: str = "13,31,43,45,68,109"  # application errors, not GPU faults
     mps_pipe_dir: Path | None = None  # CUDA MPS control pipe; shares are enforced only when it exists
     simulated_faults: str = ""  # e.g. `xid:3:79@30s,ecc:1@60s,thermal:2@10s`; see node_agent/faults.py
+    # the log server the gateway reads jobs' output from; it runs only where the gateway's public key is given
+    agent_gateway_public_key: str | None = None  # the gateway producer's public key (urlsafe base64)
+    agent_log_host: str = "127.0.0.1"
+    agent_log_port: int = 0  # 0: a free port
+    agent_log_url: str | None = None  # what the node advertises (default http://host:port)
     simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -18,7 +18,10 @@ from gpusched_common.identity import OPERATOR
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import lock_cycle
+from gpusched_common.jobs import append_job_events, load_job
+from gpusched_core import lifecycle
 from gpusched_core import placement as engine
+from gpusched_core.preemption.jobs import preempt_commands
 
 from services.placement import store
 from services.placement.handlers import run_cycle
@@ -53,12 +56,34 @@ def make_node_control_handler(clock: Callable[[], datetime], policy: engine.Plac
 
 async def cordon(conn: asyncpg.Connection, request: ev.CordonNode, now: datetime) -> bool:
     """Apply the request; True when it changed the node (an unknown node, or one cordoned already, is
-    left as it is)."""
-    if not await store.set_cordon(conn, request.node_id, request.cordon, request.requested_by, request.reason, now):
+    left as it is). A drain also preempts every job on the node through the checkpoint protocol: each is
+    told (SIGTERM and a notice with its deadline), may checkpoint, and resumes on another node."""
+    drain = request.cordon and request.drain_grace_s is not None
+    if not await store.set_cordon(conn, request.node_id, request.cordon, request.requested_by, request.reason, now,
+                                  drain=drain):
         log.info("%s of %s: nothing to change", "cordon" if request.cordon else "uncordon", request.node_id)
         return False
     event: ev.Payload = (ev.NodeCordoned(node_id=request.node_id, reason=request.reason,
-                                         requested_by=request.requested_by) if request.cordon
+                                         requested_by=request.requested_by, draining=drain) if request.cordon
                          else ev.NodeUncordoned(node_id=request.node_id, requested_by=request.requested_by))
     await store.record_node_event(conn, event, now)
+    if drain:
+        assert request.drain_grace_s is not None
+        await drain_jobs(conn, request.node_id, request.drain_grace_s, request.reason, now)
     return True
+
+
+async def drain_jobs(conn: asyncpg.Connection, node_id: str, grace_s: float, reason: str, now: datetime) -> None:
+    """Preempt what runs on the node (every member of a gang), as the preemption service does for a
+    priority job: the job is asked, may checkpoint until the deadline, and queues again to resume."""
+    deadline = now + timedelta(seconds=grace_s)
+    why = f"node {node_id} is being drained: {reason}"
+    for job_id in await store.jobs_on(conn, node_id):
+        state = await load_job(conn, job_id)
+        asked = lifecycle.RequestPreemption(f"drain:{node_id}", 0, "", why, grace_s, deadline)
+        events = lifecycle.decide(state, asked, now)
+        if not events:
+            continue  # stopping already (preempted or cancelled): nothing more to ask
+        await append_job_events(conn, state, events, producer=SERVICE, now=now)
+        for command in preempt_commands(state, grace_s, deadline, why):
+            await store.send_command(conn, command, command.node_id, now)

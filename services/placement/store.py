@@ -82,15 +82,18 @@ async def nodes_of(conn: asyncpg.Connection, job_id: str) -> list[str]:
 
 
 async def set_cordon(conn: asyncpg.Connection, node_id: str, cordon: bool, by: str, reason: str,
-                     now: datetime) -> bool:
-    """Cordon or uncordon the node; False when there is no such node or it is so already."""
+                     now: datetime, drain: bool = False) -> bool:
+    """Cordon (and drain) or uncordon the node; False when there is no such node or it is so already."""
     if cordon:
         status = await conn.execute(
-            "UPDATE nodes SET cordoned_at = $2, cordoned_by = $3, cordon_reason = $4"
-            " WHERE node_id = $1 AND cordoned_at IS NULL", node_id, now, by, reason)
+            "UPDATE nodes SET cordoned_at = coalesce(cordoned_at, $2), cordoned_by = coalesce(cordoned_by, $3),"
+            " cordon_reason = coalesce(cordon_reason, $4),"
+            " drain_requested_at = CASE WHEN $5 THEN coalesce(drain_requested_at, $2) ELSE drain_requested_at END"
+            " WHERE node_id = $1 AND (cordoned_at IS NULL OR ($5 AND drain_requested_at IS NULL))",
+            node_id, now, by, reason, drain)
     else:
         status = await conn.execute(
-            "UPDATE nodes SET cordoned_at = NULL, cordoned_by = NULL, cordon_reason = NULL"
+            "UPDATE nodes SET cordoned_at = NULL, cordoned_by = NULL, cordon_reason = NULL, drain_requested_at = NULL"
             " WHERE node_id = $1 AND cordoned_at IS NOT NULL", node_id)
     return status == "UPDATE 1"
 
@@ -119,12 +122,14 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
     """Record the node's inventory and new lease (the node is Ready again)."""
     await conn.execute(
         "INSERT INTO nodes (node_id, hostname, labels, cpu_milli, memory_mib, nvml_backend, registered_at,"
-        " last_seen_at, lease_epoch) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) ON CONFLICT (node_id) DO UPDATE"
+        " last_seen_at, lease_epoch, log_url) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9)"
+        " ON CONFLICT (node_id) DO UPDATE"
         " SET hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
         " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
-        " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready'",
+        " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready',"
+        " log_url = EXCLUDED.log_url",
         node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
-        node.lease_epoch)
+        node.lease_epoch, node.log_url)
     await conn.executemany(
         "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy, mig_enabled, nvlink_domain)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"

@@ -214,3 +214,77 @@ async def test_cordon_keeps_new_work_off_a_node_until_uncordoned(local_stack):
     assert [r["type"] for r in history] == ["NodeCordoned", "NodeUncordoned"]
     cordoned = history[0]["payload"] if isinstance(history[0]["payload"], dict) else json.loads(history[0]["payload"])
     assert cordoned["reason"] == "firmware update" and cordoned["requested_by"].startswith("token:")
+
+
+async def test_a_job_ends_failed_at_its_time_limit(local_stack):
+    token = await token_for(local_stack, "user", "research", "grace")
+    with Client(local_stack.gateway, token) as client:
+        job_id = client.submit({"gpus": 1, "command": ["sleep", "600"], "time_limit_s": 2})["job_id"]
+        ended = await wait_state(client, job_id, "Failed", timeout_s=60)
+        assert ended["reasons"] == ["time limit 2s reached"], ended
+        started = next(e for e in ended["events"] if e["type"] == "JobStarted")
+        failed = next(e for e in ended["events"] if e["type"] == "JobFailed")
+        assert failed["payload"]["reason"] == "time limit 2s reached" and started["version"] < failed["version"]
+        assert await allocations(local_stack, job_id) == 0
+        with pytest.raises(ApiError) as bad:
+            client.submit({"gpus": 1, "command": ["true"], "time_limit_s": 0})
+        assert bad.value.status == 422 and bad.value.reasons[0].startswith("time_limit_s 0 is outside")
+    done = await asyncio.to_thread(cli, local_stack, token, "submit", "--time-limit", "1s", "--wait", "--", "sleep",
+                                   "600")
+    assert done.returncode == 143 and "JobFailed" in done.stdout, done.stderr  # ended by SIGTERM, as a shell says
+
+
+async def test_logs_come_through_the_gateway_and_follow_a_running_job(local_stack):
+    token = await token_for(local_stack, "user", "inference", "heidi")
+    teammate = await token_for(local_stack, "user", "inference", "ivan")
+    script = "for i in 1 2 3 4; do echo line $i; sleep 0.5; done; echo done >&2"
+    with Client(local_stack.gateway, token) as client:
+        job_id = client.submit({"gpus": 1, "command": ["sh", "-c", script]})["job_id"]
+        await wait_state(client, job_id, "Running")
+        streamed = b"".join(await asyncio.to_thread(lambda: list(client.follow_logs(job_id))))
+        assert streamed == b"line 1\nline 2\nline 3\nline 4\ndone\n"
+        assert client.job(job_id)["state"] == "Succeeded"  # the follow ended with the job
+        text, offset = client.logs(job_id)
+        assert text == streamed and offset == len(streamed)
+        gang = client.submit({"gpus": 1, "nodes": 2, "command": ["sh", "-c", "echo rank $NODE_RANK"]})["job_id"]
+        await wait_until_finished(local_stack.database_url, [gang], timeout_s=60, interval_s=0.2)
+        assert client.logs(gang, rank=1)[0] == b"rank 1\n"
+        with pytest.raises(ApiError) as no_rank:
+            client.logs(gang, rank=2)
+        assert no_rank.value.status == 404
+    with Client(local_stack.gateway, teammate) as other, pytest.raises(ApiError) as refused:
+        other.logs(job_id)
+    assert refused.value.status == 403  # logs may hold what a teammate should not see
+    tail = await asyncio.to_thread(cli, local_stack, token, "logs", job_id, "--tail", "2")
+    assert tail.returncode == 0 and tail.stdout == "line 4\ndone\n", tail.stderr
+
+
+CHECKPOINTING = ('if [ -n "$GPUSCHED_RESUME_FROM" ]; then echo "resumed from $GPUSCHED_RESUME_FROM"; exit 0; fi; '
+                 'trap \'echo "final" > "$GPUSCHED_CHECKPOINT_FILE"; exit 143\' TERM; '
+                 'i=0; while [ $i -lt 300 ]; do i=$((i+1)); echo "step-$i" > "$GPUSCHED_CHECKPOINT_FILE"; sleep 0.2; done')
+
+
+async def test_drain_moves_a_checkpointing_job_to_another_node_where_it_resumes(local_stack):
+    from pathlib import Path
+
+    from gpusched.config import read_config
+
+    operator = read_config(Path(local_stack.config_path))["token"]
+    user = await token_for(local_stack, "user", "research", "judy")
+    with Client(local_stack.gateway, user) as client, Client(local_stack.gateway, operator) as admin:
+        job_id = client.submit({"gpus": 2, "command": ["sh", "-c", CHECKPOINTING]})["job_id"]
+        first = (await wait_state(client, job_id, "Running"))["node_id"]
+        await asyncio.sleep(1.0)  # a checkpoint or two
+        assert admin.drain(first, "replace a PSU", grace_s=5)["drain"] == "requested"
+        done = await wait_state(client, job_id, "Succeeded", timeout_s=90)
+        assert done["node_id"] != first
+        types = [e["type"] for e in done["events"]]
+        assert "JobPreempted" in types and types.count("JobPlaced") == 2
+        asked = next(e for e in done["events"] if e["type"] == "PreemptionRequested")
+        assert asked["payload"]["reason"] == f"node {first} is being drained: replace a PSU"
+        assert (await asyncio.to_thread(client.logs, job_id))[0].startswith(b"resumed from ")
+        node = next(n for n in admin.nodes()["nodes"] if n["node_id"] == first)
+        assert node["state"] == "Drained"
+        assert admin.drain(first)["drain"] == "drained already"
+        admin.uncordon(first)
+        assert next(n for n in admin.nodes()["nodes"] if n["node_id"] == first)["state"] in ("Ready", "Drained")

@@ -110,9 +110,10 @@ def test_the_text_output_says_what_was_done_one_line_each(operator_env, tmp_path
     assert gateway_init(key_file, None, as_json=False) == 0
     kept = capsys.readouterr().out.splitlines()
 
-    assert len(created) == 2 and created[0].startswith("producer gateway: created ")
+    assert len(created) == 3 and created[0].startswith("producer gateway: created ")
     assert created[1].startswith(f"database role {GATEWAY_ROLE}: login enabled")
-    assert len(kept) == 1 and kept[0].startswith("producer gateway: kept ")
+    assert created[2].startswith("agents serve jobs' logs to the gateway with GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY=")
+    assert len(kept) == 2 and kept[0].startswith("producer gateway: kept ") and kept[1] == created[2]
     assert password_file.read_text() not in "\n".join(created)
 
 

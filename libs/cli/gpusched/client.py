@@ -84,6 +84,10 @@ class Client:
     def cordon(self, node_id: str, reason: str | None = None) -> dict[str, Any]:
         return self._call("POST", f"/v1/nodes/{node_id}/cordon", json={"reason": reason} if reason else None)
 
+    def drain(self, node_id: str, reason: str | None = None, grace_s: float = 600.0) -> dict[str, Any]:
+        return self._call("POST", f"/v1/nodes/{node_id}/drain",
+                          json={"grace_s": grace_s, **({"reason": reason} if reason else {})})
+
     def uncordon(self, node_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/nodes/{node_id}/uncordon")
 
@@ -109,6 +113,32 @@ class Client:
                 raise _error(response)
             for data in _sse_data(response.iter_lines()):
                 yield json.loads(data)
+
+    def logs(self, job_id: str, *, rank: int = 0) -> tuple[bytes, int]:
+        """All of the job's output so far (from its ``rank``'s node), and the offset it ended at."""
+        parts, offset = [], 0
+        while True:
+            try:
+                response = self._http.get(f"/v1/jobs/{job_id}/logs", params={"rank": rank, "offset": offset})
+            except httpx.HTTPError as exc:
+                raise ApiError(0, f"the gateway at {self.server} is not reachable ({type(exc).__name__})") from None
+            if response.status_code >= 400:
+                raise _error(response)
+            parts.append(response.content)
+            following = int(response.headers.get("x-log-next-offset", offset))
+            if not response.content or following == offset:
+                return b"".join(parts), offset
+            offset = following
+
+    def follow_logs(self, job_id: str, *, rank: int = 0, offset: int = 0) -> Iterator[bytes]:
+        """The job's output as it is written, from ``offset``, until the job has ended."""
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params={"rank": rank, "offset": offset,
+                                                                          "follow": "true"},
+                               timeout=httpx.Timeout(DEFAULT_TIMEOUT_S, read=None)) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error(response)
+            yield from response.iter_bytes()
 
     def queue(self, tenant: str | None = None) -> dict[str, Any]:
         return self._call("GET", "/v1/queue", params={"tenant": tenant} if tenant else None)

@@ -15,6 +15,7 @@ import yaml
 
 from gpusched import ApiError, Client, NoServer
 from gpusched_common.table import render
+from gpusched_core.durations import parse_duration
 from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
 
 FINISHED = ("Succeeded", "Failed", "Cancelled", "Rejected")
@@ -35,6 +36,7 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name")
     p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")
     p.add_argument("-f", "--file", help="a Kubernetes pod spec (YAML); `-` reads stdin")
+    p.add_argument("--time-limit", metavar="DURATION", help="stop the job after this long, e.g. 90m, 2h, 3600")
     p.add_argument("--hold", action="store_true", help="submit held: it waits for `gpusched release`")
     p.add_argument("--wait", action="store_true", help="follow the job and exit with its exit code (like srun)")
     p.add_argument("--json", action="store_true")
@@ -89,13 +91,16 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_nodes)
 
     for verb, text in (("cordon", "operators: place no new work on nodes (what runs goes on)"),
+                       ("drain", "operators: cordon nodes and preempt their jobs to resume elsewhere"),
                        ("uncordon", "operators: place work on nodes again")):
         p = sub.add_parser(verb, help=text)
         p.add_argument("node_ids", nargs="+", metavar="NODE")
-        if verb == "cordon":
-            p.add_argument("--reason", help="why, recorded with the cordon")
+        if verb != "uncordon":
+            p.add_argument("--reason", help=f"why, recorded with the {verb}")
+        if verb == "drain":
+            p.add_argument("--grace", default="10m", help="how long each job may checkpoint (default 10m)")
         p.add_argument("--json", action="store_true")
-        p.set_defaults(func=cmd_cordon if verb == "cordon" else cmd_uncordon)
+        p.set_defaults(func={"cordon": cmd_cordon, "drain": cmd_drain, "uncordon": cmd_uncordon}[verb])
 
 
 def _print(data: object, as_json: bool, text: str) -> None:
@@ -123,7 +128,7 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
     cannot make one. The gateway checks the rest (and says why)."""
     if args.file:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        if args.tenant is None and args.priority is None:
+        if args.tenant is None and args.priority is None and args.time_limit is None:
             return "yaml", text
         try:
             doc = yaml.safe_load(text)
@@ -135,6 +140,8 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
             doc.setdefault("metadata", {})["namespace"] = args.tenant
         if args.priority is not None:
             doc.setdefault("spec", {})["priority"] = args.priority
+        if args.time_limit is not None:
+            doc.setdefault("spec", {})["activeDeadlineSeconds"] = parse_duration(args.time_limit)
         return "yaml", yaml.safe_dump(doc, sort_keys=False)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -146,6 +153,7 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
                 "mig_profile": args.mig,
                 "cpu_milli": cpu_milli(args.cpu) if args.cpu is not None else None,
                 "memory_mib": memory_mib(args.memory) if args.memory is not None else None,
+                "time_limit_s": parse_duration(args.time_limit) if args.time_limit is not None else None,
                 "gpu_share": {"milli": round(args.gpu_share * 1000), "memory_mib": args.gpu_memory_mib or 0}
                 if args.gpu_share is not None else None}
     spec.update({k: v for k, v in optional.items() if v is not None})
@@ -315,7 +323,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_nodes(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         nodes = client.nodes()["nodes"]
-        rows = [(n["node_id"], n["status"] + (" (cordoned)" if n.get("cordoned_at") else ""),
+        rows = [(n["node_id"], n.get("state") or n["status"],
                  ",".join(n.get("gpu_models") or []), n["gpus"], n["healthy_gpus"], n["allocations"],
                  n.get("lease_epoch"), n.get("cordon_reason") or "") for n in nodes]
         _print(nodes, args.json, render(["NODE", "STATUS", "MODELS", "GPUS", "HEALTHY", "ALLOCATIONS", "EPOCH", "CORDON"],
@@ -352,6 +360,16 @@ def _detail(event: dict) -> str:
 
 def cmd_cordon(args: argparse.Namespace) -> int:
     return _each("cordon", args, lambda client, node_id: client.cordon(node_id, args.reason), "cordon",
+                 args.node_ids, "node_id")
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    try:
+        grace_s = parse_duration(args.grace)
+    except ValueError as exc:
+        print(f"gpusched drain: --grace: {exc}", file=sys.stderr)
+        return 2
+    return _each("drain", args, lambda client, node_id: client.drain(node_id, args.reason, grace_s), "drain",
                  args.node_ids, "node_id")
 
 

@@ -35,6 +35,7 @@ class Provisioned:
     producer_id: str
     producer_created: bool
     login_enabled: bool
+    public_key: str = ""  # the gateway producer's public key: what agents check log requests against
 
 
 def add_provision_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -75,7 +76,7 @@ async def provision(conn: asyncpg.Connection, key_file: Path, password: str | No
         if password is not None:
             await db_roles.enable_login(conn, GATEWAY_ROLE, password)
     created = before is None or before.producer_id != key.producer_id
-    return Provisioned(key.producer_id, created, password is not None)
+    return Provisioned(key.producer_id, created, password is not None, key.public_key_text())
 
 
 def cmd_gateway_init(args: argparse.Namespace) -> int:
@@ -100,7 +101,7 @@ def _report(done: Provisioned, key_file: Path, as_json: bool) -> None:
     if as_json:
         print(json.dumps({
             "producer": {"producer_id": done.producer_id, "name": GATEWAY_PRODUCER, "created": done.producer_created,
-                         "key_file": str(key_file)},
+                         "key_file": str(key_file), "public_key": done.public_key},
             "role": {"role": GATEWAY_ROLE, "login_enabled": True} if done.login_enabled else None,
         }, indent=2))
         return
@@ -110,3 +111,4 @@ def _report(done: Provisioned, key_file: Path, as_json: bool) -> None:
         print(f"producer {GATEWAY_PRODUCER}: kept {done.producer_id} ({key_file} holds its valid key)")
     if done.login_enabled:
         print(f"database role {GATEWAY_ROLE}: login enabled with the password from the role password file")
+    print(f"agents serve jobs' logs to the gateway with GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY={done.public_key}")

@@ -162,6 +162,8 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     if "GPUSCHED_TENANTS_FILE" not in env and "GPUSCHED_TENANTS_FILE" not in os.environ:
         env["GPUSCHED_TENANTS_FILE"] = str(make_local_tenancy(home, node_specs(nodes, gpu_models, gpus_per_node)))
     state.env = env
+    await start_gateway(state)  # first: the agents are given its public key (they serve it the jobs' logs)
+    progress(f"gateway    {state.gateway} (server and an operator token in {state.config_path})")
     for name in SERVICES:
         start_service(state, name, f"services.{name}")
     for node_id, spec in node_specs(nodes, gpu_models, gpus_per_node):
@@ -171,8 +173,6 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     save(state)
     progress(f"services   {', '.join(SERVICES)} and {nodes} node agent(s) started")
     progress(f"metrics    http://127.0.0.1:{env['GPUSCHED_METRICS_PORT']}/metrics (Prometheus)")
-    await start_gateway(state)
-    progress(f"gateway    {state.gateway} (server and an operator token in {state.config_path})")
     await wait_for_nodes(url, nodes)
     progress(f"ready      {nodes} node(s) registered")
     return state
@@ -187,8 +187,8 @@ async def start_gateway(state: StackState, timeout_s: float = 60.0) -> None:
     conn = await asyncpg.connect(state.database_url)
     try:
         async with conn.transaction():
-            await producers.ensure(conn, key_file, name="gateway", tenants=(OPERATOR,), attests=True,
-                                   created_by="gpusched up", now=now)
+            key = await producers.ensure(conn, key_file, name="gateway", tenants=(OPERATOR,), attests=True,
+                                         created_by="gpusched up", now=now)
             await db_roles.enable_login(conn, db_roles.GATEWAY_ROLE, password)
             token, _ = await tokens.issue(conn, role="operator", tenant=None, name="local-operator", expires_at=None,
                                           created_by="gpusched up", now=now)
@@ -199,6 +199,7 @@ async def start_gateway(state: StackState, timeout_s: float = 60.0) -> None:
         "GPUSCHED_GATEWAY_PORT": str(port), "GPUSCHED_GATEWAY_PRODUCER_KEY_FILE": str(key_file),
         "GPUSCHED_GATEWAY_DATABASE_URL": db_roles.role_url(state.database_url, db_roles.GATEWAY_ROLE, password)})
     state.gateway = f"http://127.0.0.1:{port}"
+    state.env["GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY"] = key.public_key_text()  # the agents' log servers know it
     state.config_path = str(write_config(state.gateway, token))
     save(state)
     await wait_until_ready(state.gateway, timeout_s)

@@ -41,6 +41,7 @@ class JobRecord:
     share_milli: int | None = None
     memory_mib: int | None = None
     attempt: int = 1  # the job's run on this cluster (a requeued or resumed job runs again)
+    time_limit_s: float | None = None  # stopped after this long (kept here: an agent restarted enforces it)
 
 
 def record_path(work_dir: Path, job_id: str) -> Path:

@@ -50,6 +50,15 @@ class ProducerKey:
     def public_key(self) -> bytes:
         return self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
+    def public_key_text(self) -> str:
+        """The public key as text (urlsafe base64): what an agent is given to recognise this producer."""
+        return _b64(self.public_key())
+
+    def request_headers(self, method: str, target: str, at: float) -> dict[str, str]:
+        """The headers that authenticate an HTTP request (``target``: path and query) made at ``at``."""
+        return {REQUEST_TIME_HEADER: f"{at:.3f}",
+                SIGNATURE_HEADER: _b64(self.private.sign(request_message(method, target, f"{at:.3f}")))}
+
     def headers(self, value: bytes) -> dict[str, str]:
         """The two headers that authenticate ``value`` as this producer's."""
         return {PRODUCER_HEADER: self.producer_id, SIGNATURE_HEADER: _b64(self.private.sign(value))}
@@ -239,3 +248,33 @@ def _info(row: asyncpg.Record) -> ProducerInfo:
     return ProducerInfo(producer_id=row["producer_id"], name=row["name"], tenants=tuple(row["tenants"]),
                         attests=row["attests"], created_at=row["created_at"], created_by=row["created_by"],
                         revoked_at=row["revoked_at"])
+
+
+# --- signed HTTP requests: how the gateway asks a node agent for a job's log --------------------------
+
+REQUEST_TIME_HEADER = "gpusched-request-time"
+MAX_REQUEST_SKEW_S = 60.0
+
+
+def request_message(method: str, target: str, at: str) -> bytes:
+    return f"{method.upper()}\n{target}\n{at}".encode()
+
+
+def check_request(public_key: str, method: str, target: str, headers: dict[str, str], now: float) -> str | None:
+    """None when the request was signed by the holder of ``public_key`` (urlsafe base64) within
+    ``MAX_REQUEST_SKEW_S`` of ``now``; otherwise why not (a replayed or forged request is refused)."""
+    at, signature = headers.get(REQUEST_TIME_HEADER), headers.get(SIGNATURE_HEADER)
+    if not at or not signature:
+        return f"unsigned request: {REQUEST_TIME_HEADER} and {SIGNATURE_HEADER} are required"
+    try:
+        when = float(at)
+    except ValueError:
+        return f"{REQUEST_TIME_HEADER} is not a time"
+    if abs(now - when) > MAX_REQUEST_SKEW_S:
+        return f"the request was signed {now - when:.0f}s from now (at most {MAX_REQUEST_SKEW_S:g}s)"
+    try:
+        Ed25519PublicKey.from_public_bytes(_unb64(public_key)).verify(_unb64(signature),
+                                                                      request_message(method, target, at))
+    except (InvalidSignature, binascii.Error, ValueError):
+        return "the request's signature does not verify"
+    return None

@@ -88,6 +88,7 @@ def spec_from_pod_yaml(text: str, *, tenant: str | None = None, priority: int | 
         mig_profile=migs[0][len(MIG_RESOURCE_PREFIX):] if migs else None,
         cpu_milli=sum(cpu_milli(q) for q in _host(containers, "cpu")),
         memory_mib=sum(memory_mib(q) for q in _host(containers, "memory")),
+        time_limit_s=_deadline(pod),
     )
 
 
@@ -122,3 +123,13 @@ def _gpu_limit(container: dict[str, Any]) -> int:
         return int(value)
     except (TypeError, ValueError) as exc:
         raise PodSpecError(f"{GPU_RESOURCE} must be an integer, got {value!r}") from exc
+
+
+def _deadline(pod: dict[str, Any]) -> float | None:
+    """``activeDeadlineSeconds``: how long the pod may run, the job's time limit."""
+    value = pod.get("activeDeadlineSeconds")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PodSpecError(f"activeDeadlineSeconds must be a number of seconds, got {value!r}")
+    return float(value)

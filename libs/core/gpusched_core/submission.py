@@ -24,10 +24,13 @@ from gpusched_common.resources import (
     model_memory_mib,
 )
 
+from gpusched_core.durations import format_duration
 from gpusched_core.placement.mig import MIG_FAMILIES
 from gpusched_core.quota import Tenancy
 from gpusched_core.quota.jobs import priority_class_for, queued_job, to_pending
 from gpusched_core.quota.reasons import not_allowed, unknown_tenant
+
+MAX_TIME_LIMIT_S = 366 * 86400.0  # a year: beyond it a limit is no limit (a tenancy may set a lower maximum)
 
 # MIG profiles each MIG-capable model offers (the placement engine's geometry, NVIDIA's names)
 MIG_PROFILES_BY_MODEL = {model: tuple(profiles) for model, profiles in MIG_FAMILIES.items()}
@@ -62,6 +65,8 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
         reasons.append(f"memory_mib {spec.memory_mib} is outside 0..{limits.max_memory_mib_per_node} (per node)")
     if not 0 <= spec.priority <= limits.max_priority:
         reasons.append(f"priority {spec.priority} is outside 0..{limits.max_priority}")
+    if spec.time_limit_s is not None and not 0 < spec.time_limit_s <= MAX_TIME_LIMIT_S:
+        reasons.append(f"time_limit_s {spec.time_limit_s:g} is outside (0, {MAX_TIME_LIMIT_S:g}] seconds")
     if not spec.command or not all(spec.command):
         reasons.append("command is empty")
     elif sum(len(part.encode()) for part in spec.command) > limits.max_command_bytes:
@@ -121,6 +126,10 @@ def check_against_tenancy(job_id: str, spec: ev.JobSpec, tenancy: Tenancy) -> tu
     if tenant is None or not tenant.is_leaf:
         return (unknown_tenant(spec.tenant),)
     reasons = []
+    limits = tenant.time_limits
+    if spec.time_limit_s is not None and limits.max_s is not None and spec.time_limit_s > limits.max_s:
+        reasons.append(f"time limit {format_duration(spec.time_limit_s)} exceeds tenant {spec.tenant}'s maximum of "
+                       f"{format_duration(limits.max_s)}")
     priority_class = priority_class_for(tenancy, spec.priority)
     if priority_class not in tenant.priority_classes:
         reasons.append(not_allowed(spec.tenant, priority_class, tenant.priority_classes))
@@ -131,3 +140,12 @@ def check_against_tenancy(job_id: str, spec: ev.JobSpec, tenancy: Tenancy) -> tu
         if isinstance(pending, str):
             reasons.append(pending)
     return tuple(reasons)
+
+
+def with_default_time_limit(spec: ev.JobSpec, tenancy: Tenancy | None) -> ev.JobSpec:
+    """The spec with its tenant's default time limit where it names none (the tenancy's; none: as it is)."""
+    if spec.time_limit_s is not None or tenancy is None:
+        return spec
+    tenant = tenancy.tenants.get(tenancy.charged_tenant(spec.tenant))
+    default = tenant.time_limits.default_s if tenant is not None else None
+    return spec if default is None else spec.model_copy(update={"time_limit_s": default})

@@ -43,6 +43,9 @@ class JobSpec(Frozen):
     command: list[str]
     name: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # the longest one run may hold its GPUs: the agent stops it then (SIGTERM, a grace, SIGKILL) and it
+    # ends Failed, "time limit 2h reached"; None: the tenant's default (the tenancy), else no limit
+    time_limit_s: float | None = None
 
     @property
     def kind(self) -> str:

@@ -31,6 +31,7 @@ class StartJob(Payload):
     # creates it and gives the job its MIG device UUID
     mig_profile: str | None = None
     mig_start: int | None = None
+    time_limit_s: float | None = None  # the agent stops the run after this long (JobSpec.time_limit_s)
 
 
 class PreemptJob(Payload):
@@ -100,6 +101,7 @@ class NodeRegistered(Payload):
     # the agent's lease epoch: it grows each time an agent (re)starts or regains a lease it lost
     lease_epoch: int = 0
     running_jobs: list[str] = Field(default_factory=list)  # jobs the agent adopted at (re)registration
+    log_url: str | None = None  # where the gateway reads its jobs' logs (None: it serves none)
 
 
 class NodeHeartbeat(Payload):
@@ -136,6 +138,7 @@ class ExitReason(StrEnum):
     GPU_UNHEALTHY = "gpu_unhealthy"  # a GPU of the job failed (or was already cordoned when it was to start)
     STOPPED = "stopped"  # a StopJob (e.g. the job was cancelled)
     PREEMPTED = "preempted"  # a PreemptJob: notice, grace period, then SIGKILL
+    TIME_LIMIT = "time_limit"  # the run reached its time limit: SIGTERM, grace period, then SIGKILL
 
 
 class JobExitReported(Payload):
@@ -222,15 +225,17 @@ class CordonNode(Payload):
     cordon: bool
     reason: str
     requested_by: str
+    drain_grace_s: float | None = None  # with cordon: drain too, preempting its jobs with this grace period
 
 
 class NodeCordoned(Payload):
-    """No new work is placed on the node; what runs there goes on."""
+    """No new work is placed on the node; what runs there goes on (or, draining, is preempted)."""
 
     TYPE: ClassVar[str] = "NodeCordoned"
     node_id: str
     reason: str
     requested_by: str
+    draining: bool = False  # its jobs are preempted through the checkpoint protocol, to resume elsewhere
 
 
 class NodeUncordoned(Payload):

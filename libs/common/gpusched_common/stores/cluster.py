@@ -123,7 +123,7 @@ async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
     many allocations and distinct jobs it holds, by node id. For the gateway's nodes view."""
     rows = await conn.fetch(
         "SELECT n.node_id, n.hostname, n.status, n.labels, n.cpu_milli, n.memory_mib, n.lease_epoch, n.lost_epoch,"
-        " n.cordoned_at, n.cordoned_by, n.cordon_reason,"
+        " n.cordoned_at, n.cordoned_by, n.cordon_reason, n.drain_requested_at,"
         " n.lease_ttl_s, n.last_seen_at, n.registered_at,"
         " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id) AS gpus,"
         " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id AND g.healthy) AS healthy_gpus,"
@@ -136,6 +136,12 @@ async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
 
 async def node_cordon(conn: asyncpg.Connection, node_id: str) -> dict[str, Any] | None:
     """Whether the node is cordoned, since when, by whom and why (None: no such node); for the gateway."""
-    row = await conn.fetchrow("SELECT node_id, cordoned_at, cordoned_by, cordon_reason FROM nodes WHERE node_id = $1",
-                              node_id)
+    row = await conn.fetchrow("SELECT node_id, cordoned_at, cordoned_by, cordon_reason, drain_requested_at FROM nodes"
+                              " WHERE node_id = $1", node_id)
     return dict(row) if row is not None else None
+
+
+async def node_log_urls(conn: asyncpg.Connection, node_ids: list[str]) -> dict[str, str | None]:
+    """Where each node serves its jobs' logs (None: it serves none); for the gateway."""
+    rows = await conn.fetch("SELECT node_id, log_url FROM nodes WHERE node_id = ANY($1::text[])", node_ids)
+    return {r["node_id"]: r["log_url"] for r in rows}

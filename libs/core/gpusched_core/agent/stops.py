@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpusched_common.events import ExitReason
+
+from gpusched_core.durations import format_duration
 from .start import Ignore
 
 # why a PreemptJob is ignored
@@ -62,7 +64,7 @@ def decide_gpu_fault(*, gpu_index: int, healthy: bool, job_gpus: Mapping[str, Se
 
 
 def stop_error(reason_code: str | None, *, node_id: str, gpu_indices: Sequence[int], lease_epoch: int,
-               unhealthy_reasons: Mapping[int, Sequence[str]]) -> str | None:
+               unhealthy_reasons: Mapping[int, Sequence[str]], time_limit_s: float | None = None) -> str | None:
     """The error of an exit the agent caused: which GPUs failed and why (`unhealthy_reasons`: the reasons
     of each unhealthy GPU of the node), or which lease expired; None for other stops."""
     if reason_code == ExitReason.GPU_UNHEALTHY:
@@ -70,4 +72,7 @@ def stop_error(reason_code: str | None, *, node_id: str, gpu_indices: Sequence[i
         return f"stopped by {node_id}: {', '.join(sick) or 'GPU unhealthy'}"
     if reason_code == ExitReason.LEASE_LOST:
         return f"stopped by {node_id}: node lease (epoch {lease_epoch}) expired"
+    if reason_code == ExitReason.TIME_LIMIT:
+        return f"time limit {format_duration(time_limit_s or 0)} reached"
     return None
+

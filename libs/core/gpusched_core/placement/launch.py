@@ -49,7 +49,7 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
                                                    **gang_env(placement, rank, hostnames)},
                         attempt=attempt, gpu_share_milli=placement.share_milli,
                         gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
-                        mig_start=placement.mig_start)
+                        mig_start=placement.mig_start, time_limit_s=spec.time_limit_s)
             for rank, member in enumerate(placement.all_members)]
 
 

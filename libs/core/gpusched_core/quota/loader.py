@@ -20,7 +20,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .model import FlavorQuota, Tenancy, Tenant
+from gpusched_core.durations import format_duration, parse_duration
+
+from .model import FlavorQuota, Tenancy, Tenant, TimeLimits
 from .units import gpus_to_units
 
 SUPPORTED_VERSIONS = (1,)
@@ -51,6 +53,10 @@ class TenantDoc(_Strict):
     priority_classes: list[str] = Field(default_factory=list)
     quota: dict[str, FlavorQuotaDoc] = Field(default_factory=dict)
     children: list[TenantDoc] = Field(default_factory=list)
+    # job time limits (seconds, or 90m, 2h, 7d): a job naming none gets the default; none may ask more than
+    # the maximum. Inherited from the nearest ancestor that sets them.
+    default_time_limit: float | str | None = None
+    max_time_limit: float | str | None = None
 
 
 class UnitsDoc(_Strict):
@@ -148,9 +154,27 @@ def _default_class(parsed: TenancyDoc, problems: list[str]) -> str:
     return name
 
 
+def _time_limits(doc: TenantDoc, inherited: TimeLimits, here: str, problems: list[str]) -> TimeLimits:
+    values = {}
+    for name, given, before in (("default_time_limit", doc.default_time_limit, inherited.default_s),
+                                ("max_time_limit", doc.max_time_limit, inherited.max_s)):
+        try:
+            values[name] = parse_duration(given) if given is not None else before
+        except ValueError as exc:
+            problems.append(f"{here}: {name}: {exc}")
+            values[name] = before
+    limits = TimeLimits(values["default_time_limit"], values["max_time_limit"])
+    if limits.default_s is not None and limits.max_s is not None and limits.default_s > limits.max_s:
+        problems.append(f"{here}: default_time_limit {format_duration(limits.default_s)} exceeds max_time_limit "
+                        f"{format_duration(limits.max_s)}")
+    return limits
+
+
 def _collect(doc: TenantDoc, parent: str | None, where: str, inherited: frozenset[str], parsed: TenancyDoc,
-             flavors: tuple[str, ...], out: dict[str, Tenant], problems: list[str]) -> None:
+             flavors: tuple[str, ...], out: dict[str, Tenant], problems: list[str],
+             inherited_limits: TimeLimits = TimeLimits()) -> None:
     here = f"{where} ({doc.name})"
+    limits = _time_limits(doc, inherited_limits, here, problems)
     if not NAME.match(doc.name):
         problems.append(f"{where}: name {doc.name!r} must be 1-63 letters, digits, '.', '_' or '-'")
     if doc.name in out:
@@ -161,9 +185,10 @@ def _collect(doc: TenantDoc, parent: str | None, where: str, inherited: frozense
     classes = frozenset(doc.priority_classes) & frozenset(parsed.priority_classes) or inherited
     quota = {f: _flavor_quota(q, f, bool(doc.children), here, problems) for f, q in doc.quota.items()}
     out[doc.name] = Tenant(doc.name, parent, tuple(c.name for c in doc.children),
-                           MappingProxyType({f: q for f, q in quota.items() if f in flavors}), doc.weight, classes)
+                           MappingProxyType({f: q for f, q in quota.items() if f in flavors}), doc.weight, classes,
+                           limits)
     for j, child in enumerate(doc.children):
-        _collect(child, doc.name, f"{where}.children[{j}]", classes, parsed, flavors, out, problems)
+        _collect(child, doc.name, f"{where}.children[{j}]", classes, parsed, flavors, out, problems, limits)
 
 
 def _flavor_quota(q: FlavorQuotaDoc, flavor: str, inner: bool, here: str, problems: list[str]) -> FlavorQuota:

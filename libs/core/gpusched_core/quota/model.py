@@ -48,6 +48,7 @@ class Tenant:
     quota: Mapping[str, FlavorQuota]
     weight: float
     priority_classes: frozenset[str]  # resolved: inherited from the nearest ancestor that lists any
+    time_limits: TimeLimits = field(default_factory=lambda: TimeLimits())  # resolved like priority classes
 
     @property
     def is_leaf(self) -> bool:
@@ -58,6 +59,15 @@ class Tenant:
 
 
 _NO_QUOTA = FlavorQuota()
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLimits:
+    """A tenant's job time limits in seconds: given to a job that names none (``default_s``), and the
+    most a job may ask (``max_s``); None: none."""
+
+    default_s: float | None = None
+    max_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
