@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from gpusched_common import events as ev
-from gpusched_common.jobs import control_bytes, node_control_bytes
+from gpusched_common.jobs import control_bytes
 from gpusched_common.stores.cluster import node_cordon
 from gpusched_common.topics import JOBS_CONTROL
 from gpusched_common.tracing import current_traceparent
@@ -37,20 +37,13 @@ async def cancel_job(request: Request, principal: Caller, job_id: str,
                      body: CancelRequest | None = Body(None)) -> JSONResponse:
     """Cancel a job in any state: one waiting ends Cancelled; one running is stopped (SIGTERM, a grace,
     SIGKILL) and ends Cancelled once its agents report it gone. 202 when asked; 200 when it had ended."""
-    within_rate(request, principal, "submit")
-    async with request.app.state.pool.acquire() as conn:
-        job = await visible_job(conn, principal, Action.JOB_CANCEL, job_id)
+    job = await _controlled(request, principal, Action.JOB_CANCEL, job_id)
     if job["state"] in FINISHED:
         return JSONResponse({"job_id": job_id, "state": job["state"], "cancel": f"nothing to cancel: the job "
                              f"already {job['state']}"}, status_code=200)
     reason = (body.reason if body and body.reason else None) or f"cancelled by {principal.subject}"
-    request_ = ev.CancelJob(job_id=job_id, reason=reason, requested_by=principal.subject)
-    value = control_bytes(request_, tenant=job["tenant"], traceparent=current_traceparent())
-    try:
-        await request.app.state.publisher.publish([(job_id, value, None)], topic=JOBS_CONTROL.name,
-                                                  event_type=ev.CancelJob.TYPE)
-    except NotPublished as exc:
-        raise Problem(503, f"the cancel was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
+    await _send(request, ev.CancelJob(job_id=job_id, reason=reason, requested_by=principal.subject), job_id,
+                job["tenant"])
     body_out: dict[str, Any] = {"job_id": job_id, "state": job["state"], "cancel": "requested", "reason": reason}
     return JSONResponse(body_out, status_code=202)
 
@@ -69,7 +62,8 @@ async def hold_job(request: Request, principal: Caller, job_id: str,
     if job["state"] not in HOLDABLE:
         raise Problem(409, f"job {job_id} is {job['state']}: only a waiting job (Admitted or Queued) can be held")
     reason = (body.reason if body and body.reason else None) or f"held by {principal.subject}"
-    await _send(request, ev.HoldJob(job_id=job_id, reason=reason, requested_by=principal.subject), job["tenant"])
+    await _send(request, ev.HoldJob(job_id=job_id, reason=reason, requested_by=principal.subject), job_id,
+                job["tenant"])
     return JSONResponse({"job_id": job_id, "state": job["state"], "hold": "requested", "reason": reason},
                         status_code=202)
 
@@ -81,7 +75,7 @@ async def release_job(request: Request, principal: Caller, job_id: str) -> JSONR
     if job["state"] != "Held":
         raise Problem(409, f"job {job_id} is {job['state']}, not Held: there is nothing to release")
     await _send(request, ev.ReleaseJob(job_id=job_id, reason=f"released by {principal.subject}",
-                                       requested_by=principal.subject), job["tenant"])
+                                       requested_by=principal.subject), job_id, job["tenant"])
     return JSONResponse({"job_id": job_id, "state": "Held", "release": "requested"}, status_code=202)
 
 
@@ -91,10 +85,13 @@ async def _controlled(request: Request, principal: Caller, action: Action, job_i
         return await visible_job(conn, principal, action, job_id)
 
 
-async def _send(request: Request, payload: ev.HoldJob | ev.ReleaseJob, tenant: str) -> None:
+async def _send(request: Request, payload: ev.CancelJob | ev.HoldJob | ev.ReleaseJob | ev.CordonNode, key: str,
+                tenant: str | None = None) -> None:
+    """Publish a control request on ``gpusched.jobs.control`` (keyed by its job or node), signed as the
+    gateway's producer, and wait for the broker's ack; 503 when it did not take it."""
     value = control_bytes(payload, tenant=tenant, traceparent=current_traceparent())
     try:
-        await request.app.state.publisher.publish([(payload.job_id, value, None)], topic=JOBS_CONTROL.name,
+        await request.app.state.publisher.publish([(key, value, None)], topic=JOBS_CONTROL.name,
                                                   event_type=payload.TYPE)
     except NotPublished as exc:
         raise Problem(503, f"the request was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
@@ -141,11 +138,6 @@ async def _node_control(request: Request, principal: Caller, node_id: str, cordo
     reason = (body.reason if body and body.reason else None) or f"{verb}ed by {principal.subject}"
     payload = ev.CordonNode(node_id=node_id, cordon=cordon, reason=reason, requested_by=principal.subject,
                             drain_grace_s=drain.grace_s if drain else None)
-    value = node_control_bytes(payload, traceparent=current_traceparent())
-    try:
-        await request.app.state.publisher.publish([(node_id, value, None)], topic=JOBS_CONTROL.name,
-                                                  event_type=payload.TYPE)
-    except NotPublished as exc:
-        raise Problem(503, f"the request was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
+    await _send(request, payload, node_id)
     return JSONResponse({"node_id": node_id, "cordoned": not cordon, verb: "requested", "reason": reason},
                         status_code=202)

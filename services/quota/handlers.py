@@ -80,11 +80,12 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
         tenancy = await tenancies.current(conn)
         now = clock()
         if isinstance(payload, ev.JobAdmitted | ev.JobReleased):
-            spec = payload.spec if isinstance(payload, ev.JobAdmitted) else (await load_job(conn, payload.job_id)).spec
-            if spec is None or (await load_job(conn, payload.job_id)).status is lifecycle.JobStatus.HELD:
+            state = await load_job(conn, payload.job_id)  # the store decides, not the payload
+            if state.spec is None or state.submitted_at is None or state.status is lifecycle.JobStatus.HELD:
                 return  # admitted held (its JobHeld follows): it waits for its release, not for quota
-            tenant: str | None = spec.tenant
-            await store.queue_job(conn, queued_job(payload.job_id, spec, payload.submitted_at.timestamp()))
+            tenant: str | None = state.spec.tenant
+            # in line at its submission time, also when released after a hold
+            await store.queue_job(conn, queued_job(payload.job_id, state.spec, state.submitted_at.timestamp()))
         else:
             tenant = await release(conn, tenancy, payload.job_id, now)
             if tenant is not None and isinstance(payload, ev.JobPreempted):

@@ -16,15 +16,6 @@ _JOB_COLUMNS = ("job_id, tenant, status, gpus, gpu_model, priority, node_id, gpu
                 " submitted_at, placed_at, started_at, finished_at")
 
 
-async def list_jobs(conn: asyncpg.Connection, *, status: str | None = None, tenant: str | None = None,
-                    limit: int = 50) -> list[dict[str, Any]]:
-    rows = await conn.fetch(
-        f"SELECT {_JOB_COLUMNS} FROM jobs WHERE ($1::text IS NULL OR status = $1)"
-        " AND ($2::text IS NULL OR tenant = $2) ORDER BY submitted_at DESC NULLS LAST, job_id LIMIT $3",
-        status, tenant, limit)
-    return [_plain(dict(r)) for r in rows]
-
-
 async def get_job(conn: asyncpg.Connection, job_id: str, now: datetime | None = None) -> dict[str, Any] | None:
     """The job's row and event history; a waiting job also has ``waiting``: its queue, position and reason."""
     row = await conn.fetchrow(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = $1", job_id)

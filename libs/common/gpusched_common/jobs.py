@@ -23,22 +23,20 @@ def new_job_id() -> str:
     return f"j-{uuid.uuid4().hex[:16]}"
 
 
-def control_bytes(payload: ev.CancelJob | ev.HoldJob | ev.ReleaseJob, *, tenant: str | None, traceparent: str | None = None,
-                  now: datetime | None = None) -> bytes:
-    """A control request's envelope as it goes on ``gpusched.jobs.control`` (keyed by the job id)."""
-    now = now or datetime.now(timezone.utc)
-    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(payload.job_id),
-                                occurred_at=now, producer="gateway", tenant=tenant, traceparent=traceparent)
+def _envelope_bytes(payload: ev.Payload, stream_id: str, *, producer: str, tenant: str | None,
+                    traceparent: str | None, now: datetime) -> bytes:
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=stream_id, occurred_at=now,
+                                producer=producer, tenant=tenant, traceparent=traceparent)
     return envelope.model_dump_json().encode()
 
 
-def node_control_bytes(payload: ev.CordonNode, *, traceparent: str | None = None,
-                       now: datetime | None = None) -> bytes:
-    """An operator's node request's envelope on ``gpusched.jobs.control`` (keyed by the node id)."""
-    now = now or datetime.now(timezone.utc)
-    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
-                                occurred_at=now, producer="gateway", traceparent=traceparent)
-    return envelope.model_dump_json().encode()
+def control_bytes(payload: ev.CancelJob | ev.HoldJob | ev.ReleaseJob | ev.CordonNode, *, tenant: str | None = None,
+                  traceparent: str | None = None, now: datetime | None = None) -> bytes:
+    """A control request's envelope as the gateway sends it on ``gpusched.jobs.control`` (a job's on the
+    job's stream, an operator's node request on the node's)."""
+    stream = f"node-{payload.node_id}" if isinstance(payload, ev.CordonNode) else job_stream(payload.job_id)
+    return _envelope_bytes(payload, stream, producer="gateway", tenant=tenant, traceparent=traceparent,
+                           now=now or datetime.now(timezone.utc))
 
 
 def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None = None, now: datetime | None = None,
@@ -49,9 +47,8 @@ def submission_bytes(spec: ev.JobSpec, job_id: str, *, traceparent: str | None =
     now = now or datetime.now(timezone.utc)
     payload = ev.JobSubmitted(job_id=job_id, spec=spec, submitted_at=now, request_id=request_id,
                               submitted_by=submitted_by, hold=hold)
-    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(job_id), occurred_at=now,
-                                producer=producer, tenant=spec.tenant, traceparent=traceparent)
-    return envelope.model_dump_json().encode()
+    return _envelope_bytes(payload, job_stream(job_id), producer=producer, tenant=spec.tenant,
+                           traceparent=traceparent, now=now)
 
 
 async def load_job(conn: asyncpg.Connection, job_id: str) -> JobState:

@@ -208,7 +208,8 @@ class JobCancelled(Payload):
 
 class JobCancelRequested(Payload):
     """A job that holds GPUs is to be cancelled: its agents stop it (SIGTERM, grace, SIGKILL) and it ends
-    ``Cancelled`` once they report the process gone; until then its GPUs and quota stay held."""
+    ``Cancelled`` once they report the process gone; until then its GPUs and quota stay held. Appended by
+    admission (deciding a verified ``CancelJob``) on the job's stream; placement acts on it."""
 
     TYPE: ClassVar[str] = "JobCancelRequested"
     job_id: str
@@ -218,7 +219,8 @@ class JobCancelRequested(Payload):
 
 class JobHeld(Payload):
     """A waiting job set aside: quota and placement no longer consider it (a reservation it held is given
-    back) until it is released; it keeps its place in history and its submission time."""
+    back) until it is released; it keeps its place in history and its submission time. Appended by
+    admission (a verified ``HoldJob``, or a submission made held); quota and placement act on it."""
 
     TYPE: ClassVar[str] = "JobHeld"
     job_id: str
@@ -227,7 +229,8 @@ class JobHeld(Payload):
 
 
 class JobReleased(Payload):
-    """A held job back in line for quota, at its original submission time (``submitted_at``)."""
+    """A held job back in line for quota, at its original submission time. Appended by admission (a
+    verified ``ReleaseJob``); quota reads the job's place in line from its stream, not from this payload."""
 
     TYPE: ClassVar[str] = "JobReleased"
     job_id: str

@@ -229,7 +229,8 @@ class CordonNode(Payload):
 
 
 class NodeCordoned(Payload):
-    """No new work is placed on the node; what runs there goes on (or, draining, is preempted)."""
+    """No new work is placed on the node; what runs there goes on (or, draining, is preempted). Recorded by
+    placement on the node's stream (its history, published nowhere) from a verified ``CordonNode``."""
 
     TYPE: ClassVar[str] = "NodeCordoned"
     node_id: str
@@ -239,6 +240,8 @@ class NodeCordoned(Payload):
 
 
 class NodeUncordoned(Payload):
+    """The node takes work again; recorded by placement like ``NodeCordoned``."""
+
     TYPE: ClassVar[str] = "NodeUncordoned"
     node_id: str
     requested_by: str
