@@ -16,7 +16,7 @@ from gpusched_common.resources import canonical_model
 
 from gpusched_core.quota import Tenancy
 from gpusched_core.rates import Bucket, RateLimit, take
-from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_spec, error_reasons
+from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_job, check_spec, error_reasons
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def parse_submission(raw: bytes, limits: AdmissionLimits) -> Submission:
     except (ValidationError, ev.UnknownEventType) as exc:
         return Submission(event_id, job_id, None, None, error_reasons(exc), tenant_hint, traceparent)
     assert isinstance(payload_model, ev.JobSubmitted)
-    reasons = check_spec(payload_model.spec, limits)
+    reasons = check_spec(payload_model.spec, limits) + check_job(job_id, payload_model.spec)
     spec = payload_model.spec
     if not reasons and spec.gpu_model is not None:
         spec = spec.model_copy(update={"gpu_model": canonical_model(spec.gpu_model)})

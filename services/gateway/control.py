@@ -17,9 +17,11 @@ from gpusched_common.jobs import control_bytes
 from gpusched_common.stores.cluster import node_cordon
 from gpusched_common.topics import JOBS_CONTROL
 from gpusched_common.tracing import current_traceparent
-from gpusched_core.access import Action, Resource
+from gpusched_common.ids import is_valid_id
+from gpusched_core.access import Action, Resource, authorize
 from gpusched_core.lifecycle import TERMINAL
 
+from services.gateway import store
 from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
 from services.gateway.handlers import visible_job
 from services.gateway.publisher import NotPublished
@@ -36,8 +38,15 @@ class CancelRequest(BaseModel):
 async def cancel_job(request: Request, principal: Caller, job_id: str,
                      body: CancelRequest | None = Body(None)) -> JSONResponse:
     """Cancel a job in any state: one waiting ends Cancelled; one running is stopped (SIGTERM, a grace,
-    SIGKILL) and ends Cancelled once its agents report it gone. 202 when asked; 200 when it had ended."""
-    job = await _controlled(request, principal, Action.JOB_CANCEL, job_id)
+    SIGKILL) and ends Cancelled once its agents report it gone. 202 when asked; 200 when it had ended.
+    The id of a job array cancels each of its tasks the caller may cancel."""
+    within_rate(request, principal, "submit")
+    async with request.app.state.pool.acquire() as conn:
+        tasks = await store.array_tasks(conn, job_id) if is_valid_id(job_id) and "." not in job_id and \
+            await store.load_job(conn, job_id) is None else []
+    if tasks:
+        return await _cancel_array(request, principal, job_id, tasks, body)
+    job = await _controlled(request, principal, Action.JOB_CANCEL, job_id, rated=False)
     if job["state"] in FINISHED:
         return JSONResponse({"job_id": job_id, "state": job["state"], "cancel": f"nothing to cancel: the job "
                              f"already {job['state']}"}, status_code=200)
@@ -46,6 +55,23 @@ async def cancel_job(request: Request, principal: Caller, job_id: str,
                 job["tenant"])
     body_out: dict[str, Any] = {"job_id": job_id, "state": job["state"], "cancel": "requested", "reason": reason}
     return JSONResponse(body_out, status_code=202)
+
+
+async def _cancel_array(request: Request, principal: Caller, array_id: str, tasks: list[dict[str, Any]],
+                        body: CancelRequest | None) -> JSONResponse:
+    mine = [t for t in tasks if authorize(principal, Action.JOB_CANCEL,
+                                          Resource.job(t["tenant"] or "", t["submitted_by"] or "")).allowed]
+    if not mine:  # another tenant's array is as unknown as none
+        raise Problem(404, f"no job {array_id}")
+    reason = (body.reason if body and body.reason else None) or f"cancelled by {principal.subject}"
+    running = [t for t in mine if t["state"] not in FINISHED]
+    if running:
+        await _send_all(request, [(t["job_id"], ev.CancelJob(job_id=t["job_id"], reason=reason,
+                                                             requested_by=principal.subject), t["tenant"])
+                                  for t in running])
+    return JSONResponse({"job_id": array_id, "array_id": array_id, "cancel": "requested" if running else
+                         "nothing to cancel: every task had ended", "tasks": len(mine), "requested": len(running),
+                         "reason": reason}, status_code=202 if running else 200)
 
 
 HOLDABLE = frozenset({"Admitted", "Queued"})
@@ -79,8 +105,10 @@ async def release_job(request: Request, principal: Caller, job_id: str) -> JSONR
     return JSONResponse({"job_id": job_id, "state": "Held", "release": "requested"}, status_code=202)
 
 
-async def _controlled(request: Request, principal: Caller, action: Action, job_id: str) -> dict[str, Any]:
-    within_rate(request, principal, "submit")
+async def _controlled(request: Request, principal: Caller, action: Action, job_id: str,
+                      rated: bool = True) -> dict[str, Any]:
+    if rated:  # (the caller took its token already otherwise)
+        within_rate(request, principal, "submit")
     async with request.app.state.pool.acquire() as conn:
         return await visible_job(conn, principal, action, job_id)
 
@@ -89,10 +117,17 @@ async def _send(request: Request, payload: ev.CancelJob | ev.HoldJob | ev.Releas
                 tenant: str | None = None) -> None:
     """Publish a control request on ``gpusched.jobs.control`` (keyed by its job or node), signed as the
     gateway's producer, and wait for the broker's ack; 503 when it did not take it."""
-    value = control_bytes(payload, tenant=tenant, traceparent=current_traceparent())
+    await _send_all(request, [(key, payload, tenant)])
+
+
+async def _send_all(request: Request, requests: list[tuple[str, ev.CancelJob | ev.HoldJob | ev.ReleaseJob |
+                                                           ev.CordonNode, str | None]]) -> None:
+    """Publish control requests of one type, (key, payload, tenant) each, in one go."""
+    traceparent = current_traceparent()
+    records = [(key, control_bytes(payload, tenant=tenant, traceparent=traceparent), None)
+               for key, payload, tenant in requests]
     try:
-        await request.app.state.publisher.publish([(key, value, None)], topic=JOBS_CONTROL.name,
-                                                  event_type=payload.TYPE)
+        await request.app.state.publisher.publish(records, topic=JOBS_CONTROL.name, event_type=requests[0][1].TYPE)
     except NotPublished as exc:
         raise Problem(503, f"the request was not accepted: {exc}; retry", {"Retry-After": "1"}) from None
 

@@ -56,9 +56,12 @@ async def metrics(request: Request) -> Response:
 async def list_jobs(request: Request, principal: Caller, state: JobStatus | None = None, tenant: str | None = None,
                     name: Annotated[str | None, Query(max_length=128)] = None, since: datetime | None = None,
                     until: datetime | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
-                    cursor: str | None = None) -> dict[str, Any]:
+                    cursor: str | None = None,
+                    array: Annotated[str | None, Query(max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9:-]*$")] = None,
+                    ) -> dict[str, Any]:
     """Jobs newest first: of a ``state``, a ``tenant`` (the caller's own unless it may see others), a
-    ``name``, submitted ``since``/``until`` (ISO 8601 with a zone); ``next`` is the cursor of the next page."""
+    ``name``, submitted ``since``/``until`` (ISO 8601 with a zone), the tasks of job ``array``; ``next``
+    is the cursor of the next page."""
     within_rate(request, principal, "read")
     scoped = allowed(principal, Action.JOB_LIST, Resource.in_tenant(tenant))
     for label, at in (("since", since), ("until", until)):
@@ -70,7 +73,7 @@ async def list_jobs(request: Request, principal: Caller, state: JobStatus | None
         raise Problem(400, str(exc)) from None
     async with request.app.state.pool.acquire() as conn:
         rows = await store.list_jobs(conn, tenant=scoped, state=state.value if state else None, after=after,
-                                     limit=limit, name=name, since=since, until=until)
+                                     limit=limit, name=name, since=since, until=until, array=array)
     page = rows[:limit]
     more = len(rows) > limit
     return {"jobs": [{k: v for k, v in r.items() if k != "sort_at"} for r in page],

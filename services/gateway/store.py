@@ -22,9 +22,10 @@ async def ping(conn: asyncpg.Connection) -> None:
 
 async def list_jobs(conn: asyncpg.Connection, *, tenant: str | None, state: str | None,
                     after: tuple[datetime, str] | None, limit: int, name: str | None = None,
-                    since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
+                    since: datetime | None = None, until: datetime | None = None,
+                    array: str | None = None) -> list[dict[str, Any]]:
     """Jobs newest first by ``(submitted_at, job_id)``, after the cursor ``after``, of that ``name`` and
-    submitted in ``[since, until)`` when given; one more than ``limit`` tells the caller whether another
+    submitted in ``[since, until)``, tasks of the job ``array`` when given; one more than ``limit`` tells the caller whether another
     page follows."""
     after_at, after_id = after if after else (None, None)
     rows = await conn.fetch(
@@ -33,8 +34,9 @@ async def list_jobs(conn: asyncpg.Connection, *, tenant: str | None, state: str 
         f" AND ($3::timestamptz IS NULL OR ({_SORT_AT}, job_id) < ($3, $4::text))"
         " AND ($6::text IS NULL OR name = $6) AND ($7::timestamptz IS NULL OR submitted_at >= $7)"
         " AND ($8::timestamptz IS NULL OR submitted_at < $8)"
+        " AND ($9::text IS NULL OR starts_with(job_id, $9 || '.'))"
         f" ORDER BY {_SORT_AT} DESC, job_id DESC LIMIT $5",
-        tenant, state, after_at, after_id, limit + 1, name, since, until)
+        tenant, state, after_at, after_id, limit + 1, name, since, until, array)
     return [dict(r) for r in rows]
 
 
@@ -42,6 +44,20 @@ async def job_states(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, 
     """The state of each of these jobs that exists (a retried submission answers with it)."""
     rows = await conn.fetch("SELECT job_id, status FROM jobs WHERE job_id = ANY($1::text[])", job_ids)
     return {r["job_id"]: r["status"] for r in rows}
+
+
+async def job_tenants(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, str | None]:
+    """The tenant of each of these jobs that exists."""
+    rows = await conn.fetch("SELECT job_id, tenant FROM jobs WHERE job_id = ANY($1::text[])", job_ids)
+    return {r["job_id"]: r["tenant"] for r in rows}
+
+
+async def array_tasks(conn: asyncpg.Connection, array_id: str) -> list[dict[str, Any]]:
+    """The tasks of a job array (jobs ``<array_id>.<index>``), in index order."""
+    rows = await conn.fetch(
+        "SELECT job_id, tenant, submitted_by, status AS state FROM jobs WHERE starts_with(job_id, $1 || '.')"
+        " ORDER BY length(job_id), job_id", array_id)
+    return [dict(r) for r in rows]
 
 
 async def load_job(conn: asyncpg.Connection, job_id: str) -> dict[str, Any] | None:

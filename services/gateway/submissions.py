@@ -7,10 +7,12 @@ Admission still decides: ``state`` is ``Submitted`` until it has."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
 
@@ -18,7 +20,9 @@ from gpusched_common import events as ev
 from gpusched_common.jobs import new_job_id, submission_bytes
 from gpusched_common.tracing import current_traceparent, tracer
 from gpusched_core.access import Action, Decision, Principal, Resource, authorize, never
-from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_spec
+from gpusched_core.arrays import ArrayError, ArrayRequest, parse_array, task_specs
+from gpusched_core.podspec import pod_array
+from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_job, check_spec
 
 from services.gateway import core, store
 from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
@@ -35,13 +39,41 @@ def _job_body(job_id: str, tenant: str, state: str, replayed: bool) -> dict[str,
 
 
 async def _checked(request: Request, spec: ev.JobSpec, job_id: str) -> tuple[str, ...]:
-    """Every reason admission would refuse ``spec`` for: the cluster's limits, then the tenancy in force."""
-    reasons = check_spec(spec, LIMITS)
+    """Every reason admission would refuse ``spec`` for: the cluster's limits, then the tenancy in force,
+    then its dependencies (each a job of the same tenant)."""
+    reasons = check_spec(spec, LIMITS) + check_job(job_id, spec)
     if reasons:
         return reasons
     async with request.app.state.pool.acquire() as conn:
         tenancy = await request.app.state.tenancy.current(conn, datetime.now(UTC))
-    return check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
+    reasons = check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
+    if reasons:
+        return reasons
+    unknown = await _unknown_dependencies(request, spec.tenant, {d.job_id for d in spec.after})
+    return tuple(f"no job {job_id} to wait for" for job_id in sorted(unknown))
+
+
+async def _unknown_dependencies(request: Request, tenant: str, job_ids: set[str]) -> set[str]:
+    """The dependencies that are no job of ``tenant`` (another tenant's job is as unknown as none). A job
+    submitted a moment ago is waited for up to ``gateway_follow_wait_s`` (admission records it first)."""
+    deadline = time.monotonic() + request.app.state.settings.gateway_follow_wait_s
+    missing = set(job_ids)
+    while missing:
+        async with request.app.state.pool.acquire() as conn:
+            tenants = await store.job_tenants(conn, sorted(missing))
+        if any(t != tenant for t in tenants.values()):
+            return {job_id for job_id, t in tenants.items() if t != tenant}
+        missing -= set(tenants)
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        await asyncio.sleep(0.1)
+    return set()
+
+
+def _no_user_array(kind: str, doc: Any) -> None:
+    if kind == "json" and isinstance(doc, dict) and doc.get("array") is not None:
+        raise core.BadBody(422, ("an array is asked for with ?array=0-99%8 (or the gpusched.io/array annotation), "
+                                 "not with the spec's 'array' field",))
 
 
 def _record(spec: ev.JobSpec, job_id: str, request_id: str | None, principal: Principal,
@@ -66,9 +98,10 @@ async def _publish(request: Request, records: list[tuple[str, bytes, str | None]
         "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
         "application/yaml": {"schema": {"type": "string", "description": "a Kubernetes pod spec"}}}}})
 async def submit_job(request: Request, principal: Caller, idempotency_key: IdempotencyKey = None,
-                     hold: bool = False) -> JSONResponse:
+                     hold: bool = False, array: Annotated[str | None, Query(max_length=200)] = None) -> JSONResponse:
     """Submit one job. The tenant may be omitted by a caller bound to one; naming another is 403.
-    ``hold=true``: admitted held, waiting for a release."""
+    ``hold=true``: admitted held, waiting for a release. ``array=0-99%8``: a job array, one job per index
+    (``<array id>.<index>``; at most 8 hold GPUs at once), each told ``GPUSCHED_ARRAY_INDEX``."""
     within_rate(request, principal, "submit")
     if idempotency_key is not None and not core.valid_idempotency_key(idempotency_key):
         raise Problem(400, "the Idempotency-Key must be 1-100 letters, digits and ._:- starting with a letter or digit")
@@ -76,10 +109,17 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
         kind, doc = core.job_document(request.headers.get("content-type"), await request.body())
         tenant = allowed(principal, Action.JOB_SUBMIT, Resource.in_tenant(core.named_tenant(kind, doc)))
         assert tenant is not None  # a submission is always for one tenant
+        _no_user_array(kind, doc)
         spec = core.build_spec(kind, doc, tenant)
+        array = array or (pod_array(doc) if kind == "yaml" else None)
+        tasks = parse_array(array) if array is not None else None
     except core.BadBody as exc:
         raise Problem(exc.status, str(exc), reasons=list(exc.reasons)) from None
+    except ArrayError as exc:
+        raise Problem(422, str(exc), reasons=[str(exc)]) from None
     derived, request_id = core.request_ids(tenant, idempotency_key)
+    if tasks is not None:
+        return await _submit_array(request, principal, spec, tasks, derived or new_job_id(), request_id, hold)
     job_id = derived or new_job_id()
     if derived is not None:
         async with request.app.state.pool.acquire() as conn:
@@ -94,6 +134,28 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
         await _publish(request, [_record(spec, job_id, request_id, principal, hold)])
     return JSONResponse(_job_body(job_id, tenant, SUBMITTED, False), status_code=201,
                         headers={"Location": f"/v1/jobs/{job_id}"})
+
+
+async def _submit_array(request: Request, principal: Principal, spec: ev.JobSpec, tasks: ArrayRequest,
+                        array_id: str, request_id: str | None, hold: bool) -> JSONResponse:
+    """Publish one job per task of the array (all or none are judged: the tasks differ only in index)."""
+    specs = task_specs(spec, array_id, tasks)
+    body = {"job_id": array_id, "array_id": array_id, "tenant": spec.tenant, "tasks": len(specs),
+            "indices": tasks.describe()}
+    async with request.app.state.pool.acquire() as conn:
+        existing = await store.job_states(conn, [specs[0][0]])
+    if existing:
+        return JSONResponse({**body, "state": SUBMITTED, "replayed": True}, status_code=200)
+    reasons = await _checked(request, specs[0][1], specs[0][0])
+    if reasons:
+        raise Problem(422, "; ".join(reasons), reasons=list(reasons))
+    within_rate(request, principal, "submit", cost=len(specs) - 1)  # one token per task (one taken already)
+    with tracer().start_as_current_span("gateway submit array", kind=trace.SpanKind.PRODUCER, attributes={
+            "gpusched.array_id": array_id, "gpusched.tenant": spec.tenant, "gpusched.jobs": len(specs)}):
+        await _publish(request, [_record(task, job_id, request_id and f"{request_id}.{task.array.index}",  # type: ignore[union-attr]
+                                         principal, hold) for job_id, task in specs])
+    return JSONResponse({**body, "state": SUBMITTED, "replayed": False}, status_code=201,
+                        headers={"Location": f"/v1/jobs?array={array_id}"})
 
 
 @router.post("/v1/jobs:batch", openapi_extra={
@@ -140,6 +202,8 @@ async def submit_batch(request: Request, principal: Caller, idempotency_key: Ide
                 results[index] = {"index": index, **_job_body(job_id, spec.tenant, existing[job_id], True)}
                 continue
             reasons = check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
+            reasons = reasons or tuple(f"no job {d} to wait for" for d in sorted(
+                await _unknown_dependencies(request, spec.tenant, {d.job_id for d in spec.after})))
             if reasons:
                 results[index] = {"index": index, "status": 422, "reasons": list(reasons)}
                 continue
@@ -160,11 +224,13 @@ def _batch_item(principal: Principal, index: int, item: Any,
     if not decision.allowed or decision.tenant is None:
         return {"index": index, "status": decision.status, "reasons": [decision.reason]}
     try:
+        _no_user_array("json", item)
         spec = core.build_spec("json", item, decision.tenant)
     except core.BadBody as exc:
         return {"index": index, "status": exc.status, "reasons": list(exc.reasons)}
-    reasons = check_spec(spec, LIMITS)
+    derived, request_id = core.request_ids(decision.tenant, idempotency_key, index)
+    job_id = derived or new_job_id()
+    reasons = check_spec(spec, LIMITS) + check_job(job_id, spec)
     if reasons:
         return {"index": index, "status": 422, "reasons": list(reasons)}
-    derived, request_id = core.request_ids(decision.tenant, idempotency_key, index)
-    return index, spec, derived or new_job_id(), request_id
+    return index, spec, job_id, request_id

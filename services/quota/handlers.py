@@ -34,7 +34,7 @@ from gpusched_common.store import claim, enqueue
 from gpusched_common.topics import QUOTA_RECLAIMS
 from gpusched_common.tracing import current_traceparent
 
-from services.quota import store
+from services.quota import store, waits
 from gpusched_core.quota import (
     UNITS_PER_GPU,
     QuotaPlan,
@@ -46,6 +46,7 @@ from gpusched_core.quota import (
     plan_cycle,
     rate_geq,
 )
+from gpusched_core.arrays import held_back
 from gpusched_core.quota.reclaims import reclaim_event, select_reclaims
 from gpusched_common.stores import quota as reads
 from gpusched_common.stores.tenancy import TenancyStore
@@ -62,6 +63,7 @@ from gpusched_core.quota.jobs import (
 log = logging.getLogger(__name__)
 SERVICE = "quota"
 _TERMINAL = (ev.JobSucceeded, ev.JobFailed, ev.JobCancelled)
+_ENDED = (*_TERMINAL, ev.JobRejected)  # a job others may wait for ended
 
 
 @dataclass(frozen=True)
@@ -73,36 +75,50 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
                                   options: CycleOptions = CycleOptions()) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, ev.JobHeld, ev.JobReleased, *_TERMINAL)):
+        if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, ev.JobHeld, ev.JobReleased, *_ENDED)):
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return
         tenancy = await tenancies.current(conn)
         now = clock()
+
+        def reserve_later(tenant: str) -> None:
+            cohort = cohort_of(tenancy, tenant)
+
+            async def reserve(c: asyncpg.Connection) -> None:
+                await reserve_for_cohort(c, await tenancies.current(c), cohort, clock(), options)
+
+            batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
+
+        if isinstance(payload, _ENDED):  # jobs waiting for this one may go in line now (or never)
+            for ready in await waits.ready_dependants(conn, payload.job_id, now):
+                await _queue(conn, ready)
+                reserve_later(ready.spec.tenant)  # type: ignore[union-attr]  # ready: has a spec
         if isinstance(payload, ev.JobAdmitted | ev.JobReleased):
             state = await load_job(conn, payload.job_id)  # the store decides, not the payload
-            if state.spec is None or state.submitted_at is None or state.status is lifecycle.JobStatus.HELD:
+            if state.spec is None or state.submitted_at is None or state.status is not lifecycle.JobStatus.ADMITTED:
                 return  # admitted held (its JobHeld follows): it waits for its release, not for quota
+            if not await waits.ready_to_queue(conn, state, now):
+                return  # it waits for other jobs to end (or never runs)
             tenant: str | None = state.spec.tenant
-            # in line at its submission time, also when released after a hold
-            await store.queue_job(conn, queued_job(payload.job_id, state.spec, state.submitted_at.timestamp()))
+            await _queue(conn, state)
         else:
             tenant = await release(conn, tenancy, payload.job_id, now)
             if tenant is not None and isinstance(payload, ev.JobPreempted):
                 # the preempted job gives its quota back and queues for it again, to resume later
                 spec = (await load_job(conn, payload.job_id)).spec
                 if spec is not None:
-                    await store.queue_job(conn, queued_job(payload.job_id, spec, now.timestamp()))
-        if tenant is None:
-            return
-        cohort = cohort_of(tenancy, tenant)
-
-        async def reserve(c: asyncpg.Connection) -> None:
-            await reserve_for_cohort(c, await tenancies.current(c), cohort, clock(), options)
-
-        batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
+                    await store.queue_job(conn, queued_job(payload.job_id, spec, now.timestamp()), spec.array)
+        if tenant is not None:
+            reserve_later(tenant)
 
     return on_job_event
+
+
+async def _queue(conn: asyncpg.Connection, state: lifecycle.JobState) -> None:
+    """In quota's line at its submission time (also when released after a hold, or after its dependencies)."""
+    assert state.spec is not None and state.submitted_at is not None
+    await store.queue_job(conn, queued_job(state.job_id, state.spec, state.submitted_at.timestamp()), state.spec.array)
 
 
 async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:
@@ -134,7 +150,14 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     jobs = {job.job_id: job for job in await reads.load_cohort_queue(conn, tenancy, cohort)}
     if not jobs:
         return None
-    pending, unchargeable = chargeable(tenancy, jobs.values())
+    capped = await _held_by_array_caps(conn, members)
+    for job_id, reason in capped.items():
+        if job_id in jobs and jobs[job_id].last_reason != reason:
+            await _defer(conn, job_id, reason, now)
+    offered = [job for job in jobs.values() if job.job_id not in capped]
+    if not offered:
+        return None
+    pending, unchargeable = chargeable(tenancy, offered)
     history = await reads.load_history(conn, members)
     plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending)
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
@@ -146,6 +169,14 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
             await _defer(conn, job_id, reason, now)
     await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
     return plan
+
+
+async def _held_by_array_caps(conn: asyncpg.Connection, members: tuple[str, ...]) -> dict[str, str]:
+    """The waiting array tasks their array's cap keeps out of this cycle, with the reason."""
+    tasks = await store.capped_tasks(conn, members)
+    if not tasks:
+        return {}
+    return held_back(tasks, await store.active_tasks(conn, sorted({t.array_id for t in tasks})))
 
 
 async def reserve_everywhere(conn: asyncpg.Connection, tenancy: Tenancy, now: datetime,

@@ -16,6 +16,7 @@ from gpusched_common import events as ev
 from gpusched_common.stores.quota import read_usage
 from gpusched_common.stores.tenancy import TENANCY_LOCK
 
+from gpusched_core.arrays import WaitingTask
 from gpusched_core.quota import Tenancy, UsageHistory
 from gpusched_core.quota.jobs import QueuedJob, limit_units, limits_in_force
 from gpusched_core.quota.reclaims import SentReclaim
@@ -81,8 +82,10 @@ async def save_history(conn: asyncpg.Connection, tenant: str, history: UsageHist
 
 
 async def record_reservation(conn: asyncpg.Connection, job_id: str, tenant: str, flavor: str, units: int) -> None:
-    await conn.execute("INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units) VALUES ($1, $2, $3, $4)",
-                       job_id, tenant, flavor, units)
+    """The job's charge (with its array, from its waiting row, so that the array's cap can count it)."""
+    await conn.execute(
+        "INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units, array_id) VALUES ($1, $2, $3, $4,"
+        " (SELECT array_id FROM quota_policy_pending WHERE job_id = $1))", job_id, tenant, flavor, units)
     await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
 
 
@@ -95,12 +98,57 @@ async def forget_reservation(conn: asyncpg.Connection, job_id: str) -> None:
     await conn.execute("DELETE FROM quota_policy_reservations WHERE job_id = $1", job_id)
 
 
-async def queue_job(conn: asyncpg.Connection, job: QueuedJob) -> None:
+async def queue_job(conn: asyncpg.Connection, job: QueuedJob, array: ev.ArrayTask | None = None) -> None:
     await conn.execute(
         "INSERT INTO quota_policy_pending (job_id, tenant, gpus, gpu_model, priority, queued_at_s, nodes,"
-        " share_milli, mig_profile) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+        " share_milli, mig_profile, array_id, array_index, array_max_running)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
         job.job_id, job.tenant, job.gpus, job.gpu_model, job.priority, job.queued_at_s, job.nodes, job.share_milli,
-        job.mig_profile)
+        job.mig_profile, array.array_id if array else None, array.index if array else None,
+        array.max_running if array else None)
+
+
+async def capped_tasks(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> list[WaitingTask]:
+    """The waiting tasks of capped arrays among ``tenants``' queue."""
+    rows = await conn.fetch(
+        "SELECT job_id, array_id, array_index, array_max_running FROM quota_policy_pending"
+        " WHERE tenant = ANY($1::text[]) AND array_max_running IS NOT NULL", list(tenants))
+    return [WaitingTask(r["job_id"], r["array_id"], r["array_index"], r["array_max_running"]) for r in rows]
+
+
+async def active_tasks(conn: asyncpg.Connection, array_ids: list[str]) -> dict[str, int]:
+    """How many tasks of each array hold quota (Queued, Placed or Running)."""
+    rows = await conn.fetch("SELECT array_id, count(*) AS n FROM quota_policy_reservations"
+                            " WHERE array_id = ANY($1::text[]) GROUP BY array_id", array_ids)
+    return {r["array_id"]: r["n"] for r in rows}
+
+
+# --- dependencies ---------------------------------------------------------------------------------------
+DEPENDENCY_LOCKS = 7301  # advisory lock class: one lock per job others wait for
+
+
+async def lock_dependencies(conn: asyncpg.Connection, job_ids: Iterable[str]) -> None:
+    """Hold, until the transaction ends, a lock per job id (sorted, so two holders never cross): whoever
+    judges a dependant and whoever handles that dependency's end take turns, and neither misses the other."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext(id)) FROM"
+                       " (SELECT DISTINCT unnest($2::text[]) AS id ORDER BY 1) AS ids", DEPENDENCY_LOCKS,
+                       sorted(set(job_ids)))
+
+
+async def record_waits(conn: asyncpg.Connection, job_id: str, on: Iterable[str]) -> None:
+    await conn.execute("DELETE FROM quota_job_dependencies WHERE job_id = $1", job_id)
+    await conn.execute("INSERT INTO quota_job_dependencies (job_id, depends_on) SELECT $1, unnest($2::text[])"
+                       " ON CONFLICT DO NOTHING", job_id, sorted(set(on)))
+
+
+async def forget_waits(conn: asyncpg.Connection, job_id: str) -> None:
+    await conn.execute("DELETE FROM quota_job_dependencies WHERE job_id = $1", job_id)
+
+
+async def dependants(conn: asyncpg.Connection, job_id: str) -> list[str]:
+    """The jobs waiting for ``job_id``."""
+    return [r["job_id"] for r in await conn.fetch(
+        "SELECT job_id FROM quota_job_dependencies WHERE depends_on = $1 ORDER BY job_id", job_id)]
 
 
 async def unqueue_job(conn: asyncpg.Connection, job_id: str) -> None:

@@ -73,7 +73,7 @@ SHARED_TABLES = {"events", "jobs", "outbox", "inbox"}
 TABLE_OWNERS = {
     "admission": {"admission_auth_failures", "admission_rate_buckets", "submission_requests",
                   "producers"},  # producers: through gpusched_common.producers (operators issue them)
-    "quota": {"quota_policy_history", "quota_policy_pending", "quota_policy_reservations", "quota_policy_usage",
+    "quota": {"quota_job_dependencies", "quota_policy_history", "quota_policy_pending", "quota_policy_reservations", "quota_policy_usage",
               "quota_reclaims", "quota_tenancy_rejections", "quota_tenancy_revisions"},
     "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version"},
     "preemption": {"preemption_evaluations", "reclaim_victims"},

@@ -58,14 +58,17 @@ class Client:
 
     # --- submissions ---
 
-    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None, hold: bool = False) -> dict[str, Any]:
-        """Submit one JobSpec (a dict; ``tenant`` may be omitted by a caller bound to one); ``hold``: held."""
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None, hold: bool = False,
+               array: str | None = None) -> dict[str, Any]:
+        """Submit one JobSpec (a dict; ``tenant`` may be omitted by a caller bound to one); ``hold``: held;
+        ``array``: a job array (``0-99%8``), one job per index, the answer naming the array."""
         return self._call("POST", "/v1/jobs", json=spec, headers=_idempotency(idempotency_key),
-                          params={"hold": "true"} if hold else None)
+                          params=_submit_params(hold, array))
 
-    def submit_pod(self, pod_yaml: str, *, idempotency_key: str | None = None, hold: bool = False) -> dict[str, Any]:
+    def submit_pod(self, pod_yaml: str, *, idempotency_key: str | None = None, hold: bool = False,
+                   array: str | None = None) -> dict[str, Any]:
         """Submit a Kubernetes pod spec (YAML text)."""
-        return self._call("POST", "/v1/jobs", content=pod_yaml.encode(), params={"hold": "true"} if hold else None,
+        return self._call("POST", "/v1/jobs", content=pod_yaml.encode(), params=_submit_params(hold, array),
                           headers={"Content-Type": "application/yaml", **_idempotency(idempotency_key)})
 
     def submit_batch(self, specs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
@@ -94,8 +97,8 @@ class Client:
     # --- reads ---
 
     def jobs(self, **filters: Any) -> dict[str, Any]:
-        """One page: ``{"jobs": [...], "next": cursor}``; filters: state, tenant, name, since, until, limit,
-        cursor."""
+        """One page: ``{"jobs": [...], "next": cursor}``; filters: state, tenant, name, since, until, array,
+        limit, cursor."""
         return self._call("GET", "/v1/jobs", params={k: v for k, v in filters.items() if v is not None})
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -160,6 +163,11 @@ class Client:
         if response.status_code >= 400:
             raise _error(response)
         return response.json()
+
+
+def _submit_params(hold: bool, array: str | None) -> dict[str, str] | None:
+    params = {**({"hold": "true"} if hold else {}), **({"array": array} if array is not None else {})}
+    return params or None
 
 
 def _idempotency(key: str | None) -> dict[str, str]:

@@ -16,7 +16,8 @@ import yaml
 from gpusched import ApiError, Client, NoServer
 from gpusched_common.table import render
 from gpusched_core.durations import parse_duration
-from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
+from gpusched_core.dependencies import parse_after
+from gpusched_core.podspec import AFTER_ANNOTATION, PodSpecError, cpu_milli, memory_mib
 
 FINISHED = ("Succeeded", "Failed", "Cancelled", "Rejected")
 
@@ -38,6 +39,10 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-f", "--file", help="a Kubernetes pod spec (YAML); `-` reads stdin")
     p.add_argument("--time-limit", metavar="DURATION", help="stop the job after this long, e.g. 90m, 2h, 3600")
     p.add_argument("--hold", action="store_true", help="submit held: it waits for `gpusched release`")
+    p.add_argument("--array", metavar="INDICES", help="a job array: 0-99, 1,3,5-7 or 0-20:5; %%8 runs at most 8 "
+                   "at once (each task gets GPUSCHED_ARRAY_INDEX)")
+    p.add_argument("--after", action="append", default=[], metavar="JOB[:ok|:any]",
+                   help="wait for JOB to succeed (:ok, the default) or to end (:any); repeatable")
     p.add_argument("--wait", action="store_true", help="follow the job and exit with its exit code (like srun)")
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -63,6 +68,7 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name")
     p.add_argument("--since", help="submitted at or after (ISO 8601 with a zone, e.g. 2026-12-01T00:00:00Z)")
     p.add_argument("--until", help="submitted before (ISO 8601 with a zone)")
+    p.add_argument("--array", metavar="ARRAY", help="the tasks of this job array, in index order")
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs)
@@ -128,7 +134,7 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
     cannot make one. The gateway checks the rest (and says why)."""
     if args.file:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        if args.tenant is None and args.priority is None and args.time_limit is None:
+        if args.tenant is None and args.priority is None and args.time_limit is None and not args.after:
             return "yaml", text
         try:
             doc = yaml.safe_load(text)
@@ -142,6 +148,9 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
             doc.setdefault("spec", {})["priority"] = args.priority
         if args.time_limit is not None:
             doc.setdefault("spec", {})["activeDeadlineSeconds"] = parse_duration(args.time_limit)
+        if args.after:
+            annotations = doc.setdefault("metadata", {}).setdefault("annotations", {})
+            annotations[AFTER_ANNOTATION] = ",".join(args.after)
         return "yaml", yaml.safe_dump(doc, sort_keys=False)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -155,7 +164,8 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
                 "memory_mib": memory_mib(args.memory) if args.memory is not None else None,
                 "time_limit_s": parse_duration(args.time_limit) if args.time_limit is not None else None,
                 "gpu_share": {"milli": round(args.gpu_share * 1000), "memory_mib": args.gpu_memory_mib or 0}
-                if args.gpu_share is not None else None}
+                if args.gpu_share is not None else None,
+                "after": [parse_after(a).model_dump() for a in args.after] or None}
     spec.update({k: v for k, v in optional.items() if v is not None})
     return "json", spec
 
@@ -170,11 +180,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         if kind == "yaml":
             assert isinstance(body, str)
-            job = client.submit_pod(body, idempotency_key=args.request_id, hold=args.hold)
+            job = client.submit_pod(body, idempotency_key=args.request_id, hold=args.hold, array=args.array)
         else:
             assert isinstance(body, dict)
-            job = client.submit(body, idempotency_key=args.request_id, hold=args.hold)
+            job = client.submit(body, idempotency_key=args.request_id, hold=args.hold, array=args.array)
         again = " (already submitted with this request id)" if job.get("replayed") else ""
+        if "array_id" in job:
+            if args.wait:
+                print("gpusched submit: --wait follows one job; follow the array with "
+                      f"`gpusched jobs --array {job['array_id']}`", file=sys.stderr)
+            _print(job, args.json, f"submitted array {job['array_id']} for tenant {job['tenant']}: {job['tasks']} "
+                   f"tasks ({job['indices']}), jobs {job['array_id']}.<index>{again}")
+            return 0
         if args.wait:
             print(f"submitted {job['job_id']} for tenant {job['tenant']}{again}; following it", file=sys.stderr)
             return _follow(client, job["job_id"], args.json)
@@ -187,7 +204,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         jobs = client.jobs(state=args.state, tenant=args.tenant, name=args.name, since=args.since, until=args.until,
-                           limit=args.limit)["jobs"]
+                           array=args.array, limit=args.limit)["jobs"]
+        if args.array:  # in index order
+            jobs.sort(key=lambda j: int(j["job_id"].rpartition(".")[2]) if j["job_id"].rpartition(".")[2].isdigit()
+                      else -1)
         rows = [(j["job_id"], j["name"], j["tenant"], j["state"], j["gpus"], j["gpu_model"], j["node_id"],
                  j["exit_code"], "; ".join(j["reasons"] or [])[:60]) for j in jobs]
         _print(jobs, args.json, render(["JOB", "NAME", "TENANT", "STATE", "GPUS", "MODEL", "NODE", "EXIT", "REASON"],
@@ -313,7 +333,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
                 outcomes.append(client.cancel(job_id, args.reason))
             except ApiError as exc:  # one job refused (not found, not yours): say so and go on with the rest
                 outcomes.append({"job_id": job_id, "state": None, "cancel": f"refused: {exc.detail}"})
-        rows = [(o["job_id"], o["state"] or "-", o["cancel"]) for o in outcomes]
+        rows = [(o["job_id"], o.get("state") or ("array" if "array_id" in o else "-"),
+                 o["cancel"] + (f" ({o['requested']} of {o['tasks']} tasks)" if "array_id" in o else ""))
+                for o in outcomes]
         _print(outcomes, args.json, render(["JOB", "STATE", "CANCEL"], rows) if rows else "no job to cancel")
         return 1 if any(o["cancel"].startswith("refused") for o in outcomes) else 0
 

@@ -1,6 +1,7 @@
 """Kubernetes pod specs as job submissions: `nvidia.com/gpu` limits, `nvidia.com/mig-<profile>` limits (the
 GPU operator's mixed-strategy names), the GPU product node selector, and gpusched annotations for a gang
-(`gpusched.io/gang-nodes`) or a share of a GPU (`gpusched.io/gpu-share-milli`, `gpusched.io/gpu-memory-mib`).
+(`gpusched.io/gang-nodes`), a share of a GPU (`gpusched.io/gpu-share-milli`, `gpusched.io/gpu-memory-mib`), a job
+array (`gpusched.io/array: "0-99%8"`) and dependencies (`gpusched.io/after: "j-1:ok,j-2:any"`).
 Host `cpu` and `memory` requests (limits when a container has no request) are summed over the containers,
 as Kubernetes schedules a pod; for a gang they are per node."""
 
@@ -14,12 +15,16 @@ import yaml
 
 from gpusched_common import events as ev
 
+from gpusched_core.dependencies import parse_after
+
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 GANG_ANNOTATION = "gpusched.io/gang-nodes"
 SHARE_ANNOTATION = "gpusched.io/gpu-share-milli"
 SHARE_MEMORY_ANNOTATION = "gpusched.io/gpu-memory-mib"
+ARRAY_ANNOTATION = "gpusched.io/array"  # a job array: "0-99%8"
+AFTER_ANNOTATION = "gpusched.io/after"  # dependencies: "j-1:ok,j-2:any"
 
 
 class PodSpecError(ValueError):
@@ -88,8 +93,32 @@ def spec_from_pod_yaml(text: str, *, tenant: str | None = None, priority: int | 
         mig_profile=migs[0][len(MIG_RESOURCE_PREFIX):] if migs else None,
         cpu_milli=sum(cpu_milli(q) for q in _host(containers, "cpu")),
         memory_mib=sum(memory_mib(q) for q in _host(containers, "memory")),
-        time_limit_s=_deadline(pod),
+        time_limit_s=_deadline(pod), after=_after(annotations),
     )
+
+
+def pod_array(text: str) -> str | None:
+    """The ``gpusched.io/array`` annotation of a pod spec (``0-99%8``), None without one (the gateway
+    expands it; a pod spec it cannot read is refused by ``spec_from_pod_yaml`` with the reason)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    metadata = doc.get("metadata") if isinstance(doc, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    value = annotations.get(ARRAY_ANNOTATION) if isinstance(annotations, dict) else None
+    return None if value is None else str(value)
+
+
+def _after(annotations: dict[str, Any]) -> list[ev.Dependency]:
+    """``gpusched.io/after: "j-1:ok,j-2:any"``: the jobs to wait for."""
+    value = annotations.get(AFTER_ANNOTATION)
+    if value is None:
+        return []
+    try:
+        return [parse_after(part) for part in str(value).split(",") if part.strip()]
+    except ValueError as exc:
+        raise PodSpecError(f"annotation {AFTER_ANNOTATION}: {exc}") from None
 
 
 def _host(containers: list[dict[str, Any]], name: str) -> list[Any]:

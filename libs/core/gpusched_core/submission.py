@@ -24,6 +24,8 @@ from gpusched_common.resources import (
     model_memory_mib,
 )
 
+from gpusched_core.arrays import check_task
+from gpusched_core.dependencies import check_after
 from gpusched_core.durations import format_duration
 from gpusched_core.placement.mig import MIG_FAMILIES
 from gpusched_core.quota import Tenancy
@@ -72,6 +74,13 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
     elif sum(len(part.encode()) for part in spec.command) > limits.max_command_bytes:
         reasons.append(f"command is longer than {limits.max_command_bytes} bytes")
     return tuple(reasons)
+
+
+def check_job(job_id: str, spec: ev.JobSpec) -> tuple[str, ...]:
+    """Every reason the spec does not fit the job it is submitted as: an array task's id and description,
+    and its dependencies (how many, valid ids, not itself)."""
+    reasons = check_task(job_id, spec.array) if spec.array is not None else []
+    return tuple(reasons + check_after(job_id, spec.after))
 
 
 def check_shape(spec: ev.JobSpec, limits: AdmissionLimits) -> list[str]:

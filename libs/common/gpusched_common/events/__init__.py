@@ -14,7 +14,7 @@ from gpusched_common.events.base import (
     Frozen, Payload, Envelope,
 )
 from gpusched_common.events.jobs import (
-    GpuShareSpec, GangMember, GangMemberExited, JobSpec, JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
+    ArrayTask, Dependency, GpuShareSpec, GangMember, GangMemberExited, JobSpec, JobSubmitted, JobAdmitted, JobRejected, QuotaDeferred, QuotaReserved, JobPlaced,
     PlacementDeferred, JobStarted, JobSucceeded, JobFailed, JobCancelled, JobCancelRequested, CancelJob, JobHeld, JobReleased, HoldJob, ReleaseJob,
     PreemptionRequested,
     VictimsSelected, JobCheckpointed, JobPreempted, JobRequeued, QuotaReleased,
@@ -87,7 +87,7 @@ def make_envelope(
 
 
 __all__ = [  # the events package is the one place to import event models from
-    "Envelope", "ExitReason", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
+    "ArrayTask", "Dependency", "Envelope", "ExitReason", "Frozen", "GangMember", "GangMemberExited", "GpuHealthChanged", "GpuShareSpec", "GpuInventory", "GpuProcessSample", "GpuSample",
     "GpuTelemetry", "JobAdmitted", "JobCancelled", "JobCancelRequested", "CancelJob", "CordonNode", "NodeCordoned", "NodeUncordoned", "JobHeld", "JobReleased", "HoldJob", "ReleaseJob", "JobCheckpointReported", "JobCheckpointed",
     "JobExitReported", "JobFailed", "JobPlaced", "JobPreempted", "JobRejected", "JobRequeued", "JobSpec",
     "JobStartReported", "JobStarted", "JobSubmitted", "JobSucceeded", "MigDeviceInventory", "NodeHeartbeat",

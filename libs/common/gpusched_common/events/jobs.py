@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -19,6 +19,26 @@ class GpuShareSpec(Frozen):
 
     milli: int
     memory_mib: int = 0
+
+
+class ArrayTask(Frozen):
+    """One task of a job array (``gpusched submit --array 0-99%8``): the array's id, this task's index
+    (its job id is ``<array_id>.<index>``), how many tasks the array has, and how many may hold GPUs at
+    once (None: no cap). Set by the gateway when it expands the array, never by the user."""
+
+    array_id: str
+    index: int
+    size: int
+    max_running: int | None = None
+
+
+class Dependency(Frozen):
+    """A job this one waits for (``--after JOB[:ok|:any]``): ``ok`` until it succeeds (a failure or a
+    cancellation means this job can never run, and it ends Cancelled with that reason); ``any`` until it
+    ends, however it ends."""
+
+    job_id: str
+    condition: Literal["ok", "any"] = "ok"
 
 
 class JobSpec(Frozen):
@@ -46,6 +66,8 @@ class JobSpec(Frozen):
     # the longest one run may hold its GPUs: the agent stops it then (SIGTERM, a grace, SIGKILL) and it
     # ends Failed, "time limit 2h reached"; None: the tenant's default (the tenancy), else no limit
     time_limit_s: float | None = None
+    array: ArrayTask | None = None  # a task of a job array (set by the gateway's expansion)
+    after: list[Dependency] = Field(default_factory=list)  # jobs of the same tenant to wait for
 
     @property
     def kind(self) -> str:

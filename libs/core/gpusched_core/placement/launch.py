@@ -8,6 +8,7 @@ from datetime import datetime
 
 from gpusched_common import events as ev
 
+from gpusched_core.arrays import array_env
 from gpusched_core.placement.cycle import Placement
 from gpusched_core.placement.mig import MIG_MEMORY_SLICES
 from gpusched_core.placement.model import MILLI_PER_GPU
@@ -46,7 +47,8 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
                         gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
                         command=spec.command, env={**resume_env(spec.env, checkpoint_ref),
                                                    **host_env(placement, spec.env),
-                                                   **gang_env(placement, rank, hostnames)},
+                                                   **gang_env(placement, rank, hostnames),
+                                                   **array_env(spec.array)},
                         attempt=attempt, gpu_share_milli=placement.share_milli,
                         gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
                         mig_start=placement.mig_start, time_limit_s=spec.time_limit_s)
