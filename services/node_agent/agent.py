@@ -22,6 +22,7 @@ from gpusched_common.messaging import Incoming
 from gpusched_common.topics import NODES_REPORTS
 from gpusched_core.agent import lease as leases
 from gpusched_core.agent import reconcile as rc
+from gpusched_core.agent import retention
 from gpusched_core.agent.lease import Lease
 
 from services.node_agent.checkpoints import Checkpoints
@@ -39,6 +40,7 @@ from services.node_agent.runner import JobRunner
 from services.node_agent.telemetry import Telemetry
 
 CHECKPOINT_POLL_S = 1.0
+LOG_PRUNE_S = 600.0  # how often ended jobs' output past its retention is deleted
 log = logging.getLogger(__name__)
 
 
@@ -105,7 +107,8 @@ class Agent:
                              self._every(self.config.telemetry_interval_s, self.telemetry_once),
                              self._every(self.config.health_interval_s, self.health_once),
                              self._every(min(1.0, max(0.05, self.config.lease_ttl_s / 4)), self.check_lease),
-                             self._every(CHECKPOINT_POLL_S, self.checkpoints_once))
+                             self._every(CHECKPOINT_POLL_S, self.checkpoints_once),
+                             self._every(min(LOG_PRUNE_S, self.config.log_retention_s), self.prune_logs_once))
 
     @staticmethod
     async def _every(interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
@@ -147,6 +150,13 @@ class Agent:
 
     async def telemetry_once(self) -> None:
         await self.telemetry.sample_once()
+
+    async def prune_logs_once(self) -> None:
+        """Delete the output of jobs that ended here longer ago than the retention (``log_retention_s``)."""
+        for job_id in retention.expired(self.runner.kept_logs(), time.time(), self.config.log_retention_s):
+            self.runner.forget_output(job_id)
+            log.info("deleted the output of job %s: kept %.0f s after its last write", job_id,
+                     self.config.log_retention_s)
 
     async def checkpoints_once(self) -> None:
         """Report each running job's new checkpoint reference (what it wrote to $GPUSCHED_CHECKPOINT_FILE)."""

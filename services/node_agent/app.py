@@ -37,10 +37,12 @@ def build_agent(settings: AgentSettings, node_id: str, send: Send, log_url: str 
 
 
 def build_log_server(settings: AgentSettings, node_ids: list[str]) -> LogServer | None:
-    if settings.agent_gateway_public_key is None:
+    public_key = settings.gateway_public_key()
+    if public_key is None:
         return None
     paths = {node_id: JobRunner(settings.agent_work_dir / node_id).log_path for node_id in node_ids}
-    return LogServer(log_app(settings.agent_gateway_public_key, paths), settings.agent_log_host,
+    return LogServer(log_app(public_key, paths, retention_s=settings.agent_log_retention_s),
+                     settings.agent_log_host,
                      settings.agent_log_port, settings.agent_log_url)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpusched_core.agent.retention import DEFAULT_LOG_RETENTION_S
+
 from services.node_agent.faults import Fault, parse_faults
 from services.node_agent.health import HealthPolicy, parse_xids
 from services.node_agent.inventory import parse_labels
@@ -25,6 +27,7 @@ class AgentConfig:
     mps_pipe_dir: Path | None = None
     faults: tuple[Fault, ...] = ()
     log_url: str | None = None  # the process's log server, advertised at registration
+    log_retention_s: float = DEFAULT_LOG_RETENTION_S  # an ended job's output is deleted this long after its last write
 
     @classmethod
     def from_settings(cls, settings: AgentSettings, node_id: str) -> AgentConfig:
@@ -34,4 +37,4 @@ class AgentConfig:
                    gpu_fault_policy=settings.gpu_fault_policy,
                    health_policy=HealthPolicy(ignored_xids=parse_xids(settings.health_ignored_xids)),
                    labels=parse_labels(settings.node_labels), mps_pipe_dir=settings.mps_pipe_dir,
-                   faults=parse_faults(settings.simulated_faults))
+                   faults=parse_faults(settings.simulated_faults), log_retention_s=settings.agent_log_retention_s)

@@ -21,14 +21,17 @@ from starlette.routing import Route
 
 from gpusched_common.ids import is_valid_id
 from gpusched_common.producers import check_request
+from gpusched_core.agent.retention import DEFAULT_LOG_RETENTION_S
+from gpusched_core.durations import format_duration
 
 log = logging.getLogger(__name__)
 MAX_CHUNK_BYTES = 1024 * 1024
 
 
 def log_app(public_key: str, log_paths: Mapping[str, Callable[[str], Path]],
-            clock: Callable[[], float] = time.time) -> Starlette:
-    """``log_paths``: for each node this process runs, where a job's log is."""
+            clock: Callable[[], float] = time.time, retention_s: float = DEFAULT_LOG_RETENTION_S) -> Starlette:
+    """``log_paths``: for each node this process runs, where a job's log is; ``retention_s``: how long the
+    output of an ended job is kept (said in the answer for one that is gone)."""
 
     async def read_log(request: Request) -> Response:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -50,7 +53,9 @@ def log_app(public_key: str, log_paths: Mapping[str, Callable[[str], Path]],
                 f.seek(min(offset, size))
                 chunk = f.read(limit)
         except FileNotFoundError:
-            return JSONResponse({"detail": f"no log of job {job_id} on {node_id}"}, status_code=404)
+            return JSONResponse({"detail": f"no log of job {job_id} on {node_id} (the output of an ended job is "
+                                           f"kept {format_duration(retention_s)} after its last write)"},
+                                status_code=404)
         return Response(chunk, media_type="application/octet-stream",
                         headers={"X-Log-Size": str(size), "X-Log-Next-Offset": str(min(offset, size) + len(chunk))})
 

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpusched_common.ids import is_valid_id
+from gpusched_core.agent.retention import KeptLog
 from gpusched_common.job_records import (
     JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job, write_record,
 )
@@ -28,6 +29,7 @@ from gpusched_core.agent.reconcile import ObservedJob
 
 __all__ = ["JobExit", "JobRecord", "JobRunner"]
 log = logging.getLogger(__name__)
+RUN_FILES = ("json", "exit", "reported", "preempt")  # a run's own files, set aside when it ended
 
 # The wrapper records the job's exit code. A polite stop (SIGTERM) goes to the job's processes but not to
 # the wrapper (see `terminate_job`), so the job can checkpoint in its grace period and its own exit code
@@ -86,7 +88,7 @@ class JobRunner:
         record = self.record(job_id)
         if record is None:
             return
-        for suffix in ("json", "exit", "reported", "preempt"):
+        for suffix in RUN_FILES:
             path = self._dir / f"{job_id}.{suffix}"
             if path.exists():
                 path.rename(self._dir / f"{job_id}.{suffix}.run{record.attempt}")
@@ -99,6 +101,22 @@ class JobRunner:
 
     def log_path(self, job_id: str) -> Path:
         return self._dir / f"{job_id}.log"
+
+    def kept_logs(self) -> list[KeptLog]:
+        """Every job log here, with its last write and whether the job has a current run."""
+        out = []
+        for path in self._dir.glob("*.log"):
+            try:
+                out.append(KeptLog(path.stem, path.stat().st_mtime, record_path(self._dir, path.stem).exists()))
+            except FileNotFoundError:
+                continue
+        return out
+
+    def forget_output(self, job_id: str) -> None:
+        """Delete a job's log and the files of its finished runs (``finish_run`` set them aside)."""
+        set_aside = [p for suffix in RUN_FILES for p in self._dir.glob(f"{job_id}.{suffix}.run*")]
+        for path in [self.log_path(job_id), *set_aside]:
+            path.unlink(missing_ok=True)
 
     def running_job_ids(self) -> list[str]:
         return [r.job_id for r in self.records() if self.is_alive(r)]

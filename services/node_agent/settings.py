@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from gpusched_common.settings import Settings
+from gpusched_core.agent.retention import DEFAULT_LOG_RETENTION_S
 
 
 class AgentSettings(Settings):
@@ -25,7 +28,19 @@ class AgentSettings(Settings):
     simulated_faults: str = ""  # e.g. `xid:3:79@30s,ecc:1@60s,thermal:2@10s`; see node_agent/faults.py
     # the log server the gateway reads jobs' output from; it runs only where the gateway's public key is given
     agent_gateway_public_key: str | None = None  # the gateway producer's public key (urlsafe base64)
+    agent_gateway_public_key_file: Path | None = None  # or a file holding it (gpusched gateway-init --public-key-file)
     agent_log_host: str = "127.0.0.1"
     agent_log_port: int = 0  # 0: a free port
     agent_log_url: str | None = None  # what the node advertises (default http://host:port)
+    agent_log_retention_s: float = Field(DEFAULT_LOG_RETENTION_S, gt=0)  # output of ended jobs kept this long
     simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents
+
+    def gateway_public_key(self) -> str | None:
+        """The gateway's public key: given, or read from its file (None: neither; no log server runs)."""
+        path = self.agent_gateway_public_key_file
+        if self.agent_gateway_public_key is not None or path is None:
+            return self.agent_gateway_public_key
+        try:
+            return path.read_text().strip() or None
+        except OSError as exc:
+            raise RuntimeError(f"GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY_FILE {str(path)!r} cannot be read: {exc}") from None

@@ -19,9 +19,10 @@ from gpusched_common import db_roles, producers
 from gpusched_common.db_roles import GATEWAY_ROLE
 
 
-def gateway_init(key_file: Path, password_file: Path | None = None, as_json: bool = True) -> int:
+def gateway_init(key_file: Path, password_file: Path | None = None, as_json: bool = True,
+                 public_key_file: Path | None = None) -> int:
     return cmd_gateway_init(argparse.Namespace(producer_key_file=key_file, role_password_file=password_file,
-                                               json=as_json))
+                                               json=as_json, public_key_file=public_key_file))
 
 
 def run_json(capsys: pytest.CaptureFixture[str], key_file: Path, password_file: Path | None = None) -> dict:
@@ -149,3 +150,20 @@ def test_a_database_that_cannot_be_used_exits_1_with_a_message(database_url, mon
     captured = capsys.readouterr()
     assert captured.err.startswith("gpusched gateway-init: database: ") and "Traceback" not in captured.err
     assert not (tmp_path / "gateway-producer.key").exists()
+
+
+def test_the_public_key_file_holds_what_agents_check_log_requests_against(operator_env, tmp_path, capsys,
+                                                                          monkeypatch):
+    from services.node_agent.settings import AgentSettings
+
+    key_file, public_file = tmp_path / "secrets" / "gateway-producer.key", tmp_path / "public" / "gateway.pub"
+    public_file.parent.mkdir()
+    assert gateway_init(key_file, public_key_file=public_file) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert public_file.read_text() == done["producer"]["public_key"] + "\n"
+    assert stat.S_IMODE(public_file.stat().st_mode) == 0o644
+    monkeypatch.setenv("GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY_FILE", str(public_file))
+    assert AgentSettings().gateway_public_key() == done["producer"]["public_key"]
+    monkeypatch.setenv("GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY_FILE", str(tmp_path / "missing.pub"))
+    with pytest.raises(RuntimeError, match="cannot be read"):
+        AgentSettings().gateway_public_key()

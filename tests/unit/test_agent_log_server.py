@@ -48,3 +48,8 @@ async def test_unknown_nodes_and_jobs_are_not_found(client):
     assert (await get(client, "/logs/n2/j1")).status_code == 404
     assert (await get(client, "/logs/n1/nope")).status_code == 404
     assert (await get(client, "/logs/n1/j1?offset=x")).status_code == 400
+
+
+async def test_a_log_gone_past_its_retention_says_how_long_logs_are_kept(client):
+    gone = await get(client, "/logs/n1/j9")
+    assert gone.status_code == 404 and "kept 7d after its last write" in gone.json()["detail"]

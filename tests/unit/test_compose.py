@@ -86,3 +86,16 @@ def test_init_writes_the_gateway_key_that_the_gateway_only_reads():
     assert f"gateway-secrets:{secrets_dir}:ro" in SERVICES["gateway"]["volumes"]
     assert [name for name, service in SERVICES.items()
             if any(str(v).startswith("gateway-secrets:") for v in service.get("volumes", []))] == ["init", "gateway"]
+
+
+def test_every_agent_serves_logs_to_the_gateway_with_the_public_key_init_writes():
+    script = SERVICES["init"]["command"][-1]
+    public = script.split("--public-key-file ")[1].split()[0]
+    assert f"gateway-public:{Path(public).parent}" in SERVICES["init"]["volumes"]
+    agents = [name for name in SERVICES if name.startswith("node-agent")]
+    assert agents
+    for name in agents:
+        env = SERVICES[name]["environment"]
+        assert env["GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY_FILE"] == public, name
+        assert env["GPUSCHED_AGENT_LOG_URL"] == f"http://{SERVICES[name]['hostname']}:{env['GPUSCHED_AGENT_LOG_PORT']}"
+        assert f"gateway-public:{Path(public).parent}:ro" in SERVICES[name]["volumes"], name

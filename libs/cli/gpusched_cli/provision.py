@@ -1,12 +1,14 @@
 """`gpusched gateway-init`: provision what the gateway needs before it starts (the compose stack's `init`
 runs it after `gpusched migrate`; idempotent, so safe on every start).
 
-    gpusched gateway-init --producer-key-file PATH [--role-password-file PATH] [--json]
+    gpusched gateway-init --producer-key-file PATH [--role-password-file PATH] [--public-key-file PATH] [--json]
 
 - the gateway's producer (`producers.ensure`: name `gateway`, any tenant, attesting its callers): kept
   while PATH holds its valid, unrevoked key; else created, its key written to PATH (mode 0600);
 - with `--role-password-file`, the gateway's database role (`gpusched_gateway`, migration 017, NOLOGIN)
-  may log in with the password that file holds (set again on every run: changing the file rotates it).
+  may log in with the password that file holds (set again on every run: changing the file rotates it);
+- with `--public-key-file`, the producer's public key is written there (mode 0644): what node agents check
+  the gateway's log requests against (GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY_FILE); it holds no secret.
 
 Connects with the operator's database URL (GPUSCHED_DATABASE_URL), which may create producers and alter roles.
 """
@@ -45,6 +47,8 @@ def add_provision_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help="where the gateway's producer key is kept (written, mode 0600, when it holds no valid key)")
     p.add_argument("--role-password-file", type=Path, metavar="PATH",
                    help=f"a file holding the password the {GATEWAY_ROLE} database role logs in with")
+    p.add_argument("--public-key-file", type=Path, metavar="PATH",
+                   help="also write the gateway's public key here, for node agents (no secret)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gateway_init)
 
@@ -93,8 +97,21 @@ def cmd_gateway_init(args: argparse.Namespace) -> int:
     except OSError as exc:  # the key file could not be written, or the server not reached
         where = f"the producer key file {str(key_file)!r}" if exc.filename else "database"
         return _fail(f"{where}: {exc}", 1)
+    if args.public_key_file is not None:
+        try:
+            write_public_key(args.public_key_file, done.public_key)
+        except OSError as exc:
+            return _fail(f"the public key file {str(args.public_key_file)!r}: {exc}", 1)
     _report(done, key_file, args.json)
     return 0
+
+
+def write_public_key(path: Path, public_key: str) -> None:
+    """Replace ``path`` with the public key (written beside it, then renamed: a reader never sees half)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(public_key + "\n")
+    partial.chmod(0o644)
+    partial.replace(path)
 
 
 def _report(done: Provisioned, key_file: Path, as_json: bool) -> None:
