@@ -288,3 +288,37 @@ async def test_drain_moves_a_checkpointing_job_to_another_node_where_it_resumes(
         assert admin.drain(first)["drain"] == "drained already"
         admin.uncordon(first)
         assert next(n for n in admin.nodes()["nodes"] if n["node_id"] == first)["state"] in ("Ready", "Drained")
+
+
+async def test_a_job_cancelled_while_its_agent_is_down_is_stopped_when_the_agent_returns(local_stack):
+    import os
+    import signal
+
+    from gpusched_cli import stack
+    from gpusched_cli.teardown import agents_dir, job_records
+    from gpusched_common.job_records import alive
+    from tests.e2e.test_preemption import wait_for_event
+
+    token = await token_for(local_stack, "user", "platform", "erin")
+    with Client(local_stack.gateway, token) as client:
+        job_id = client.submit({"gpus": 2, "command": ["sleep", "600"]})["job_id"]
+        node = (await wait_state(client, job_id, "Running"))["node_id"]
+        record = next(r for r in job_records(agents_dir(local_stack.home, local_stack.env), lambda line: None)
+                      if r.job_id == job_id)
+        agent = f"agent-{node}"
+        os.kill(local_stack.processes[agent], signal.SIGKILL)  # the job goes on, its agent gone
+        try:
+            assert client.cancel(job_id, "agent is down")["cancel"] == "requested"
+            await wait_for_event(local_stack.database_url, "JobCancelRequested", [job_id])
+            # nobody has seen the process go: the job still holds its GPUs, and it still runs
+            assert (client.job(job_id))["state"] == "Running" and await allocations(local_stack, job_id) == 2
+            assert alive(record.pid, record.proc_start_ticks)
+        finally:
+            stack.start_service(local_stack, agent, "services.node_agent",
+                                {"GPUSCHED_NODE_ID": node, "GPUSCHED_SIMULATED_GPUS": f"H100-80GB:{STACK_GPUS_PER_NODE}"})
+            stack.save(local_stack)
+        ended = await wait_state(client, job_id, "Cancelled", timeout_s=90)
+        assert [e["type"] for e in ended["events"]].count("JobCancelled") == 1
+        assert ended["events"][-1]["type"] in ("JobCancelled", "QuotaReleased")
+        assert await allocations(local_stack, job_id) == 0
+        assert not alive(record.pid, record.proc_start_ticks)

@@ -1,4 +1,5 @@
-"""End to end on the local stack: gangs, GPU shares and MIG slices are placed, run and end as users expect."""
+"""End to end on the local stack: gangs, GPU shares and MIG slices are placed, run and end as users expect, and a
+cancelled share or slice gives back exactly its part of the GPU."""
 
 from __future__ import annotations
 
@@ -78,3 +79,27 @@ async def test_a_mig_slice_runs_on_its_own_mig_device(local_stack, stack_setting
     assert [j["status"] for j in jobs] == ["Succeeded"] * 3, jobs
     assert all(placed(j)["node_id"] == "node-3" and placed(j)["mig_start"] in (0, 4) for j in jobs)
     await asyncio.sleep(0)
+
+
+async def test_cancelling_a_share_and_a_mig_slice_frees_their_part_of_the_gpu(local_stack):
+    from gpusched import Client as GatewayClient
+    from tests.e2e.test_job_control import token_for, wait_state
+
+    token = await token_for(local_stack, "user", "research", "shape-canceller")
+    with GatewayClient(local_stack.gateway, token) as client:
+        share = client.submit({"gpus": 1, "gpu_share": {"milli": 500, "memory_mib": 20_000}, "gpu_model": "H100-80GB",
+                               "command": ["sleep", "600"]})["job_id"]
+        mig = client.submit({"gpus": 1, "mig_profile": "3g.40gb", "gpu_model": "A100-80GB",
+                             "command": ["sleep", "600"]})["job_id"]
+        for job_id in (share, mig):
+            await wait_state(client, job_id, "Running")
+            assert await held(local_stack.database_url, job_id) == 1
+            assert client.cancel(job_id)["cancel"] == "requested"
+        for job_id in (share, mig):
+            ended = await wait_state(client, job_id, "Cancelled")
+            assert [e["type"] for e in ended["events"]].count("JobCancelled") == 1
+            assert await held(local_stack.database_url, job_id) == 0
+        # the slice's place takes a new slice at once
+        again = client.submit({"gpus": 1, "mig_profile": "3g.40gb", "gpu_model": "A100-80GB",
+                               "command": ["true"]})["job_id"]
+        assert (await wait_state(client, again, "Succeeded"))["node_id"] == "node-3"
