@@ -322,3 +322,4 @@ async def test_a_job_cancelled_while_its_agent_is_down_is_stopped_when_the_agent
         assert ended["events"][-1]["type"] in ("JobCancelled", "QuotaReleased")
         assert await allocations(local_stack, job_id) == 0
         assert not alive(record.pid, record.proc_start_ticks)
+

@@ -120,3 +120,37 @@ async def wait_for_event(database_url: str, event_type: str, job_ids: list[str],
             await asyncio.sleep(0.1)
     finally:
         await conn.close()
+
+
+SLOW_TO_STOP = 'trap "sleep 4; exit 143" TERM; while true; do sleep 0.2; done'
+
+
+async def test_a_job_cancelled_while_it_is_being_preempted_ends_cancelled_once(local_stack):
+    import time
+
+    from gpusched import Client as GatewayClient
+    from tests.e2e.test_job_control import allocations, token_for, wait_state
+
+    user = await token_for(local_stack, "user", "research", "frank")
+    urgent = await token_for(local_stack, "user", "inference", "grace")
+    with GatewayClient(local_stack.gateway, user) as client, GatewayClient(local_stack.gateway, urgent) as other:
+        lows = [client.submit({"gpus": 4, "gpu_model": "H100-80GB", "command": ["sh", "-c", SLOW_TO_STOP]})["job_id"]
+                for _ in range(2)]
+        for job_id in lows:
+            await wait_state(client, job_id, "Running")
+        high = other.submit({"gpus": 4, "gpu_model": "H100-80GB", "priority": 100, "command": ["true"]})["job_id"]
+        deadline = time.monotonic() + 60
+        while not (victims := [j for j in lows if client.job(j)["state"] == "Preempting"]):
+            assert time.monotonic() < deadline, "no job was preempted"
+            await asyncio.sleep(0.1)
+        victim = victims[0]
+        assert client.cancel(victim, "not worth resuming")["cancel"] == "requested"
+        ended = await wait_state(client, victim, "Cancelled", timeout_s=60)
+        types = [e["type"] for e in ended["events"]]
+        assert types.count("JobCancelled") == 1 and "JobPreempted" not in types and "JobRequeued" not in types
+        assert await allocations(local_stack, victim) == 0
+        assert (await wait_state(other, high, "Succeeded", timeout_s=60))["state"] == "Succeeded"
+        for job_id in lows:
+            client.cancel(job_id)
+        for job_id in lows:
+            await wait_state(client, job_id, "Cancelled", timeout_s=60)
