@@ -199,6 +199,12 @@ async def test_cordon_keeps_new_work_off_a_node_until_uncordoned(local_stack):
             second = client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"]
             running = await wait_state(client, first, "Running")
             assert running["node_id"] == "node-2"
+            table = await asyncio.to_thread(cli, local_stack, operator, "nodes")
+            assert table.returncode == 0, table.stderr
+            rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:] if line.strip()}
+            assert "FREE/TOTAL GPUS" in table.stdout.splitlines()[0]
+            assert "H100-80GB 0/4" in rows["node-2"] and "H100-80GB 4/4" in rows["node-1"]
+            assert "Cordoned" in rows["node-1"] and "firmware update" in rows["node-1"] and "seen " in rows["node-1"]
             waiting = await wait_state(client, second, ("Admitted", "Queued"))
             assert waiting["node_id"] is None
             admin.uncordon("node-1")

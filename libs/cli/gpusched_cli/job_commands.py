@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import yaml
 
 from gpusched import ApiError, Client, NoServer
 from gpusched_common.table import render
-from gpusched_core.durations import parse_duration
+from gpusched_core.durations import format_duration, parse_duration
 from gpusched_core.dependencies import parse_after
 from gpusched_core.podspec import AFTER_ANNOTATION, PodSpecError, cpu_milli, memory_mib
 
@@ -345,14 +346,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_nodes(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         nodes = client.nodes()["nodes"]
-        rows = [(n["node_id"], n.get("state") or n["status"],
-                 ",".join(n.get("gpu_models") or []), n["gpus"], n["healthy_gpus"], n["allocations"],
-                 n.get("lease_epoch"), n.get("cordon_reason") or "") for n in nodes]
-        _print(nodes, args.json, render(["NODE", "STATUS", "MODELS", "GPUS", "HEALTHY", "ALLOCATIONS", "EPOCH", "CORDON"],
+        rows = [(n["node_id"], n.get("state") or n["status"], _free_by_model(n), n["healthy_gpus"], n["jobs"],
+                 _lease(n), n.get("cordon_reason") or "") for n in nodes]
+        _print(nodes, args.json, render(["NODE", "STATE", "FREE/TOTAL GPUS", "HEALTHY", "JOBS", "LEASE", "CORDON"],
                                         rows))
         return 0
 
     return through_gateway("nodes", work)
+
+
+def _free_by_model(node: dict[str, Any]) -> str:
+    """``H100-80GB 3/8``: whole GPUs free (healthy, nothing on them) of the node's total, per model."""
+    by_model = node.get("gpus_by_model") or {}
+    return ", ".join(f"{model} {c['free']}/{c['total']}" for model, c in sorted(by_model.items())) or "-"
+
+
+def _lease(node: dict[str, Any]) -> str:
+    """``epoch 3, seen 2s ago``."""
+    seen = node.get("last_seen_at")
+    if seen is None:
+        return f"epoch {node.get('lease_epoch')}"
+    age = (datetime.now(UTC) - datetime.fromisoformat(seen)).total_seconds()
+    return f"epoch {node.get('lease_epoch')}, seen {format_duration(max(0.0, round(age)))} ago"
 
 
 def where(placed: dict) -> str:

@@ -119,8 +119,9 @@ async def counts(conn: asyncpg.Connection) -> tuple[int, int]:
 
 
 async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
-    """Every registered node (ready or lost) with its lease state, GPU counts by health, GPU models and how
-    many allocations and distinct jobs it holds, by node id. For the gateway's nodes view."""
+    """Every registered node (ready or lost) with its lease state, GPU counts by health, GPU models, free
+    (healthy, nothing allocated on it) and total GPUs by model, and how many allocations and distinct jobs
+    it holds, by node id. For the gateway's nodes view."""
     rows = await conn.fetch(
         "SELECT n.node_id, n.hostname, n.status, n.labels, n.cpu_milli, n.memory_mib, n.lease_epoch, n.lost_epoch,"
         " n.cordoned_at, n.cordoned_by, n.cordon_reason, n.drain_requested_at,"
@@ -129,7 +130,11 @@ async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
         " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id AND g.healthy) AS healthy_gpus,"
         " (SELECT coalesce(array_agg(DISTINCT g.model), '{}') FROM gpus g WHERE g.node_id = n.node_id) AS gpu_models,"
         " (SELECT count(*) FROM gpu_allocations a WHERE a.node_id = n.node_id) AS allocations,"
-        " (SELECT count(DISTINCT a.job_id) FROM gpu_allocations a WHERE a.node_id = n.node_id) AS jobs"
+        " (SELECT count(DISTINCT a.job_id) FROM gpu_allocations a WHERE a.node_id = n.node_id) AS jobs,"
+        " (SELECT coalesce(jsonb_object_agg(m.model, jsonb_build_object('total', m.total, 'free', m.free)), '{}')"
+        "  FROM (SELECT g.model, count(*) AS total, count(*) FILTER (WHERE g.healthy AND NOT EXISTS"
+        "   (SELECT 1 FROM gpu_allocations a WHERE a.node_id = g.node_id AND a.gpu_index = g.gpu_index)) AS free"
+        "   FROM gpus g WHERE g.node_id = n.node_id GROUP BY g.model) m) AS gpus_by_model"
         " FROM nodes n ORDER BY n.node_id")
     return [dict(r) for r in rows]
 
