@@ -21,7 +21,7 @@ from gpusched_common.store import claim
 from gpusched_common.stores.tenancy import TenancyReader
 
 from gpusched_core import lifecycle
-from gpusched_core.submission import with_default_time_limit
+from gpusched_core.submission import with_default_time_limit, with_priority_class
 from services.admission import store
 from services.admission.core import (
     AdmissionLimits,
@@ -73,9 +73,9 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
                      submission.request_id, tenant)
             return
         admitted = None if decided.reasons or submission.spec is None else \
-            with_default_time_limit(submission.spec, in_force)
+            with_priority_class(with_default_time_limit(submission.spec, in_force), in_force)
         command = lifecycle.RegisterSubmission(
-            spec=admitted, submitted_at=submission.submitted_at or now,
+            spec=admitted, submitted_at=now,  # admission's clock, never the client's
             rejection_reasons=submission.reasons + decided.reasons, tenant_hint=submission.tenant_hint,
             request_id=submission.request_id, submitted_by=verdict.subject if verdict.tenant else None,
             producer=verdict.producer, hold=submission.hold,

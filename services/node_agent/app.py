@@ -3,6 +3,8 @@ GPUSCHED_SIMULATED_NODES > 1, a fleet of simulated agents `<node_id>-001..N` in 
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -18,7 +20,7 @@ from services.node_agent.fleet import Fleet, fleet_node_ids
 from services.node_agent.log_server import LogServer, log_app
 from services.node_agent.nvml import make_backend
 from services.node_agent.reporter import SERVICE, Send
-from services.node_agent.runner import JobRunner
+from services.node_agent.runner import JobRunner, RunAs
 from services.node_agent.settings import AgentSettings
 
 
@@ -31,9 +33,15 @@ def broker_sender(broker: KafkaBroker) -> Send:
 
 def build_agent(settings: AgentSettings, node_id: str, send: Send, log_url: str | None = None) -> Agent:
     backend = make_backend(settings.nvml_backend, node_id, settings.simulated_gpus)
-    runner = JobRunner(settings.agent_work_dir / node_id)
+    runner = job_runner(settings, node_id)
     config = replace(AgentConfig.from_settings(settings, node_id), log_url=log_url)
     return Agent(config, send, backend, runner)
+
+
+def job_runner(settings: AgentSettings, node_id: str) -> JobRunner:
+    """The runner of one node's jobs, with the users its tenants' jobs run as and the environment allowlist."""
+    passthrough = tuple(k.strip() for k in settings.agent_job_env_passthrough.split(",") if k.strip())
+    return JobRunner(settings.agent_work_dir / node_id, RunAs.parse(settings.agent_job_users), passthrough)
 
 
 def build_log_server(settings: AgentSettings, node_ids: list[str]) -> LogServer | None:
@@ -79,6 +87,7 @@ def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[
 
 async def main(settings: AgentSettings | None = None) -> None:
     settings = settings or AgentSettings()
+    os.umask(0o077)  # the agent's records, logs and keys are its own (jobs get a directory of their own)
     setup, built = agent_setup(settings)
     name = f"{SERVICE}-{settings.node_id}" if settings.simulated_nodes <= 1 else f"{SERVICE}-fleet-{settings.node_id}"
     try:

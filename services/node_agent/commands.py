@@ -80,8 +80,8 @@ class Commands:
         job_env = job_environment(gpu_indices=tuple(command.gpu_indices), gpu_uuids=uuids,
                                   share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
                                   mps_pipe_dir=self._mps_dir())
-        result = await ctx.runner.start(command.job_id, command.command, tuple(command.gpu_indices),
-                                        {**command.env, **job_env.env, **mig_env(command)},
+        result = await ctx.runner.start(command.job_id, command.command, tuple(command.gpu_indices), command.env,
+                                        owned={**job_env.env, **mig_env(command)}, tenant=command.tenant,
                                         lease_epoch=ctx.lease.epoch,
                                         share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
                                         attempt=command.attempt, time_limit_s=command.time_limit_s)

@@ -1,11 +1,17 @@
 """Runs jobs as subprocesses and remembers them on disk, so a restarted agent neither starts a job twice
 nor loses the exit code of one that finished while it was down.
 
-Each job runs under `sh` in its own session (so its whole process group can be stopped), which writes the
-command's exit code to `<job>.exit` when it ends; the job's record (`<job>.json`, with the process's start
-time so a reused pid is not mistaken for it) is written before the job's start is reported. Output goes
-to `<job>.log`. The lease epoch is kept in `lease_epoch`. The record's format and the process-group
-helpers are shared with `gpusched down`, which reads the records: see gpusched_common/job_records.py.
+Each job runs under `sh` in its own session (so its whole process group can be stopped), in a directory of
+its own (`jobs/<job>/`, its working directory and HOME, where it finds its checkpoint file and preemption
+notice), which writes the command's exit code to `jobs/<job>/exit` when it ends; the job's record
+(`<job>.json`, with the process's start time so a reused pid is not mistaken for it) is written before the
+job's start is reported. Output goes to `<job>.log`. The lease epoch is kept in `lease_epoch`. The agent's
+own files are beside the job directories, not in them, and created private (mode 0600); the agent's
+directories may be passed through (0711) but not listed. A job's environment is an allowlist of the
+agent's (``gpusched_core.jobenv``): never its database URL or keys. Where the agent runs as root and maps
+tenants to users (``RunAs``), each job runs as its tenant's unprivileged user and owns only its directory.
+The record's format and the process-group helpers are shared with `gpusched down`, which reads the
+records: see gpusched_common/job_records.py.
 """
 
 from __future__ import annotations
@@ -14,27 +20,70 @@ import asyncio
 import json
 import logging
 import os
+import pwd
+import shutil
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from gpusched_common.ids import is_valid_id
 from gpusched_core.agent.retention import KeptLog
 from gpusched_common.job_records import (
-    JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job, write_record,
+    JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job, write_private,
+    write_record,
 )
 from gpusched_core.agent.reconcile import ObservedJob
+from gpusched_core.jobenv import job_environment
 
 __all__ = ["JobExit", "JobRecord", "JobRunner"]
 log = logging.getLogger(__name__)
-RUN_FILES = ("json", "exit", "reported", "preempt")  # a run's own files, set aside when it ended
+RUN_FILES = ("json", "reported")  # a run's own files beside the job directories, set aside when it ended
+JOB_RUN_FILES = ("exit", "preempt-notice")  # and in the job's directory
+LEGACY_RUN_FILES = ("exit", "preempt")  # where an agent before job directories kept them (``<job>.exit``)
 
 # The wrapper records the job's exit code. A polite stop (SIGTERM) goes to the job's processes but not to
 # the wrapper (see `terminate_job`), so the job can checkpoint in its grace period and its own exit code
 # is what gets recorded; SIGKILL at the deadline takes the whole process group.
-_WRAPPER = 'cd "$GPUSCHED_JOB_DIR" 2>/dev/null; "$@"; code=$?; echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
+_WRAPPER = 'cd "$GPUSCHED_JOB_DIR" || exit 126; "$@"; code=$?; echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """Which user runs a tenant's jobs (the agent runs as root): ``users`` by tenant, ``default`` for the
+    rest (None: a tenant not listed is refused)."""
+
+    users: Mapping[str, str] = field(default_factory=dict)
+    default: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> RunAs | None:
+        """``research=svc-research,*=nobody`` (empty: None, jobs run as the agent's user)."""
+        users, default = {}, None
+        for item in (part.strip() for part in text.split(",") if part.strip()):
+            tenant, sep, user = item.partition("=")
+            if not sep or not tenant.strip() or not user.strip():
+                raise ValueError(f"GPUSCHED_AGENT_JOB_USERS: {item!r} is not tenant=user")
+            if tenant.strip() == "*":
+                default = user.strip()
+            else:
+                users[tenant.strip()] = user.strip()
+        return cls(users, default) if users or default else None
+
+    def user_for(self, tenant: str | None) -> pwd.struct_passwd | str:
+        """The tenant's user entry, or why its jobs cannot run."""
+        name = self.users.get(tenant or "", self.default)
+        if name is None:
+            return f"no user is mapped to run tenant {tenant}'s jobs (GPUSCHED_AGENT_JOB_USERS)"
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            return f"user {name!r} mapped to tenant {tenant} does not exist on this node"
+        if entry.pw_uid == 0:
+            return f"user {name!r} mapped to tenant {tenant} is root; jobs run unprivileged"
+        return entry
 
 
 @dataclass(frozen=True)
@@ -46,9 +95,21 @@ class JobExit:
 
 
 class JobRunner:
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, run_as: RunAs | None = None, env_passthrough: Iterable[str] = ()) -> None:
+        if run_as is not None and os.geteuid() != 0:
+            raise ValueError("GPUSCHED_AGENT_JOB_USERS maps tenants to users, which needs the agent to run as root")
         self._dir = work_dir
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._jobs = work_dir / "jobs"
+        self._jobs.mkdir(parents=True, exist_ok=True)
+        for directory in (self._dir, self._jobs):  # passed through to a job's own directory, never listed
+            directory.chmod(0o711)
+        if run_as is not None:
+            closed = [p for p in self._dir.resolve().parents if not p.stat().st_mode & 0o001]
+            if closed:
+                raise ValueError(f"{closed[0]} may not be passed through by other users, so jobs running as their "
+                                 f"tenant's user could not reach their directories under {self._jobs}")
+        self._run_as = run_as
+        self._passthrough = tuple(env_passthrough)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
 
     @property
@@ -88,19 +149,27 @@ class JobRunner:
         record = self.record(job_id)
         if record is None:
             return
-        for suffix in RUN_FILES:
+        for suffix in (*RUN_FILES, *LEGACY_RUN_FILES):
             path = self._dir / f"{job_id}.{suffix}"
             if path.exists():
                 path.rename(self._dir / f"{job_id}.{suffix}.run{record.attempt}")
+        for name in JOB_RUN_FILES:
+            path = self.job_dir(job_id) / name
+            if path.exists():
+                path.rename(path.with_name(f"{name}.run{record.attempt}"))
 
     def reported(self, job_id: str) -> bool:
         return (self._dir / f"{job_id}.reported").exists()
 
     def mark_reported(self, job_id: str) -> None:
-        (self._dir / f"{job_id}.reported").touch()
+        write_private(self._dir / f"{job_id}.reported", "")
 
     def log_path(self, job_id: str) -> Path:
         return self._dir / f"{job_id}.log"
+
+    def job_dir(self, job_id: str) -> Path:
+        """The job's own directory: its working directory and HOME, its checkpoint file and notices."""
+        return self._jobs / job_id
 
     def kept_logs(self) -> list[KeptLog]:
         """Every job log here, with its last write and whether the job has a current run."""
@@ -113,10 +182,11 @@ class JobRunner:
         return out
 
     def forget_output(self, job_id: str) -> None:
-        """Delete a job's log and the files of its finished runs (``finish_run`` set them aside)."""
-        set_aside = [p for suffix in RUN_FILES for p in self._dir.glob(f"{job_id}.{suffix}.run*")]
+        """Delete a job's log, its directory and the files of its finished runs (``finish_run`` set them aside)."""
+        set_aside = [p for suffix in (*RUN_FILES, *LEGACY_RUN_FILES) for p in self._dir.glob(f"{job_id}.{suffix}.run*")]
         for path in [self.log_path(job_id), *set_aside]:
             path.unlink(missing_ok=True)
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
 
     def running_job_ids(self) -> list[str]:
         return [r.job_id for r in self.records() if self.is_alive(r)]
@@ -133,28 +203,41 @@ class JobRunner:
         except (OSError, ValueError):
             previous = 0
         epoch = previous + 1
-        path.write_text(str(epoch))
+        write_private(path, str(epoch))
         return epoch
 
-    async def start(self, job_id: str, command: list[str], gpu_indices: tuple[int, ...], env: dict[str, str],
+    async def start(self, job_id: str, command: list[str], gpu_indices: tuple[int, ...], env: Mapping[str, str],
                     *, lease_epoch: int = 0, share_milli: int | None = None,
                     memory_mib: int | None = None, attempt: int = 1,
-                    time_limit_s: float | None = None) -> JobRecord | JobExit:
-        """Start `command`; `env` is added to the agent's environment (and includes CUDA_VISIBLE_DEVICES)."""
+                    time_limit_s: float | None = None, owned: Mapping[str, str] | None = None,
+                    tenant: str | None = None) -> JobRecord | JobExit:
+        """Start `command` with `env` (the job's own and what placement told it) over an allowlist of the
+        agent's environment; `owned` (the agent's: GPU devices, MPS limits) and the job's files come last."""
         if not is_valid_id(job_id):
             return JobExit(job_id, 127, 0.0, error=f"invalid job id {job_id!r}")
+        user = self._run_as.user_for(tenant) if self._run_as is not None else None
+        if isinstance(user, str):
+            return JobExit(job_id, 127, 0.0, error=user)
+        directory = self.job_dir(job_id)
+        directory.mkdir(mode=0o700, exist_ok=True)
+        if user is not None:
+            os.chown(directory, user.pw_uid, user.pw_gid)
         exit_path = self._exit_path(job_id)
-        job_env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices), **env,
-                   "GPUSCHED_JOB_ID": job_id, "GPUSCHED_EXIT_FILE": str(exit_path), "GPUSCHED_JOB_DIR": str(self._dir),
-                   # the job writes its latest checkpoint reference here; a preemption notice appears there
-                   "GPUSCHED_CHECKPOINT_FILE": str(self._checkpoint_path(job_id)),
-                   "GPUSCHED_PREEMPT_NOTICE_FILE": str(self._dir / f"{job_id}.preempt")}
+        job_env = job_environment(os.environ, self._passthrough, env, {
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices), **(owned or {}),
+            "GPUSCHED_JOB_ID": job_id, "GPUSCHED_EXIT_FILE": str(exit_path), "GPUSCHED_JOB_DIR": str(directory),
+            "HOME": str(directory), "TMPDIR": str(directory),
+            # the job writes its latest checkpoint reference here; a preemption notice appears there
+            "GPUSCHED_CHECKPOINT_FILE": str(self._checkpoint_path(job_id)),
+            "GPUSCHED_PREEMPT_NOTICE_FILE": str(self._notice_path(job_id))})
         started = time.time()
-        output = self.log_path(job_id).open("ab")
+        output = os.fdopen(os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user is not None else {}
         try:
             proc = await asyncio.create_subprocess_exec(
                 "sh", "-c", _WRAPPER, "gpusched-job", *command, env=job_env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=output, stderr=output, start_new_session=True)  # own process group, for clean stops
+                stdout=output, stderr=output, start_new_session=True,  # own process group, for clean stops
+                **as_user)
         except OSError as exc:
             return JobExit(job_id, 127, 0.0, error=f"could not start command: {exc}")
         finally:
@@ -197,7 +280,9 @@ class JobRunner:
     def write_preempt_notice(self, job_id: str, deadline_at: datetime, reason: str) -> None:
         """The notice a job can poll for (beside SIGTERM): when it will be killed and why."""
         notice = {"deadline_at": deadline_at.isoformat(), "reason": reason}
-        (self._dir / f"{job_id}.preempt").write_text(json.dumps(notice) + "\n")
+        path = self._notice_path(job_id)
+        path.write_text(json.dumps(notice) + "\n")
+        path.chmod(0o644)  # the job, perhaps another user, reads it
 
     def read_checkpoint(self, job_id: str) -> str | None:
         """The checkpoint reference the job last wrote (first line of its checkpoint file), if any."""
@@ -208,7 +293,11 @@ class JobRunner:
         return ref[0][:1024] if ref and ref[0] else None
 
     def _checkpoint_path(self, job_id: str) -> Path:
-        return self._dir / f"{job_id}.checkpoint"
+        legacy = self._dir / f"{job_id}.checkpoint"
+        return legacy if legacy.exists() else self.job_dir(job_id) / "checkpoint"
+
+    def _notice_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "preempt-notice"
 
     def _read_exit(self, job_id: str) -> int:
         try:
@@ -217,4 +306,5 @@ class JobRunner:
             return 137  # vanished without a recorded exit code: treat as killed
 
     def _exit_path(self, job_id: str) -> Path:
-        return self._dir / f"{job_id}.exit"
+        legacy = self._dir / f"{job_id}.exit"  # a job started by an agent before job directories
+        return legacy if legacy.exists() else self.job_dir(job_id) / "exit"

@@ -33,6 +33,11 @@ class AgentSettings(Settings):
     agent_log_port: int = 0  # 0: a free port
     agent_log_url: str | None = None  # what the node advertises (default http://host:port)
     agent_log_retention_s: float = Field(DEFAULT_LOG_RETENTION_S, gt=0)  # output of ended jobs kept this long
+    # where the agent runs as root: which user runs each tenant's jobs (`research=svc-research,*=nobody`;
+    # empty: jobs run as the agent's user), and what of the agent's environment jobs may see besides PATH,
+    # the locale and the time zone (`NVIDIA_DRIVER_CAPABILITIES,LD_LIBRARY_PATH` for a node's driver)
+    agent_job_users: str = ""
+    agent_job_env_passthrough: str = ""
     simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents
 
     def gateway_public_key(self) -> str | None:

@@ -12,7 +12,7 @@ import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
-from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.jobs import append_job_events, load_job, stored_payload
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import lock_cycle, pending_jobs
@@ -36,8 +36,13 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
 
     async def on_message(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if message.topic == JOBS_EVENTS.name and not isinstance(payload, _JOB_EVENTS):
-            return
+        if message.topic == JOBS_EVENTS.name:
+            if not isinstance(payload, _JOB_EVENTS):
+                return
+            stored = await stored_payload(conn, envelope)  # the store's event, or none at all
+            if stored is None:
+                return
+            payload = stored
         if not await claim(conn, SERVICE, envelope.event_id):
             return
         if await apply(conn, payload, clock()):

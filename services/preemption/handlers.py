@@ -19,7 +19,7 @@ import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
-from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.jobs import append_job_events, load_job, stored_payload
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import has_nomination, load_cluster, lock_cycle, nominate
@@ -43,7 +43,7 @@ WAITING = frozenset({lifecycle.JobStatus.ADMITTED, lifecycle.JobStatus.QUEUED}) 
 def make_handler(policy: PreemptionPolicy, clock: Callable[[], datetime], tenancies: TenancyStore) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if not isinstance(payload, ev.PlacementDeferred):
+        if not isinstance(payload, ev.PlacementDeferred) or await stored_payload(conn, envelope) is None:
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return

@@ -28,7 +28,7 @@ from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.credentials import TenantKey, verify
 from gpusched_core.lifecycle import JobStatus
-from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.jobs import append_job_events, load_job, stored_payload
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim, enqueue
 from gpusched_common.topics import QUOTA_RECLAIMS
@@ -77,7 +77,8 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
         envelope, payload = parse_event(message)
         if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, ev.JobHeld, ev.JobReleased, *_ENDED)):
             return
-        if not await claim(conn, SERVICE, envelope.event_id):
+        payload = await stored_payload(conn, envelope)  # the store's event, or none at all
+        if payload is None or not await claim(conn, SERVICE, envelope.event_id):
             return
         tenancy = await tenancies.current(conn)
         now = clock()

@@ -1,4 +1,4 @@
-"""`gpusched submit | jobs | job | queue | nodes`: submit jobs and read where they stand, through the gateway
+"""`gpusched submit | jobs | job | queue | cancel | hold | release | watch`: submit jobs and read where they stand, through the gateway
 (``gpusched.Client``; the server and token come from GPUSCHED_SERVER/GPUSCHED_TOKEN or the config file
 that `gpusched up` writes). None of these commands holds a database or broker credential."""
 
@@ -8,7 +8,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import yaml
 
 from gpusched import ApiError, Client, NoServer
 from gpusched_common.table import render
-from gpusched_core.durations import format_duration, parse_duration
+from gpusched_core.durations import parse_duration
 from gpusched_core.dependencies import parse_after
 from gpusched_core.podspec import AFTER_ANNOTATION, PodSpecError, cpu_milli, memory_mib
 
@@ -93,24 +92,8 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("nodes", help="nodes: GPUs, health, allocations, lease")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_nodes)
 
-    for verb, text in (("cordon", "operators: place no new work on nodes (what runs goes on)"),
-                       ("drain", "operators: cordon nodes and preempt their jobs to resume elsewhere"),
-                       ("uncordon", "operators: place work on nodes again")):
-        p = sub.add_parser(verb, help=text)
-        p.add_argument("node_ids", nargs="+", metavar="NODE")
-        if verb != "uncordon":
-            p.add_argument("--reason", help=f"why, recorded with the {verb}")
-        if verb == "drain":
-            p.add_argument("--grace", default="10m", help="how long each job may checkpoint (default 10m)")
-        p.add_argument("--json", action="store_true")
-        p.set_defaults(func={"cordon": cmd_cordon, "drain": cmd_drain, "uncordon": cmd_uncordon}[verb])
-
-
-def _print(data: object, as_json: bool, text: str) -> None:
+def output(data: object, as_json: bool, text: str) -> None:
     print(json.dumps(data, indent=2, default=str) if as_json else text)
 
 
@@ -190,13 +173,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if args.wait:
                 print("gpusched submit: --wait follows one job; follow the array with "
                       f"`gpusched jobs --array {job['array_id']}`", file=sys.stderr)
-            _print(job, args.json, f"submitted array {job['array_id']} for tenant {job['tenant']}: {job['tasks']} "
+            output(job, args.json, f"submitted array {job['array_id']} for tenant {job['tenant']}: {job['tasks']} "
                    f"tasks ({job['indices']}), jobs {job['array_id']}.<index>{again}")
             return 0
         if args.wait:
             print(f"submitted {job['job_id']} for tenant {job['tenant']}{again}; following it", file=sys.stderr)
             return _follow(client, job["job_id"], args.json)
-        _print(job, args.json, f"submitted {job['job_id']} for tenant {job['tenant']}: {job['state']}{again}")
+        output(job, args.json, f"submitted {job['job_id']} for tenant {job['tenant']}: {job['state']}{again}")
         return 0
 
     return through_gateway("submit", work)
@@ -211,7 +194,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                       else -1)
         rows = [(j["job_id"], j["name"], j["tenant"], j["state"], j["gpus"], j["gpu_model"], j["node_id"],
                  j["exit_code"], "; ".join(j["reasons"] or [])[:60]) for j in jobs]
-        _print(jobs, args.json, render(["JOB", "NAME", "TENANT", "STATE", "GPUS", "MODEL", "NODE", "EXIT", "REASON"],
+        output(jobs, args.json, render(["JOB", "NAME", "TENANT", "STATE", "GPUS", "MODEL", "NODE", "EXIT", "REASON"],
                                        rows))
         return 0
 
@@ -225,7 +208,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                  j.get("gpus", "-"), j.get("gpu_model"),
                  (f"behind {j['ahead_higher_priority']} of higher priority; " if j.get("ahead_higher_priority") else "")
                  + j.get("reason", "")) for j in jobs]
-        _print(jobs, args.json, render(["QUEUE", "#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WHY"], rows))
+        output(jobs, args.json, render(["QUEUE", "#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WHY"], rows))
         return 0
 
     return through_gateway("queue", work)
@@ -248,7 +231,7 @@ def cmd_job(args: argparse.Namespace) -> int:
             fields.append(("waiting", f"#{waiting['position'] or '-'} in {waiting['queue']}: {waiting['reason']}"))
         history = render(["#", "EVENT", "BY", "AT", "DETAIL"], [(e["version"], e["type"], e["producer"],
                                                                  e["occurred_at"], _detail(e)) for e in job["events"]])
-        _print(job, args.json, f"{render(['FIELD', 'VALUE'], fields)}\n\n{history}")
+        output(job, args.json, f"{render(['FIELD', 'VALUE'], fields)}\n\n{history}")
         return 0
 
     return through_gateway("job", work)
@@ -284,7 +267,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return through_gateway("watch", lambda client: _follow(client, args.job_id, args.json))
 
 
-def _each(command: str, args: argparse.Namespace, act: Callable[[Client, str], dict[str, Any]], key: str,
+def for_each(command: str, args: argparse.Namespace, act: Callable[[Client, str], dict[str, Any]], key: str,
           ids: list[str] | None = None, id_field: str = "job_id") -> int:
     """``act`` on each job (or node) named, a table of what each answered; exit 1 when one was refused."""
     def work(client: Client) -> int:
@@ -296,18 +279,18 @@ def _each(command: str, args: argparse.Namespace, act: Callable[[Client, str], d
                 outcomes.append({id_field: one, "state": None, key: f"refused: {exc.detail}"})
         columns = [id_field.split("_")[0].upper(), *(["STATE"] if id_field == "job_id" else []), key.upper()]
         rows = [(o[id_field], *([o.get("state") or "-"] if id_field == "job_id" else []), o[key]) for o in outcomes]
-        _print(outcomes, args.json, render(columns, rows))
+        output(outcomes, args.json, render(columns, rows))
         return 1 if any(str(o[key]).startswith("refused") for o in outcomes) else 0
 
     return through_gateway(command, work)
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
-    return _each("hold", args, lambda client, job_id: client.hold(job_id, args.reason), "hold")
+    return for_each("hold", args, lambda client, job_id: client.hold(job_id, args.reason), "hold")
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    return _each("release", args, lambda client, job_id: client.release(job_id), "release")
+    return for_each("release", args, lambda client, job_id: client.release(job_id), "release")
 
 
 def _every_job(client: Client, tenant: str | None, state: str | None) -> list[str]:
@@ -337,37 +320,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         rows = [(o["job_id"], o.get("state") or ("array" if "array_id" in o else "-"),
                  o["cancel"] + (f" ({o['requested']} of {o['tasks']} tasks)" if "array_id" in o else ""))
                 for o in outcomes]
-        _print(outcomes, args.json, render(["JOB", "STATE", "CANCEL"], rows) if rows else "no job to cancel")
+        output(outcomes, args.json, render(["JOB", "STATE", "CANCEL"], rows) if rows else "no job to cancel")
         return 1 if any(o["cancel"].startswith("refused") for o in outcomes) else 0
 
     return through_gateway("cancel", work)
-
-
-def cmd_nodes(args: argparse.Namespace) -> int:
-    def work(client: Client) -> int:
-        nodes = client.nodes()["nodes"]
-        rows = [(n["node_id"], n.get("state") or n["status"], _free_by_model(n), n["healthy_gpus"], n["jobs"],
-                 _lease(n), n.get("cordon_reason") or "") for n in nodes]
-        _print(nodes, args.json, render(["NODE", "STATE", "FREE/TOTAL GPUS", "HEALTHY", "JOBS", "LEASE", "CORDON"],
-                                        rows))
-        return 0
-
-    return through_gateway("nodes", work)
-
-
-def _free_by_model(node: dict[str, Any]) -> str:
-    """``H100-80GB 3/8``: whole GPUs free (healthy, nothing on them) of the node's total, per model."""
-    by_model = node.get("gpus_by_model") or {}
-    return ", ".join(f"{model} {c['free']}/{c['total']}" for model, c in sorted(by_model.items())) or "-"
-
-
-def _lease(node: dict[str, Any]) -> str:
-    """``epoch 3, seen 2s ago``."""
-    seen = node.get("last_seen_at")
-    if seen is None:
-        return f"epoch {node.get('lease_epoch')}"
-    age = (datetime.now(UTC) - datetime.fromisoformat(seen)).total_seconds()
-    return f"epoch {node.get('lease_epoch')}, seen {format_duration(max(0.0, round(age)))} ago"
 
 
 def where(placed: dict) -> str:
@@ -393,23 +349,3 @@ def _detail(event: dict) -> str:
             text = "; ".join(value) if isinstance(value, list) else str(value)
             return f"{key}: {text}"[:100]
     return ""
-
-
-def cmd_cordon(args: argparse.Namespace) -> int:
-    return _each("cordon", args, lambda client, node_id: client.cordon(node_id, args.reason), "cordon",
-                 args.node_ids, "node_id")
-
-
-def cmd_drain(args: argparse.Namespace) -> int:
-    try:
-        grace_s = parse_duration(args.grace)
-    except ValueError as exc:
-        print(f"gpusched drain: --grace: {exc}", file=sys.stderr)
-        return 2
-    return _each("drain", args, lambda client, node_id: client.drain(node_id, args.reason, grace_s), "drain",
-                 args.node_ids, "node_id")
-
-
-def cmd_uncordon(args: argparse.Namespace) -> int:
-    return _each("uncordon", args, lambda client, node_id: client.uncordon(node_id), "uncordon", args.node_ids,
-                 "node_id")

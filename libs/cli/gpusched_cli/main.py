@@ -8,6 +8,7 @@ import sys
 
 from gpusched_cli.agent_check import add_agent_parser
 from gpusched_cli.job_commands import add_job_parsers
+from gpusched_cli.node_commands import add_node_parsers
 from gpusched_cli.logs import add_logs_parser
 from gpusched_cli.ops_commands import add_ops_parsers
 from gpusched_cli.stack_commands import add_stack_parsers, add_workload_parsers
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_stack_parsers(sub)
     add_job_parsers(sub)
+    add_node_parsers(sub)
     add_workload_parsers(sub)
     add_ops_parsers(sub)
     add_agent_parser(sub)

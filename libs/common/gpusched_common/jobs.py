@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import logging
+
+from collections import Counter
+
 import uuid
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -17,6 +21,8 @@ from gpusched_common.ids import job_stream
 from gpusched_common.topics import JOBS_EVENTS
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
 
+
+log = logging.getLogger(__name__)
 
 def new_job_id() -> str:
     """A fresh job id (random): for a submission that names none and carries no idempotency key."""
@@ -58,6 +64,23 @@ async def load_job(conn: asyncpg.Connection, job_id: str) -> JobState:
         state = evolve(state, ev.parse_payload(stored.envelope))
         trace_parent = stored.envelope.traceparent or trace_parent
     return replace(state, trace_parent=trace_parent)
+
+
+async def stored_payload(conn: asyncpg.Connection, envelope: ev.Envelope) -> ev.Payload | None:
+    """A job event as the store recorded it: a message on ``gpusched.jobs.events`` is only a claim that the
+    event was appended, so consumers act on the stored event, and not at all where the store has none by
+    that id, type and stream (a forgery, counted in ``NOT_IN_STORE``)."""
+    stored = await store.load_event(conn, envelope.event_id)
+    if stored is None or stored.envelope.type != envelope.type or stored.envelope.stream_id != envelope.stream_id:
+        NOT_IN_STORE[envelope.type] += 1
+        if sum(NOT_IN_STORE.values()) in (1, 10, 100) or sum(NOT_IN_STORE.values()) % 1000 == 0:
+            log.warning("ignored %d job event(s) the event store does not hold (by type: %s)",
+                        sum(NOT_IN_STORE.values()), dict(NOT_IN_STORE))
+        return None
+    return ev.parse_payload(stored.envelope)
+
+
+NOT_IN_STORE: Counter[str] = Counter()
 
 
 async def append_job_events(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.Payload, ...], *,

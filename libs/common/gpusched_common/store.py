@@ -6,6 +6,8 @@ rows, inbox mark and read-model updates commit or roll back together.
 
 from __future__ import annotations
 
+import uuid
+
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -74,6 +76,16 @@ async def load(conn: asyncpg.Connection, stream_id: str, after_version: int = 0)
     rows = await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND version > $2 ORDER BY version",
                             stream_id, after_version)
     return [_stored(r) for r in rows]
+
+
+async def load_event(conn: asyncpg.Connection, event_id: str) -> StoredEvent | None:
+    """One event by its id (None: the store has no such event, or the id is no UUID)."""
+    try:
+        uuid.UUID(event_id)
+    except ValueError:
+        return None
+    row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM events WHERE event_id = $1::uuid", event_id)
+    return _stored(row) if row is not None else None
 
 
 async def read_all(conn: asyncpg.Connection, after: Position = Position(), limit: int = 1000) -> list[StoredEvent]:

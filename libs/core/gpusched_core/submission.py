@@ -27,6 +27,7 @@ from gpusched_common.resources import (
 from gpusched_core.arrays import check_task
 from gpusched_core.dependencies import check_after
 from gpusched_core.durations import format_duration
+from gpusched_core.jobenv import check_command, check_env
 from gpusched_core.placement.mig import MIG_FAMILIES
 from gpusched_core.quota import Tenancy
 from gpusched_core.quota.jobs import priority_class_for, queued_job, to_pending
@@ -69,6 +70,7 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
         reasons.append(f"priority {spec.priority} is outside 0..{limits.max_priority}")
     if spec.time_limit_s is not None and not 0 < spec.time_limit_s <= MAX_TIME_LIMIT_S:
         reasons.append(f"time_limit_s {spec.time_limit_s:g} is outside (0, {MAX_TIME_LIMIT_S:g}] seconds")
+    reasons.extend(check_env(spec.env) + check_command(spec.command))
     if not spec.command or not all(spec.command):
         reasons.append("command is empty")
     elif sum(len(part.encode()) for part in spec.command) > limits.max_command_bytes:
@@ -149,6 +151,15 @@ def check_against_tenancy(job_id: str, spec: ev.JobSpec, tenancy: Tenancy) -> tu
         if isinstance(pending, str):
             reasons.append(pending)
     return tuple(reasons)
+
+
+def with_priority_class(spec: ev.JobSpec, tenancy: Tenancy | None) -> ev.JobSpec:
+    """The spec with its priority as its class's value (a value no class has, or 0, is the default class):
+    every service then ranks and charges the same class (None: no tenancy in force, as it is)."""
+    if tenancy is None:
+        return spec
+    value = tenancy.priority_classes.get(priority_class_for(tenancy, spec.priority))
+    return spec if value is None or value == spec.priority else spec.model_copy(update={"priority": value})
 
 
 def with_default_time_limit(spec: ev.JobSpec, tenancy: Tenancy | None) -> ev.JobSpec:

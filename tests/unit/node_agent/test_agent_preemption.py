@@ -36,7 +36,7 @@ async def test_a_preempted_job_checkpoints_in_its_grace_period_and_is_reported_p
     assert kinds == ["JobCheckpointReported", "JobCheckpointReported", "JobExitReported"]
     assert [c["checkpoint_ref"] for c in sent.of("JobCheckpointReported")] == ["ckpt-1", "ckpt-final"]
     assert sent.of("JobExitReported")[0]["reason_code"] == "preempted"
-    notice = json.loads((tmp_path / "n1" / "notice.seen").read_text())
+    notice = json.loads((tmp_path / "n1" / "jobs" / "j1" / "notice.seen").read_text())
     assert notice["reason"] == "for j-hp" and "deadline_at" in notice
     await agent.close()
 
@@ -46,7 +46,7 @@ async def test_a_job_that_ignores_the_notice_is_killed_at_the_deadline(tmp_path)
     agent = an_agent(tmp_path, sent)
     await agent.start()
     await agent.on_command(start("j1", "sh", "-c", "trap '' TERM; touch ready; while true; do sleep 0.05; done"))
-    await eventually(lambda: (tmp_path / "n1" / "ready").exists())  # the job runs and ignores SIGTERM
+    await eventually(lambda: (tmp_path / "n1" / "jobs" / "j1" / "ready").exists())  # the job runs and ignores SIGTERM
     began = datetime.now(timezone.utc)
     await agent.on_command(command(preempt("j1", grace_s=0.5)))
     await eventually(lambda: sent.of("JobExitReported"), timeout_s=5)

@@ -25,6 +25,8 @@ def test_what_is_past_its_retention(log, gone):
 
 def test_the_runner_deletes_an_ended_job_s_output_and_its_set_aside_runs_only(tmp_path):
     runner = JobRunner(tmp_path)
+    (runner.job_dir("old")).mkdir()
+    (runner.job_dir("old") / "results.txt").write_text("x")
     files = ["old.log", "old.json.run1", "old.exit.run1", "old.reported.run1", "old.1.log", "old.1.json.run1",
              "live.log", "live.json", "other.log"]
     for name in files:
@@ -36,4 +38,5 @@ def test_the_runner_deletes_an_ended_job_s_output_and_its_set_aside_runs_only(tm
     for job_id in expired(kept.values(), now_s=30 * DAY, retention_s=7 * DAY):
         runner.forget_output(job_id)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["old.1.log", "old.1.json.run1", "live.log", "live.json", "other.log"])
+        ["old.1.log", "old.1.json.run1", "live.log", "live.json", "other.log", "jobs"])
+    assert not runner.job_dir("old").exists()
