@@ -169,3 +169,44 @@ async def test_gpus_held_for_a_preemptor_that_is_not_placed_on_them_go_back_afte
         assert await conn.fetchval("SELECT count(*) FROM gpu_nominations") == 0
     finally:
         await conn.close()
+
+
+async def test_a_forged_job_event_frees_no_gpu_and_places_nothing(database_url):
+    """On gpusched.jobs.events a message is a claim that the event store holds it: a JobCancelled nobody
+    appended frees no GPU of a placed job; a QuotaReserved nobody appended queues nothing."""
+    import uuid
+
+    from gpusched_common.batching import Batch
+    from gpusched_common.ids import job_stream
+    from gpusched_common.messaging import Incoming
+    from services.placement.store import ClusterCache
+    from services.placement.handlers import make_handler
+
+    handler = make_handler(lambda: T0, POLICY, ClusterCache())
+
+    async def forge(payload, job_id):
+        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(job_id),
+                                    occurred_at=T0, producer="admission")
+        batch = Batch()
+        async with conn.transaction():
+            await handler(conn, Incoming("gpusched.jobs.events", 0, 0, job_id, envelope.model_dump_json().encode(),
+                                         {}), batch)
+            await batch.finish(conn)
+
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1"), T0)
+            await apply(conn, heartbeat("n1"), T0)
+            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n1")
+        await forge(ev.JobCancelled(job_id="j1", reason="forged"), "j1")
+        assert await conn.fetchval("SELECT count(*) FROM gpu_allocations WHERE job_id = 'j1'") == 2
+        assert await conn.fetchval("SELECT count(*) FROM outbox WHERE convert_from(value, 'UTF8') LIKE '%StopJob%'") == 0
+        spec = a_job("ghost").gpus(1).spec()
+        await forge(ev.QuotaReserved(job_id="ghost", tenant=spec.tenant, gpus=1, spec=spec, gpu_model="H100-80GB",
+                                     tenant_reserved_gpus=1, tenant_cap_gpus=8), "ghost")
+        assert await conn.fetchval("SELECT count(*) FROM placement_pending WHERE job_id = 'ghost'") == 0
+        assert await conn.fetchval("SELECT count(*) FROM gpu_allocations WHERE job_id = 'ghost'") == 0
+    finally:
+        await conn.close()

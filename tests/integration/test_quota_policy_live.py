@@ -268,3 +268,36 @@ async def test_history_written_twice_encoded_before_migration_013_reads_back_as_
             await conn.close()
     finally:
         await drop_database(url)
+
+
+
+async def forge(conn: asyncpg.Connection, job_id: str, payload, at=T0) -> None:
+    """Hand quota a job event no service appended (as a plain Kafka client could publish it)."""
+    import uuid
+
+    from gpusched_common import events as ev
+
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=job_stream(job_id), occurred_at=at,
+                                producer="placement")
+    message = Incoming("gpusched.jobs.events", 0, 0, job_id, envelope.model_dump_json().encode(), {})
+    batch = Batch()
+    async with conn.transaction():
+        await handler(at)(conn, message, batch)
+        await batch.finish(conn)
+
+
+async def test_forged_job_events_change_no_queue_charge_or_refund(conn):
+    from gpusched_common import events as ev
+    from gpusched_common.jobs import NOT_IN_STORE
+
+    await submit_and_deliver(conn, "b1", "team-b", 4)  # reserved: Queued, charged 4
+    before = sum(NOT_IN_STORE.values())
+    for forged in (ev.JobSucceeded(job_id="b1", node_id="n1", runtime_s=1.0), ev.JobCancelled(job_id="b1", reason="forged"),
+                   ev.JobHeld(job_id="b1", reason="forged"), ev.JobPreempted(job_id="b1", node_id="n1", exit_code=143, lost_s=0.0)):
+        await forge(conn, "b1", forged)  # each would give back 4 GPUs of a job that still holds them
+    assert await reserved_gpus(conn, "team-b") == 4 and (await load_job(conn, "b1")).quota_held
+    assert sum(NOT_IN_STORE.values()) == before + 4
+    spec = a_job("ghost").tenant("team-a").gpus(2).spec()  # a job nobody submitted, pushed into the queue
+    await forge(conn, "ghost", ev.JobAdmitted(job_id="ghost", spec=spec, submitted_at=T0))
+    assert await conn.fetchval("SELECT count(*) FROM quota_policy_pending WHERE job_id = 'ghost'") == 0
+    assert not await conn.fetchval("SELECT count(*) FROM events WHERE stream_id = 'job-ghost'")
