@@ -5,6 +5,7 @@ job's events with the outbox, in the consumer's transaction."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime
 
@@ -13,12 +14,13 @@ import asyncpg
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job, stored_payload
+from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import lock_cycle, pending_jobs
 from gpusched_common.topics import JOBS_EVENTS
 
-from gpusched_core import lifecycle
+from gpusched_core import bulkheads, lifecycle
 from gpusched_core import placement as engine
 from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, run_plan
 from gpusched_core.placement.launch import start_commands
@@ -28,6 +30,7 @@ from services.placement.store import SERVICE, ClusterCache
 
 _JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
 # messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
+log = logging.getLogger(__name__)
 _WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
 
 
@@ -60,7 +63,18 @@ async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime, 
 
 
 async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> bool:
-    """Record one message's effect; True when free capacity or pending work may have changed."""
+    """Record one message's effect; True when free capacity or pending work may have changed. What a node
+    tells is checked first (``gpusched_core.bulkheads``): an impossible registration quarantines the node,
+    a heartbeat or report out of range is ignored and counted (``OUT_OF_RANGE``)."""
+    refused = _out_of_range(payload)
+    if refused:
+        if isinstance(payload, ev.NodeRegistered):
+            await lock_cycle(conn)
+            await store.quarantine_node(conn, payload, refused, now)
+            log.warning("placement: node %s quarantined: %s", payload.node_id[:60], "; ".join(refused))
+            return True
+        OUT_OF_RANGE.note(payload.TYPE, "; ".join(refused))
+        return False
     if isinstance(payload, _WRITES_CLUSTER):
         await lock_cycle(conn)
     handler = _HANDLERS.get(type(payload))
@@ -154,6 +168,19 @@ async def on_exited(conn: asyncpg.Connection, report: ev.JobExitReported, now: d
     await store.release_gpus(conn, report.job_id)
     await _stop_members(conn, state, report.node_id, f"gang member on {report.node_id} ended the job", now)
     return True
+
+
+OUT_OF_RANGE = Ignored("node messages with numbers out of range")
+
+
+def _out_of_range(payload: ev.Payload) -> list[str]:
+    if isinstance(payload, ev.NodeRegistered):
+        return bulkheads.check_registration(payload)
+    if isinstance(payload, ev.NodeHeartbeat):
+        return bulkheads.check_heartbeat(payload)
+    if isinstance(payload, (ev.JobStartReported, ev.JobExitReported, ev.JobCheckpointReported, ev.GpuHealthChanged)):
+        return bulkheads.check_report(payload)
+    return []
 
 
 _HANDLERS = {ev.QuotaReserved: on_reserved, ev.JobCancelled: on_cancelled, ev.JobCancelRequested: on_cancel_requested,

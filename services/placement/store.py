@@ -127,7 +127,7 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
         " SET hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
         " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
         " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready',"
-        " log_url = EXCLUDED.log_url",
+        " log_url = EXCLUDED.log_url, quarantine_reasons = NULL",
         node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
         node.lease_epoch, node.log_url)
     await conn.executemany(
@@ -138,6 +138,17 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
         " nvlink_domain = EXCLUDED.nvlink_domain",
         [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain)
          for g in node.gpus])
+
+
+async def quarantine_node(conn: asyncpg.Connection, node: ev.NodeRegistered, reasons: list[str], now: datetime) -> None:
+    """Keep the node out of placement with the reasons its registration was refused; its GPUs as they were
+    (a new node has none). Its lease goes on: a quarantined node that falls silent is still declared lost."""
+    await conn.execute(
+        "INSERT INTO nodes (node_id, hostname, labels, cpu_milli, memory_mib, nvml_backend, registered_at,"
+        " last_seen_at, lease_epoch, status, quarantine_reasons) VALUES ($1, $2, '{}'::jsonb, 0, 0, $3, $4, $4, 0,"
+        " 'Quarantined', $5) ON CONFLICT (node_id) DO UPDATE SET status = 'Quarantined',"
+        " quarantine_reasons = EXCLUDED.quarantine_reasons, last_seen_at = EXCLUDED.last_seen_at",
+        node.node_id, node.hostname[:256], node.nvml_backend[:64], now, reasons[:20])
 
 
 async def record_heartbeat(conn: asyncpg.Connection, beat: ev.NodeHeartbeat, now: datetime) -> None:

@@ -210,3 +210,35 @@ async def test_a_forged_job_event_frees_no_gpu_and_places_nothing(database_url):
         assert await conn.fetchval("SELECT count(*) FROM gpu_allocations WHERE job_id = 'ghost'") == 0
     finally:
         await conn.close()
+
+
+async def test_an_impossible_node_is_quarantined_and_every_other_node_goes_on(database_url):
+    from services.placement.handlers import OUT_OF_RANGE
+
+    bad = registered("n-bad", gpus=3)
+    bad = bad.model_copy(update={"gpus": [g.model_copy(update={"index": g.index * 2}) for g in bad.gpus]})  # 0, 2, 4
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1"), T0)
+            await apply(conn, heartbeat("n1"), T0)
+            await apply(conn, bad, T0)
+        row = await conn.fetchrow("SELECT status, quarantine_reasons FROM nodes WHERE node_id = 'n-bad'")
+        assert row["status"] == "Quarantined" and "GPU indices [0, 2, 4] are not 0..2" in row["quarantine_reasons"][0]
+        assert await conn.fetchval("SELECT count(*) FROM gpus WHERE node_id = 'n-bad'") == 0
+        before = OUT_OF_RANGE.total()
+        async with conn.transaction():  # a lease of 1e14 s would overflow the lease loop: ignored, counted
+            await apply(conn, heartbeat("n1").model_copy(update={"lease_ttl_s": 1e14}), T0)
+            await apply(conn, ev.JobStartReported(job_id="j9", node_id="n1", pid=-5, started_at=T0), T0)
+        assert OUT_OF_RANGE.total() == before + 2
+        assert await conn.fetchval("SELECT lease_ttl_s FROM nodes WHERE node_id = 'n1'") == 30
+        async with conn.transaction():
+            await check_leases(conn, T0 + timedelta(seconds=10), POLICY)
+            await apply(conn, await queue_job(conn, "j1", 2), T0)  # the good node takes work as before
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n1")
+        async with conn.transaction():  # registered again as a real node: Ready, reasons gone
+            await apply(conn, registered("n-bad"), T0)
+        row = await conn.fetchrow("SELECT status, quarantine_reasons FROM nodes WHERE node_id = 'n-bad'")
+        assert (row["status"], row["quarantine_reasons"]) == ("Ready", None)
+    finally:
+        await conn.close()

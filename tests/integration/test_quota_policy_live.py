@@ -291,12 +291,12 @@ async def test_forged_job_events_change_no_queue_charge_or_refund(conn):
     from gpusched_common.jobs import NOT_IN_STORE
 
     await submit_and_deliver(conn, "b1", "team-b", 4)  # reserved: Queued, charged 4
-    before = sum(NOT_IN_STORE.values())
+    before = NOT_IN_STORE.total()
     for forged in (ev.JobSucceeded(job_id="b1", node_id="n1", runtime_s=1.0), ev.JobCancelled(job_id="b1", reason="forged"),
                    ev.JobHeld(job_id="b1", reason="forged"), ev.JobPreempted(job_id="b1", node_id="n1", exit_code=143, lost_s=0.0)):
         await forge(conn, "b1", forged)  # each would give back 4 GPUs of a job that still holds them
     assert await reserved_gpus(conn, "team-b") == 4 and (await load_job(conn, "b1")).quota_held
-    assert sum(NOT_IN_STORE.values()) == before + 4
+    assert NOT_IN_STORE.total() == before + 4
     spec = a_job("ghost").tenant("team-a").gpus(2).spec()  # a job nobody submitted, pushed into the queue
     await forge(conn, "ghost", ev.JobAdmitted(job_id="ghost", spec=spec, submitted_at=T0))
     assert await conn.fetchval("SELECT count(*) FROM quota_policy_pending WHERE job_id = 'ghost'") == 0

@@ -36,8 +36,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         nodes = client.nodes()["nodes"]
         rows = [(n["node_id"], n.get("state") or n["status"], _free_by_model(n), n["healthy_gpus"], n["jobs"],
-                 _lease(n), n.get("cordon_reason") or "") for n in nodes]
-        output(nodes, args.json, render(["NODE", "STATE", "FREE/TOTAL GPUS", "HEALTHY", "JOBS", "LEASE", "CORDON"],
+                 _lease(n), "; ".join(n.get("quarantine_reasons") or []) or n.get("cordon_reason") or "")
+                for n in nodes]
+        output(nodes, args.json, render(["NODE", "STATE", "FREE/TOTAL GPUS", "HEALTHY", "JOBS", "LEASE", "WHY"],
                                         rows))
         return 0
 

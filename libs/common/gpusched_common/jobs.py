@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import logging
 
-from collections import Counter
 
 import uuid
 from dataclasses import replace
@@ -14,6 +12,7 @@ from datetime import datetime, timezone
 import asyncpg
 from opentelemetry import trace
 
+from gpusched_common.ignored import Ignored
 from gpusched_common import events as ev
 from gpusched_common import store
 from gpusched_core.lifecycle import JobState, JobStatus, evolve
@@ -22,7 +21,6 @@ from gpusched_common.topics import JOBS_EVENTS
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
 
 
-log = logging.getLogger(__name__)
 
 def new_job_id() -> str:
     """A fresh job id (random): for a submission that names none and carries no idempotency key."""
@@ -72,15 +70,12 @@ async def stored_payload(conn: asyncpg.Connection, envelope: ev.Envelope) -> ev.
     that id, type and stream (a forgery, counted in ``NOT_IN_STORE``)."""
     stored = await store.load_event(conn, envelope.event_id)
     if stored is None or stored.envelope.type != envelope.type or stored.envelope.stream_id != envelope.stream_id:
-        NOT_IN_STORE[envelope.type] += 1
-        if sum(NOT_IN_STORE.values()) in (1, 10, 100) or sum(NOT_IN_STORE.values()) % 1000 == 0:
-            log.warning("ignored %d job event(s) the event store does not hold (by type: %s)",
-                        sum(NOT_IN_STORE.values()), dict(NOT_IN_STORE))
+        NOT_IN_STORE.note(envelope.type, f"event {envelope.event_id[:40]} of stream {envelope.stream_id[:60]}")
         return None
     return ev.parse_payload(stored.envelope)
 
 
-NOT_IN_STORE: Counter[str] = Counter()
+NOT_IN_STORE = Ignored("job events the event store does not hold")
 
 
 async def append_job_events(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.Payload, ...], *,
