@@ -25,9 +25,10 @@ class Checkpoints:
         if ref is None or self._reported.get(job_id) == ref:
             return
         self._reported[job_id] = ref
+        record = self._ctx.runner.record(job_id)
         self._ctx.reporter.in_order(ev.JobCheckpointReported(
             job_id=job_id, node_id=self._ctx.node_id, checkpoint_ref=ref, checkpointed_at=utcnow(),
-            lease_epoch=self._ctx.lease.epoch))
+            lease_epoch=self._ctx.lease.epoch, attempt=record.attempt if record is not None else None))
 
     def forget(self, job_id: str) -> None:
         self._reported.pop(job_id, None)

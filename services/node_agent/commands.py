@@ -46,8 +46,9 @@ class Commands:
     async def start_job(self, command: ev.StartJob) -> None:
         ctx = self._ctx
         decision = decide_start(attempt=command.attempt, gpu_indices=command.gpu_indices,
-                                previous=self._previous_run(command.job_id),
-                                node=NodeFacts(ctx.node_id, ctx.lease.valid, frozenset(ctx.unhealthy_gpus())))
+                                previous=self._previous_run(command.job_id), lease_epoch=command.lease_epoch,
+                                node=NodeFacts(ctx.node_id, ctx.lease.valid, frozenset(ctx.unhealthy_gpus()),
+                                               ctx.lease.epoch))
         if isinstance(decision, Ignore):
             log.debug("%s: StartJob %s (attempt %d) ignored: %s", ctx.node_id, command.job_id, command.attempt,
                       decision.reason)
@@ -55,7 +56,7 @@ class Commands:
         if decision.rerun:
             ctx.runner.finish_run(command.job_id)  # a new run of a job that ran here before
         if isinstance(decision, Refuse):
-            self._report_not_started(command.job_id, decision.error, decision.reason_code)
+            self._report_not_started(command.job_id, decision.error, decision.reason_code, command.attempt)
             return
         await self._launch(command)
 
@@ -75,7 +76,8 @@ class Commands:
                                                     command.mig_start or 0),)
             except ValueError as exc:
                 self._report_not_started(
-                    command.job_id, f"MIG {command.mig_profile} on GPU {command.gpu_indices[0]} of {ctx.node_id}: {exc}")
+                    command.job_id, f"MIG {command.mig_profile} on GPU {command.gpu_indices[0]} of {ctx.node_id}: {exc}",
+                    attempt=command.attempt)
                 return
         job_env = job_environment(gpu_indices=tuple(command.gpu_indices), gpu_uuids=uuids,
                                   share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
@@ -88,20 +90,22 @@ class Commands:
         if isinstance(result, JobExit):
             ctx.reporter.in_order(ev.JobExitReported(job_id=result.job_id, node_id=ctx.node_id,
                                                      exit_code=result.exit_code, runtime_s=0.0, error=result.error,
-                                                     lease_epoch=ctx.lease.epoch))
+                                                     lease_epoch=ctx.lease.epoch, attempt=command.attempt))
             return
         ctx.backend.attach(command.job_id, result.gpu_indices, result.pid, command.gpu_share_milli,
                            command.gpu_memory_mib)
         # queued, not awaited: a redelivered StartJob finds the job known, so this report must not be lost
         ctx.reporter.in_order(ev.JobStartReported(job_id=command.job_id, node_id=ctx.node_id, pid=result.pid,
                                                   started_at=datetime.fromtimestamp(result.started_at_s, timezone.utc),
-                                                  lease_epoch=ctx.lease.epoch, unenforced=list(job_env.unenforced)))
+                                                  lease_epoch=ctx.lease.epoch, unenforced=list(job_env.unenforced),
+                                                  attempt=command.attempt))
         self._exits.watch(result, current_traceparent())
 
-    def _report_not_started(self, job_id: str, error: str, reason_code: str | None = None) -> None:
+    def _report_not_started(self, job_id: str, error: str, reason_code: str | None = None,
+                            attempt: int | None = None) -> None:
         self._ctx.reporter.in_order(ev.JobExitReported(job_id=job_id, node_id=self._ctx.node_id, exit_code=137,
                                                        runtime_s=0.0, error=error, lease_epoch=self._ctx.lease.epoch,
-                                                       reason_code=reason_code))
+                                                       reason_code=reason_code, attempt=attempt))
 
     def _mps_dir(self) -> Path | None:
         pipe = self._ctx.config.mps_pipe_dir

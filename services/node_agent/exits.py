@@ -84,7 +84,7 @@ class JobExits:
                     runtime = max(0.0, time.time() - record.started_at_s) if record else 0.0
                     self.report_exit(ev.JobExitReported(
                         job_id=job_id, node_id=ctx.node_id, exit_code=code, runtime_s=round(runtime, 3),
-                        lease_epoch=record.lease_epoch if record else None))
+                        lease_epoch=record.lease_epoch if record else None, attempt=record.attempt if record else None))
                 case rc.Forget(job_id=job_id):
                     ctx.runner.mark_reported(job_id)
                 case rc.ReportMissing(job_id=job_id):
@@ -116,4 +116,4 @@ class JobExits:
             self.report_exit(ev.JobExitReported(
                 job_id=record.job_id, node_id=ctx.node_id, exit_code=result.exit_code,
                 runtime_s=round(result.runtime_s, 3), lease_epoch=record.lease_epoch, reason_code=reason,
-                error=error))
+                error=error, attempt=record.attempt))

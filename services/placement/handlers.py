@@ -24,7 +24,7 @@ from gpusched_core import bulkheads, lifecycle
 from gpusched_core import placement as engine
 from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, run_plan
 from gpusched_core.placement.launch import start_commands
-from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, select_expired
+from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, other_run, select_expired
 from services.placement import store
 from services.placement.store import SERVICE, ClusterCache
 
@@ -137,13 +137,13 @@ async def on_gpu_health(conn: asyncpg.Connection, change: ev.GpuHealthChanged, n
 
 
 async def on_started(conn: asyncpg.Connection, report: ev.JobStartReported, now: datetime) -> bool:
-    if not await _stale(conn, report.node_id, report.lease_epoch):
+    if not await _stale(conn, report.node_id, report.lease_epoch) and await _this_run(conn, report):
         await _decide(conn, report.job_id, lifecycle.RecordStart(report.node_id, report.pid, report.started_at), now)
     return False
 
 
 async def on_checkpointed(conn: asyncpg.Connection, report: ev.JobCheckpointReported, now: datetime) -> bool:
-    if not await _stale(conn, report.node_id, report.lease_epoch):
+    if not await _stale(conn, report.node_id, report.lease_epoch) and await _this_run(conn, report):
         command = lifecycle.RecordCheckpoint(report.node_id, report.checkpoint_ref, report.checkpointed_at)
         await _decide(conn, report.job_id, command, now)
     return False
@@ -152,6 +152,8 @@ async def on_checkpointed(conn: asyncpg.Connection, report: ev.JobCheckpointRepo
 async def on_exited(conn: asyncpg.Connection, report: ev.JobExitReported, now: datetime) -> bool:
     if await _stale(conn, report.node_id, report.lease_epoch):
         return False  # the node was declared lost at this epoch and its jobs were requeued already
+    if not await _this_run(conn, report):
+        return False
     if report.reason_code in REQUEUE_REASON_CODES:
         reason = f"requeued from {report.node_id}: {REQUEUE_REASON_CODES[report.reason_code]}"
         return await requeue(conn, report.job_id, report.node_id, reason, now)
@@ -263,9 +265,10 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
     await store.allocate(conn, placement, now)
     placed = await append_job_events(conn, state, events, producer=SERVICE, now=now)
     assert state.spec is not None
-    hostnames = await store.hostnames(conn, [m.node_id for m in placement.all_members])
+    members = [m.node_id for m in placement.all_members]
+    hostnames, epochs = await store.hostnames(conn, members), await store.lease_epochs(conn, members)
     for start in start_commands(placement, state.spec, attempt=placed.runs, checkpoint_ref=state.checkpoint_ref,
-                                hostnames=hostnames):
+                                hostnames=hostnames, epochs=epochs):
         # the agent continues the job's trace from the JobPlaced event
         await store.send_command(conn, start, start.node_id, now, traceparent=placed.trace_parent)
     return True
@@ -283,6 +286,19 @@ async def _stop_members(conn: asyncpg.Connection, state: lifecycle.JobState, exc
         if node_id != except_node and node_id not in state.exited_nodes:
             await store.send_command(conn, ev.StopJob(job_id=state.job_id, node_id=node_id, reason=reason), node_id,
                                      now)
+
+
+OTHER_RUN = Ignored("reports of another run or node than the job's")
+
+
+async def _this_run(conn: asyncpg.Connection,
+                    report: ev.JobStartReported | ev.JobCheckpointReported | ev.JobExitReported) -> bool:
+    """Whether the report is of the job's current run on a node it runs on (else ignored and counted)."""
+    state = await load_job(conn, report.job_id)
+    why = other_run(state.node_ids, state.runs, report.node_id, report.attempt)
+    if why is not None:
+        OTHER_RUN.note(report.TYPE, f"{report.job_id[:60]}: {why}")
+    return why is None
 
 
 async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:

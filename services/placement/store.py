@@ -118,6 +118,11 @@ async def hostnames(conn: asyncpg.Connection, node_ids: list[str]) -> dict[str, 
     return dict(await conn.fetch("SELECT node_id, hostname FROM nodes WHERE node_id = ANY($1::text[])", node_ids))
 
 
+async def lease_epochs(conn: asyncpg.Connection, node_ids: list[str]) -> dict[str, int]:
+    """Each node's lease epoch now: the fencing token of the runs placed there."""
+    return dict(await conn.fetch("SELECT node_id, lease_epoch FROM nodes WHERE node_id = ANY($1::text[])", node_ids))
+
+
 async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> None:
     """Record the node's inventory and new lease (the node is Ready again)."""
     await conn.execute(

@@ -32,6 +32,9 @@ class StartJob(Payload):
     mig_profile: str | None = None
     mig_start: int | None = None
     time_limit_s: float | None = None  # the agent stops the run after this long (JobSpec.time_limit_s)
+    # the fencing token: the node's lease epoch when placement placed the run; an agent at another epoch
+    # (it restarted, or lost and regained its lease since) ignores the command (None: not fenced)
+    lease_epoch: int | None = None
 
 
 class PreemptJob(Payload):
@@ -55,6 +58,7 @@ class JobCheckpointReported(Payload):
     checkpoint_ref: str
     checkpointed_at: datetime
     lease_epoch: int | None = None
+    attempt: int | None = None
 
 
 class StopJob(Payload):
@@ -125,6 +129,7 @@ class JobStartReported(Payload):
     started_at: datetime
     lease_epoch: int | None = None
     unenforced: list[str] = Field(default_factory=list)  # parts of a GPU share the node could not enforce
+    attempt: int | None = None  # the run (StartJob.attempt) this reports; another run's report is ignored
 
 
 class ExitReason(StrEnum):
@@ -150,6 +155,7 @@ class JobExitReported(Payload):
     error: str | None = None  # set when the command could not even be started
     lease_epoch: int | None = None
     reason_code: str | None = None  # an ExitReason: why the agent ended or lost the job, when not its own doing
+    attempt: int | None = None  # the run this reports (None: the agent knows no run of it, e.g. missing)
 
 
 class GpuProcessSample(Frozen):

@@ -89,6 +89,6 @@ def plan_reconcile(observed: Iterable[ObservedJob], wanted: frozenset[str] | Non
 
 
 def answers_epoch(answer_epoch: int | None, epoch: int) -> bool:
-    """Whether a `ReconcileJobs` answers the agent's current lease epoch (None: it names none); an answer
-    to an older epoch describes a node that no longer exists and is ignored."""
-    return answer_epoch is None or answer_epoch == epoch
+    """Whether a `ReconcileJobs` answers the agent's current lease epoch; an answer to another epoch (or
+    to none) describes a node that no longer exists, or nobody's: it is ignored (it would stop every job)."""
+    return answer_epoch == epoch

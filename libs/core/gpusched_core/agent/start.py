@@ -6,10 +6,12 @@ Rules, in this order:
    a later attempt than that run and that run is over and reported; anything else is a redelivered or
    stale command and is ignored (the run it names already ran, or runs): a job never runs twice here.
    A new run sets the previous, reported one aside first (`rerun`).
-2. The node's lease is fenced (lost, not yet re-acquired): refuse, `lease_lost`; placement may already
+2. The command names another lease epoch than the node's (its fencing token: placed before the agent
+   restarted or regained its lease): ignore it; the node's ReconcileJobs settles the job.
+3. The node's lease is fenced (lost, not yet re-acquired): refuse, `lease_lost`; placement may already
    have requeued the job elsewhere.
-3. A GPU it asks for is unhealthy (cordoned): refuse, `gpu_unhealthy`, naming the GPUs.
-4. Otherwise start it.
+4. A GPU it asks for is unhealthy (cordoned): refuse, `gpu_unhealthy`, naming the GPUs.
+5. Otherwise start it.
 
 A refusal is reported as the job's exit (code 137, the reason code and the error below); an ignored
 command reports nothing.
@@ -27,6 +29,7 @@ RECORD_GONE = "record_gone"  # the earlier run's record vanished while it was lo
 STALE = "stale_attempt"  # an earlier attempt than the run recorded here
 DUPLICATE = "duplicate"  # the attempt recorded here: a redelivered command
 RUN_NOT_OVER = "run_not_over"  # the run recorded here still runs, or its exit is not reported yet
+OTHER_EPOCH = "other_epoch"  # placed for another lease epoch of this node than the current one
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class NodeFacts:
     node_id: str
     lease_valid: bool
     unhealthy_gpus: Collection[int]
+    lease_epoch: int | None = None  # the node's current lease epoch
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,16 @@ StartDecision = Start | Refuse | Ignore
 
 
 def decide_start(*, attempt: int, gpu_indices: Sequence[int], previous: PreviousRun | None,
-                 node: NodeFacts) -> StartDecision:
-    """What to do with a StartJob of run `attempt` on `gpu_indices` (see the module's rules)."""
+                 node: NodeFacts, lease_epoch: int | None = None) -> StartDecision:
+    """What to do with a StartJob of run `attempt` on `gpu_indices`, placed at the node's `lease_epoch`
+    (None: not fenced), see the module's rules."""
     rerun = previous is not None
     if previous is not None:
         ignored = _ignored(attempt, previous)
         if ignored is not None:
             return Ignore(ignored)
+    if lease_epoch is not None and node.lease_epoch is not None and lease_epoch != node.lease_epoch:
+        return Ignore(OTHER_EPOCH)
     if not node.lease_valid:
         return Refuse(ExitReason.LEASE_LOST, f"{node.node_id} has lost its lease; the job was not started", rerun)
     sick = [i for i in gpu_indices if i in node.unhealthy_gpus]

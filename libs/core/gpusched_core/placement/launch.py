@@ -41,8 +41,9 @@ def host_row_gpu(gpu_indices: tuple[int, ...] | list[int]) -> int:
 
 
 def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, checkpoint_ref: str | None,
-                   hostnames: Mapping[str, str]) -> list[ev.StartJob]:
-    """One ``StartJob`` per member of the placement (rank order), for its node's agent."""
+                   hostnames: Mapping[str, str], epochs: Mapping[str, int] | None = None) -> list[ev.StartJob]:
+    """One ``StartJob`` per member of the placement (rank order), for its node's agent; ``epochs``: each
+    node's lease epoch, the run's fencing token (an agent at another epoch ignores the command)."""
     return [ev.StartJob(job_id=placement.job_id, node_id=member.node_id, tenant=spec.tenant,
                         gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
                         command=spec.command, env={**resume_env(spec.env, checkpoint_ref),
@@ -51,7 +52,8 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
                                                    **array_env(spec.array)},
                         attempt=attempt, gpu_share_milli=placement.share_milli,
                         gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
-                        mig_start=placement.mig_start, time_limit_s=spec.time_limit_s)
+                        mig_start=placement.mig_start, time_limit_s=spec.time_limit_s,
+                        lease_epoch=(epochs or {}).get(member.node_id))
             for rank, member in enumerate(placement.all_members)]
 
 

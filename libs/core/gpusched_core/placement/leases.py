@@ -37,6 +37,16 @@ def is_stale(report_epoch: int | None, lost_epoch: int | None) -> bool:
     return report_epoch is not None and lost_epoch is not None and report_epoch <= lost_epoch
 
 
+def other_run(node_ids: tuple[str, ...], runs: int, node_id: str, attempt: int | None) -> str | None:
+    """Why a node's report of a job is not about the job's current run (None: it is): the job does not
+    run on that node, or the report names another attempt (a run before a requeue or preemption)."""
+    if node_id not in node_ids:
+        return f"the job does not run on {node_id}"
+    if attempt is not None and attempt != runs:
+        return f"attempt {attempt} is not the job's current run ({runs})"
+    return None
+
+
 # the exits an agent reports that requeue the job rather than end it (no fault of the job's), and what the
 # requeue says
 REQUEUE_REASON_CODES = {
