@@ -22,8 +22,8 @@ def build_policy(settings: AdmissionSettings) -> AdmissionPolicy:
         log.info("tenant keys: %d key(s) from %s", len(keys), settings.tenant_keys_file)
     required = keys is not None or settings.admission_require_credentials
     if not required:
-        log.warning("neither GPUSCHED_TENANT_KEYS_FILE nor GPUSCHED_ADMISSION_REQUIRE_CREDENTIALS is set: "
-                    "submissions without a credential are admitted (development only)")
+        log.warning("GPUSCHED_ADMISSION_REQUIRE_CREDENTIALS=false and no GPUSCHED_TENANT_KEYS_FILE: submissions "
+                    "without a credential are admitted (development only)")
     return AdmissionPolicy(AdmissionLimits(), RateLimit(settings.admission_rate_per_s, settings.admission_rate_burst),
                            keys, required)
 

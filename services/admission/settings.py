@@ -9,6 +9,6 @@ class AdmissionSettings(Settings):
     # submissions each tenant may make: a token bucket refilled at this rate, holding this many at most
     admission_rate_per_s: float = 500.0
     admission_rate_burst: float = 5000.0
-    # every submission must carry a producer's (or a tenant key's) credential; on whenever a tenant keys
-    # file is given, and what production sets (deploy/); off only for development without any credential
-    admission_require_credentials: bool = False
+    # every submission must carry a producer's (or a tenant key's) credential: authentication fails
+    # closed; off (false) only for development, where a submission without any credential is believed
+    admission_require_credentials: bool = True

@@ -20,7 +20,9 @@ import asyncpg
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job, stored_payload
+from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.stores.quota import recorded_reclaim
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import has_nomination, load_cluster, lock_cycle, nominate
 from gpusched_common.stores.running import load_running
@@ -56,8 +58,12 @@ def make_handler(policy: PreemptionPolicy, clock: Callable[[], datetime], tenanc
 def make_reclaim_handler(policy: PreemptionPolicy, clock: Callable[[], datetime],
                          tenancies: TenancyStore) -> TxHandler:
     async def on_reclaim(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
-        envelope, payload = parse_event(message)
-        if not isinstance(payload, ev.ReclaimRequested):
+        envelope, claimed = parse_event(message)
+        if not isinstance(claimed, ev.ReclaimRequested):
+            return
+        payload = await recorded_reclaim(conn, envelope.event_id)  # as quota recorded it, never as claimed
+        if payload is None:
+            NOT_SENT.note(claimed.TYPE, f"event {envelope.event_id[:40]} for tenant {claimed.tenant[:60]}")
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return  # a redelivery: its victims (if any) are already stopping
@@ -66,6 +72,9 @@ def make_reclaim_handler(policy: PreemptionPolicy, clock: Callable[[], datetime]
         batch.after(key, lambda c: reclaim(c, payload, policy, clock(), tenancies))
 
     return on_reclaim
+
+
+NOT_SENT = Ignored("reclaim requests quota never sent")
 
 
 async def consider(conn: asyncpg.Connection, job_id: str, policy: PreemptionPolicy, now: datetime,

@@ -82,7 +82,17 @@ def reclaim_request(gpus: float, borrowers: list[tuple[str, float]], at: datetim
         reason="team-a is under its nominal A100-80GB quota", requested_at=at)
 
 
-async def send(settings, request: ev.ReclaimRequested, event_id: str) -> None:
+async def send(settings, request: ev.ReclaimRequested, event_id: str, recorded: bool = True) -> None:
+    """Publish a reclaim request as quota does: recorded first (``recorded=False``: a forgery, on the bus only)."""
+    if recorded:
+        from services.quota.store import record_reclaim
+
+        conn = await connect(settings.database_url)
+        try:
+            if not await conn.fetchval("SELECT 1 FROM quota_reclaims WHERE event_id = $1::uuid", event_id):
+                await record_reclaim(conn, event_id, request, round(request.gpus * GPU))
+        finally:
+            await conn.close()
     broker = build_broker(settings, "test-quota")
     await broker.connect()
     try:
@@ -287,5 +297,24 @@ async def test_guests_are_reclaimed_for_and_from_as_the_tenant_they_are_charged_
             plan = await reclaim(conn, request, PreemptionSettings.of(settings).policy(), NOW)
         assert plan is not None and plan.victim_ids == (running,), plan and plan.reasons
         assert [r["stream_id"] for r in await preemptions(conn)] == [f"job-{running}"]
+    finally:
+        await conn.close()
+
+
+async def test_a_forged_reclaim_request_preempts_nobody(settings):
+    """A ReclaimRequested quota never sent (not in ``quota_reclaims``) naming borrowers is ignored; the
+    recorded request sent after it is answered, so the forgery had its chance to act first."""
+    conn = await connect(settings.database_url)
+    try:
+        await cluster(conn)
+        forged = reclaim_request(8, [("team-b", 8), ("team-c", 6)], NOW)
+        async with running(SERVICE, settings, setup):
+            await send(settings, forged, str(uuid.uuid4()), recorded=False)
+            real_id = str(uuid.uuid4())
+            await send(settings, reclaim_request(4, [("team-b", 6)], NOW), real_id)
+            await until(lambda: conn.fetchval("SELECT 1 FROM inbox WHERE consumer = $1 AND event_id = $2",
+                                              SERVICE, real_id))
+            await until(lambda: preemptions(conn))
+        assert [r["stream_id"] for r in await preemptions(conn)] == ["job-b4"]  # the real request's one victim
     finally:
         await conn.close()

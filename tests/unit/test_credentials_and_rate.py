@@ -68,3 +68,29 @@ def test_never_more_than_burst_plus_rate_times_elapsed(gaps):
         ok, bucket = take(bucket, limit, now)
         allowed += ok
     assert allowed <= limit.burst + limit.per_s * sum(gaps) + 1e-9
+
+
+@pytest.mark.parametrize("secrets_text, says", [
+    ({"a": "replace-with-32-random-bytes-base64"}, "placeholder"),
+    ({"a": "CHANGE-ME-CHANGE-ME-CHANGE-ME"}, "placeholder"),
+    ({"a": "a" * 40}, "placeholder"),
+    ({"a": "kq3JXr8vWp2LmN5tY7bC9dF1", "b": "kq3JXr8vWp2LmN5tY7bC9dF1"}, "share one secret"),
+])
+def test_a_keys_file_with_placeholder_or_shared_secrets_is_refused(tmp_path, secrets_text, says):
+    import yaml
+
+    from gpusched_common.credentials import load_keys
+
+    path = tmp_path / "keys.yaml"
+    path.write_text(yaml.safe_dump({"keys": {k: {"tenant": k, "secret": v} for k, v in secrets_text.items()}}))
+    with pytest.raises(ValueError, match=says):
+        load_keys(path)
+
+
+def test_the_example_keys_file_cannot_be_used_as_it_is():
+    from pathlib import Path
+
+    from gpusched_common.credentials import load_keys
+
+    with pytest.raises(ValueError, match="placeholder"):
+        load_keys(Path(__file__).parents[2] / "deploy" / "tenant-keys.example.yaml")

@@ -57,8 +57,24 @@ def load_keys(path: Path) -> dict[str, TenantKey]:
             raise ValueError(f"{path}: key {key_id!r} needs a tenant and a secret")
         if len(str(entry["secret"])) < 16:
             raise ValueError(f"{path}: key {key_id!r} has a secret shorter than 16 characters")
+        if is_placeholder(str(entry["secret"])):
+            raise ValueError(f"{path}: key {key_id!r} still has a placeholder secret; set a random one "
+                             "(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
         keys[str(key_id)] = TenantKey(str(key_id), str(entry["tenant"]), str(entry["secret"]).encode())
+    shared = [k for k in keys.values() if [o.secret for o in keys.values()].count(k.secret) > 1]
+    if shared:
+        raise ValueError(f"{path}: keys {', '.join(sorted(k.key_id for k in shared))} share one secret: whoever "
+                         "holds it could sign as any of them; give each key its own")
     return keys
+
+
+_PLACEHOLDER_WORDS = ("replace", "change", "example", "placeholder", "your-", "secret-here", "xxxx", "todo")
+
+
+def is_placeholder(secret: str) -> bool:
+    """A secret copied from an example file rather than generated (``replace-with-32-random-bytes``)."""
+    lowered = secret.lower()
+    return any(word in lowered for word in _PLACEHOLDER_WORDS) or len(set(secret)) < 6
 
 
 def write_keys(path: Path, keys: list[TenantKey]) -> None:

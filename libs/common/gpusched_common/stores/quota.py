@@ -6,15 +6,17 @@ reader never delays a decision.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
 import asyncpg
 
+from gpusched_common import events as ev
 from gpusched_common.stores.tenancy import TenancyStore
 
-from gpusched_core.quota import Tenancy, UsageHistory
+from gpusched_core.quota import UNITS_PER_GPU, Tenancy, UsageHistory
 from gpusched_core.quota.jobs import QueuedJob, cohort_members, cohort_names, cohort_of, takes_guests
 from gpusched_core.quota.positions import QuotaQueueEntry, rank_cohort
 
@@ -111,3 +113,20 @@ async def usage_by_flavor(conn: asyncpg.Connection, tenant: str | None) -> list[
         "SELECT tenant, flavor, reserved_units, nominal_units, limit_units FROM quota_policy_usage"
         " WHERE ($1::text IS NULL OR tenant = $1) ORDER BY tenant, flavor", tenant)
     return [dict(r) for r in rows]
+
+
+async def recorded_reclaim(conn: asyncpg.Connection, event_id: str) -> ev.ReclaimRequested | None:
+    """A reclaim request as quota recorded it when it sent it (None: quota sent no such request): preemption
+    answers the recorded request, never what a message claims (borrowers named by a forger)."""
+    try:
+        uuid.UUID(event_id)
+    except ValueError:
+        return None
+    row = await conn.fetchrow("SELECT tenant, cohort, flavor, units, for_jobs, borrowers, reason, requested_at"
+                              " FROM quota_reclaims WHERE event_id = $1::uuid", event_id)
+    if row is None:
+        return None
+    return ev.ReclaimRequested(tenant=row["tenant"], cohort=row["cohort"], flavor=row["flavor"],
+                               gpus=row["units"] / UNITS_PER_GPU, for_jobs=list(row["for_jobs"]),
+                               borrowers=[ev.ReclaimBorrower.model_validate(b) for b in row["borrowers"]],
+                               reason=row["reason"], requested_at=row["requested_at"])
