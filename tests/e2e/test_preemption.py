@@ -49,7 +49,7 @@ async def test_a_high_priority_job_preempts_the_fewest_victims_which_resume_from
         assert preempted["checkpoint_ref"] == f"final-{victim}"
         after = types[types.index("JobPreempted") + 1:]
         assert after[:2] == ["QuotaReleased", "QuotaReserved"] and "JobPlaced" in after
-        resumed = (local_stack_agents(local_stack) / f"resumed-{victim}").read_text().strip()
+        resumed = (local_stack_agents(local_stack) / "jobs" / victim / f"resumed-{victim}").read_text().strip()
         assert resumed == f"final-{victim}"
     survivors = [j for j in lows if j not in victims]
     for job_id in survivors:

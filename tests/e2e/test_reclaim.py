@@ -158,7 +158,7 @@ async def test_a_team_under_its_nominal_quota_reclaims_what_another_team_borrowe
     requeued = last(history, "QuotaDeferred")
     assert requeued["reason"].startswith("tenant team-b at quota (4/4"), requeued
     resumed_on = last(history, "JobPlaced")["node_id"]
-    resumed = Path(local_stack.home) / "agents" / resumed_on / f"resumed-{large}"
+    resumed = Path(local_stack.home) / "agents" / resumed_on / "jobs" / large / f"resumed-{large}"  # its own dir
     assert resumed.read_text().strip() == f"final-{large}"  # GPUSCHED_RESUME_FROM: its last checkpoint
     for survivor in small:
         types = [e["type"] for e in (await job_view(db, survivor))["events"]]
@@ -252,7 +252,7 @@ async def test_two_victims_on_one_node_stop_at_different_times_and_what_the_firs
         assert event(history, "JobPreempted")["checkpoint_ref"] == f"final-{victim}"
         assert at(history, "JobPlaced", last_one=True) >= owner_succeeded  # not back before team-a was done
         resumed_on = last(history, "JobPlaced")["node_id"]
-        resumed = Path(local_stack.home) / "agents" / resumed_on / f"resumed-{victim}"
+        resumed = Path(local_stack.home) / "agents" / resumed_on / "jobs" / victim / f"resumed-{victim}"
         assert resumed.read_text().strip() == f"final-{victim}"  # GPUSCHED_RESUME_FROM: its last checkpoint
 
     # the pair gave their GPUs back seconds apart; team-a's job was placed only once both had
