@@ -3,15 +3,17 @@ GPUSCHED_SIMULATED_NODES > 1, a fleet of simulated agents `<node_id>-001..N` in 
 
 from __future__ import annotations
 
+import logging
 import os
-
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from faststream.kafka import KafkaBroker
 
-from gpusched_common.messaging import publish
+from gpusched_common.ignored import Ignored
+from gpusched_common.messaging import Incoming, publish
 from gpusched_common.runtime import Runtime, run_service
+from gpusched_common.signing import TrustedKeys
 from gpusched_common.topics import NODES_COMMANDS, agent_group
 
 from services.node_agent.agent import Agent
@@ -29,6 +31,9 @@ def broker_sender(broker: KafkaBroker) -> Send:
         await publish(broker, topic, key, value, headers)
 
     return send
+
+
+log = logging.getLogger(__name__)
 
 
 def build_agent(settings: AgentSettings, node_id: str, send: Send, log_url: str | None = None) -> Agent:
@@ -65,9 +70,33 @@ def build_fleet(settings: AgentSettings, send: Send, log_server: LogServer | Non
     return Fleet(build_agent(settings, node_id, send, url) for node_id in node_ids)
 
 
+UNTRUSTED = Ignored("node commands no trusted sender signed")
+
+
+def signed_only(trusted: TrustedKeys | None,
+                handle: Callable[[Incoming], Awaitable[None]]) -> Callable[[Incoming], Awaitable[None]]:
+    """Run a node command only when placement or preemption signed it for this topic (``trusted``;
+    None: development, every command is run)."""
+    if trusted is None:
+        return handle
+
+    async def on_command(message: Incoming) -> None:
+        refused = trusted.check(message.topic, message.value, message.headers)
+        if refused is not None:
+            UNTRUSTED.note(message.headers.get("event-type", "command"), refused)
+            return
+        await handle(message)
+
+    return on_command
+
+
 def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[None]], list[Fleet]]:
     """The runtime setup of an agent process, and a list that holds its fleet once built."""
     settings = AgentSettings.of(settings)
+    trusted = settings.command_keys()  # before anything starts: no keys, no agent (unless development)
+    if trusted is None:
+        log.warning("GPUSCHED_AGENT_ACCEPT_UNSIGNED_COMMANDS=true: anyone who can write to the broker runs "
+                    "commands on this node (development only)")
     built: list[Fleet] = []
 
     async def setup(runtime: Runtime) -> None:
@@ -79,7 +108,7 @@ def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[
             runtime.background.append(log_server.run)
         built.append(fleet)
         group = agent_group(settings.node_id if settings.simulated_nodes <= 1 else f"fleet-{settings.node_id}")
-        runtime.subscribe(NODES_COMMANDS.name, group, fleet.on_command)
+        runtime.subscribe(NODES_COMMANDS.name, group, signed_only(trusted, fleet.on_command))
         runtime.background.append(fleet.run)
 
     return setup, built

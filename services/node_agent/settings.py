@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from gpusched_common.settings import Settings
+from gpusched_common.signing import TrustedKeys
 from gpusched_core.agent.retention import DEFAULT_LOG_RETENTION_S
 
 
@@ -36,9 +37,30 @@ class AgentSettings(Settings):
     # where the agent runs as root: which user runs each tenant's jobs (`research=svc-research,*=nobody`;
     # empty: jobs run as the agent's user), and what of the agent's environment jobs may see besides PATH,
     # the locale and the time zone (`NVIDIA_DRIVER_CAPABILITIES,LD_LIBRARY_PATH` for a node's driver)
+    # the senders whose node commands this agent runs (placement's and preemption's public keys as
+    # `<key id>:<key>`, comma-separated, or a file of them); an unsigned or forged command is ignored and
+    # counted. Without any, the agent refuses to start unless GPUSCHED_AGENT_ACCEPT_UNSIGNED_COMMANDS=true
+    # (development only: then anyone who can write to the broker runs commands on the node)
+    agent_command_keys: str = ""
+    agent_command_keys_file: Path | None = None
+    agent_accept_unsigned_commands: bool = False
     agent_job_users: str = ""
     agent_job_env_passthrough: str = ""
     simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents
+
+    def command_keys(self) -> TrustedKeys | None:
+        """Whose commands the agent runs (None: anyone's, development only); ValueError where none is
+        configured and unsigned commands are not accepted, or a key cannot be read."""
+        keys = TrustedKeys.parse(self.agent_command_keys.split(","))
+        if self.agent_command_keys_file is not None:
+            keys = TrustedKeys({**keys._keys, **TrustedKeys.read(self.agent_command_keys_file)._keys})
+        if len(keys):
+            return keys
+        if self.agent_accept_unsigned_commands:
+            return None
+        raise ValueError("the node agent has no trusted command keys (GPUSCHED_AGENT_COMMAND_KEYS or "
+                         "GPUSCHED_AGENT_COMMAND_KEYS_FILE: placement's and preemption's public keys); set "
+                         "GPUSCHED_AGENT_ACCEPT_UNSIGNED_COMMANDS=true only for development")
 
     def gateway_public_key(self) -> str | None:
         """The gateway's public key: given, or read from its file (None: neither; no log server runs)."""

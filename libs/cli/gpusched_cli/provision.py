@@ -23,13 +23,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
-from gpusched_common import db_roles, producers
+from gpusched_common import db_roles, producers, signing
 from gpusched_common.db_roles import GATEWAY_ROLE
 from gpusched_common.identity import OPERATOR
 
 from gpusched_cli.tokens import issuer, with_conn
 
 GATEWAY_PRODUCER = "gateway"
+COMMAND_SENDERS = ("placement", "preemption")  # the services whose node commands agents run
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ def add_provision_parsers(subparsers: argparse._SubParsersAction) -> None:
                    help=f"a file holding the password the {GATEWAY_ROLE} database role logs in with")
     p.add_argument("--public-key-file", type=Path, metavar="PATH",
                    help="also write the gateway's public key here, for node agents (no secret)")
+    p.add_argument("--service-keys-dir", type=Path, metavar="DIR",
+                   help="keep placement's and preemption's signing keys here (<service>.key, made when missing)")
+    p.add_argument("--command-keys-file", type=Path, metavar="PATH",
+                   help="with --service-keys-dir: write their public keys here, the agents' trusted command keys")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_gateway_init)
 
@@ -102,6 +107,16 @@ def cmd_gateway_init(args: argparse.Namespace) -> int:
             write_public_key(args.public_key_file, done.public_key)
         except OSError as exc:
             return _fail(f"the public key file {str(args.public_key_file)!r}: {exc}", 1)
+    if getattr(args, "service_keys_dir", None) is not None:
+        try:
+            keys = [signing.ensure_key_file(args.service_keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
+            if args.command_keys_file is not None:
+                write_public_key(args.command_keys_file, ",".join(signing.trusted_entry(k) for k in keys))
+        except (OSError, ValueError) as exc:
+            return _fail(f"service keys in {str(args.service_keys_dir)!r}: {exc}", 1)
+        if not args.json:
+            print(f"service keys: {', '.join(COMMAND_SENDERS)} in {args.service_keys_dir}"
+                  + (f"; agents trust them from {args.command_keys_file}" if args.command_keys_file else ""))
     _report(done, key_file, args.json)
     return 0
 

@@ -23,7 +23,7 @@ import yaml
 
 from gpusched import config as client_config
 from gpusched.config import write_config
-from gpusched_common import db_roles, producers, tokens
+from gpusched_common import db_roles, producers, signing, tokens
 from gpusched_common.credentials import TenantKey, write_keys
 from gpusched_common.identity import OPERATOR
 from gpusched_common.db import drop_database, ensure_database, migrate
@@ -36,6 +36,7 @@ from gpusched_common.stores import cluster
 
 from gpusched_cli.teardown import stop_stack_jobs
 
+COMMAND_SENDERS = ("placement", "preemption")  # the services whose node commands agents run
 SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
 
 
@@ -157,7 +158,11 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     await create_topics(bootstrap, partitions)
     progress(f"topics     created with {partitions} partitions")
     metrics_port = free_port()
+    keys_dir = home / "service-keys"  # placement's and preemption's keys: agents run only what they sign
+    command_keys = [signing.ensure_key_file(keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
+           "GPUSCHED_SERVICE_KEYS_DIR": str(keys_dir),
+           "GPUSCHED_AGENT_COMMAND_KEYS": ",".join(signing.trusted_entry(k) for k in command_keys),
            "GPUSCHED_TENANT_KEYS_FILE": str(make_local_keys(home)), **(extra_env or {})}
     if "GPUSCHED_TENANTS_FILE" not in env and "GPUSCHED_TENANTS_FILE" not in os.environ:
         env["GPUSCHED_TENANTS_FILE"] = str(make_local_tenancy(home, node_specs(nodes, gpu_models, gpus_per_node)))

@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 from faststream.kafka import KafkaBroker
 
+from gpusched_common import signing
 from gpusched_common.batching import TxHandler, subscribe_transactional
 from gpusched_common.db import create_pool
 from gpusched_common.messaging import Handler, build_broker, subscribe
@@ -64,6 +65,10 @@ def configure_logging(settings: Settings, service: str) -> None:
 async def running(service: str, settings: Settings, setup: Callable[[Runtime], Awaitable[None]], *,
                   uses_database: bool = True) -> AsyncIterator[Runtime]:
     """Build a service from settings, start its consumers and background tasks, stop them on exit."""
+    key_file = settings.service_key_file or (settings.service_keys_dir / f"{service}.key"
+                                             if settings.service_keys_dir is not None else None)
+    if key_file is not None and (settings.service_key_file is not None or key_file.exists()):
+        signing.configure(signing.Signer(signing.load_key(key_file)))  # a bad key file: it does not start
     broker = build_broker(settings, client_id=service)
     runtime = Runtime(service=service, settings=settings, broker=broker)
     if uses_database:

@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     # tenant credentials (HMAC keys; the CLI signs with them, admission and quota verify with them); unset:
     # authentication is off (development only, logged loudly)
     tenant_keys_file: Path | None = None
+    # the key this service signs what it sends with (placement's and preemption's node commands are run
+    # only when signed: gpusched_common.signing); a file of mode 0600, `gsk_<id>_<secret>`
+    service_key_file: Path | None = None
+    service_keys_dir: Path | None = None  # or a directory of keys, `<service>.key` each (the local stack)
 
     @classmethod
     def of(cls, shared: Settings, **fields: object) -> Self:
