@@ -110,6 +110,22 @@ class Verdicts:
     check_repeat: bool = False
 
 
+def unauthenticated(verdict: Verdict) -> bool:
+    """No known credential signed the message (missing, unknown, revoked, a signature that does not
+    hold): it is counted, and creates no stream (a forger cannot fill the store)."""
+    return verdict.tenant is None and verdict.reason is not None and not verdict.authenticated
+
+
+def failure_key(reason: str, credential: str | None) -> tuple[str, str]:
+    """The counter a failure is added to: (kind, credential). A missing or unknown credential is one kind
+    whatever a forgery names; any other failure names a credential the store or the keys file knows."""
+    if reason.startswith("missing"):
+        return "missing credential", "-"
+    if reason.startswith(("unknown producer", "unknown credential")):
+        return "unknown credential", "-"
+    return reason[:200], (credential or "-")[:64]
+
+
 def decide_submission(submission: Submission, verdict: Verdict, bucket: Bucket | None, rate: RateLimit,
                       tenancy: Tenancy | None, now: datetime) -> Verdicts:
     """The checks in order, the first that fails deciding: who sent it (the credential's tenant must be

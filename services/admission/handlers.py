@@ -30,6 +30,7 @@ from services.admission.core import (
     Unparseable,
     decide_submission,
     parse_submission,
+    unauthenticated,
 )
 
 SERVICE = "admission"
@@ -56,16 +57,19 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
         except Unparseable as exc:
             raise PoisonMessage(str(exc)) from exc
         now = clock()
+        verdict = await authenticate(conn, policy, message, submission)
+        credential = message.headers.get(producers.PRODUCER_HEADER) or message.headers.get(KEY_ID_HEADER)
+        if unauthenticated(verdict):  # counted; no stream, no inbox row: a forger cannot fill the store
+            await store.count_auth_failure(conn, credential, verdict.reason or "", now)
+            return
         if not await claim(conn, SERVICE, submission.event_id):
             return
-        verdict = await authenticate(conn, policy, message, submission)
         tenant = submission.spec.tenant if submission.spec else None
         bucket = await store.lock_bucket(conn, tenant) if tenant is not None and verdict.reason is None else None
         in_force = await tenancy.current(conn, now)
         decided = decide_submission(submission, verdict, bucket, policy.rate, in_force, now)
-        if decided.auth_failure is not None:
-            credential = message.headers.get(producers.PRODUCER_HEADER) or message.headers.get(KEY_ID_HEADER)
-            await store.record_auth_failure(conn, submission, credential, decided.auth_failure, now)
+        if decided.auth_failure is not None:  # authenticated, but not for this tenant: rejected with the reason
+            await store.count_auth_failure(conn, credential, decided.auth_failure, now)
         if decided.bucket is not None and tenant is not None:
             await store.save_bucket(conn, tenant, decided.bucket)
         if decided.check_repeat and tenant is not None and await store.is_repeat(conn, tenant, submission):

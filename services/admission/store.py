@@ -9,18 +9,22 @@ from datetime import datetime
 import asyncpg
 
 from gpusched_core.rates import Bucket
-from services.admission.core import Submission
+from services.admission.core import Submission, failure_key
 
 log = logging.getLogger(__name__)
 
 
-async def record_auth_failure(conn: asyncpg.Connection, submission: Submission, key_id: str | None, reason: str,
-                              now: datetime) -> None:
-    # counted and auditable; the signature and the secret are never stored or logged
-    await conn.execute(
-        "INSERT INTO admission_auth_failures (at, job_id, key_id, claimed_tenant, reason) VALUES ($1, $2, $3, $4, $5)",
-        now, submission.job_id, key_id, submission.tenant_hint, reason)
-    log.warning("rejected submission %s: %s", submission.job_id, reason)
+async def count_auth_failure(conn: asyncpg.Connection, credential: str | None, reason: str, now: datetime) -> None:
+    """One more failure of its kind and credential (``core.failure_key``): a counter, never a row per
+    message; the signature and the secret are never stored or logged."""
+    kind, named = failure_key(reason, credential)
+    failures = await conn.fetchval(
+        "INSERT INTO admission_auth_failure_counts (kind, credential, failures, first_at, last_at, last_reason)"
+        " VALUES ($1, $2, 1, $3, $3, $4) ON CONFLICT (kind, credential) DO UPDATE SET failures ="
+        " admission_auth_failure_counts.failures + 1, last_at = EXCLUDED.last_at, last_reason = EXCLUDED.last_reason"
+        " RETURNING failures", kind, named, now, reason[:500])
+    if failures in (1, 10, 100) or failures % 1000 == 0:
+        log.warning("refused %d message(s) for %s (credential %s); the latest: %s", failures, kind, named, reason[:200])
 
 
 async def lock_bucket(conn: asyncpg.Connection, tenant: str) -> Bucket | None:
@@ -49,7 +53,4 @@ async def is_repeat(conn: asyncpg.Connection, tenant: str, submission: Submissio
 async def record_control_refusal(conn: asyncpg.Connection, job_id: str, producer: str | None, tenant: str | None,
                                  reason: str, now: datetime) -> None:
     """A control request (a cancel) whose sender was refused: counted with the submissions' failures."""
-    await conn.execute(
-        "INSERT INTO admission_auth_failures (at, job_id, key_id, claimed_tenant, reason) VALUES ($1, $2, $3, $4, $5)",
-        now, job_id, producer, tenant, reason)
-    log.warning("refused a control request for %s: %s", job_id, reason)
+    await count_auth_failure(conn, producer, reason, now)

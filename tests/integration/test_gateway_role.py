@@ -27,7 +27,7 @@ READ_ONLY = ("jobs", "events", "placement_pending", "quota_policy_pending", "quo
              "quota_policy_history", "quota_tenancy_revisions", "nodes", "gpus", "gpu_allocations")
 GRANTED = (*READ_ONLY, "api_tokens")
 # some of what it must never read: the outbox and inbox, admission's security state, quota's decisions
-NEVER_READ = ("outbox", "inbox", "admission_auth_failures", "admission_rate_buckets", "submission_requests",
+NEVER_READ = ("outbox", "inbox", "admission_auth_failure_counts", "admission_rate_buckets", "submission_requests",
               "quota_policy_reservations", "quota_reclaims", "quota_tenancy_rejections", "gpu_nominations",
               "schema_migrations")
 TENANCY = """

@@ -58,11 +58,17 @@ async def submit(pool, job_id: str, tenant: str, key: producers.ProducerKey | No
     handler = make_submission_handler(POLICY, now)
     await apply_batch(pool, "admission", [Incoming(JOBS_SUBMITTED.name, 0, 1, job_id, value, headers)], handler)
     row = await pool.fetchrow("SELECT status, reasons, submitted_by, tenant FROM jobs WHERE job_id = $1", job_id)
-    return dict(row)
+    return dict(row) if row is not None else None  # None: not authenticated, so no stream at all
 
 
 async def failures(pool) -> list[str]:
-    return [r["reason"] for r in await pool.fetch("SELECT reason FROM admission_auth_failures ORDER BY at, job_id")]
+    """The latest reason of each failure counter, oldest first (one row per kind and credential)."""
+    return [r["last_reason"] for r in await pool.fetch(
+        "SELECT last_reason FROM admission_auth_failure_counts ORDER BY first_at, kind")]
+
+
+async def counted(pool) -> dict[str, int]:
+    return {r["kind"]: r["failures"] for r in await pool.fetch("SELECT kind, failures FROM admission_auth_failure_counts")}
 
 
 async def test_a_producer_is_admitted_for_its_tenants_and_refused_for_others(pool):
@@ -83,22 +89,25 @@ async def test_a_revoked_producer_is_refused_at_once(pool):
     async with pool.acquire() as conn:
         assert await producers.revoke(conn, key.producer_id, now())
         assert not await producers.revoke(conn, key.producer_id, now())  # twice: nothing to revoke
-    refused = await submit(pool, "r-2", "a", key)
-    assert refused["status"] == "Rejected" and refused["reasons"] == [f"producer 'ci' ({key.producer_id}) is revoked"]
+    assert await submit(pool, "r-2", "a", key) is None  # no stream: a revoked key authenticates nobody
+    assert await failures(pool) == [f"producer 'ci' ({key.producer_id}) is revoked"]
+    assert not await pool.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'admission' AND event_id IN"
+                                   " (SELECT event_id::text FROM events WHERE stream_id = 'job-r-2')")
 
 
 async def test_a_bad_signature_an_unknown_producer_and_no_credential_are_refused(pool):
     key = await make(pool, "ci", ("a",))
-    tampered = await submit(pool, "t-1", "a", key, tamper=True)
-    assert tampered["status"] == "Rejected" and "the signature does not match" in tampered["reasons"][0]
+    assert await submit(pool, "t-1", "a", key, tamper=True) is None
+    assert "the signature does not match" in (await failures(pool))[0]
     async with pool.acquire() as conn:
         text, _ = await producers.create(conn, name="other", tenants=("a",), attests=False, created_by="t", now=T0)
         await conn.execute("DELETE FROM producers WHERE name = 'other'")
-    gone = await submit(pool, "t-2", "a", producers.parse_key(text))
-    assert gone["reasons"] == [f"unknown producer {producers.parse_key(text).producer_id!r}"]
-    none = await submit(pool, "t-3", "a", None)
-    assert none["status"] == "Rejected" and none["reasons"][0].startswith("missing credential")
-    assert len(await failures(pool)) == 3
+    assert await submit(pool, "t-2", "a", producers.parse_key(text)) is None
+    assert await submit(pool, "t-3", "a", None) is None
+    assert await submit(pool, "t-4", "a", None) is None  # the same kind again: the same counter
+    kinds = await counted(pool)
+    assert kinds["unknown credential"] == 1 and kinds["missing credential"] == 2 and len(kinds) == 3
+    assert not await pool.fetchval("SELECT count(*) FROM events WHERE stream_id LIKE 'job-t-%'")
 
 
 async def test_only_an_attesting_producer_names_the_submitter(pool):

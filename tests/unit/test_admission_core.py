@@ -105,3 +105,16 @@ def test_an_oversized_submission_is_rejected_against_its_job():
     assert sub.job_id == "j1"
     assert sub.spec is None
     assert "limit is 1048576 bytes" in sub.reasons[0]
+
+
+def test_only_a_known_credential_s_failures_are_answered_with_a_rejection():
+    from gpusched_common.identity import Verdict
+    from services.admission.core import failure_key, unauthenticated
+
+    assert unauthenticated(Verdict(None, "unknown producer 'abc'"))
+    assert unauthenticated(Verdict(None, "producer 'ci' (p1) is revoked"))
+    assert not unauthenticated(Verdict(None, "producer 'ci' may not submit for tenant 'c'", authenticated=True))
+    assert not unauthenticated(Verdict("a", None)) and not unauthenticated(Verdict(None, None))  # development
+    assert failure_key("unknown producer 'f00dfeedf00dfeed'", "f00dfeedf00dfeed") == ("unknown credential", "-")
+    assert failure_key("missing credential: ...", None) == ("missing credential", "-")
+    assert failure_key("producer 'ci' (p1) is revoked", "p1") == ("producer 'ci' (p1) is revoked", "p1")

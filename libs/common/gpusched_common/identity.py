@@ -14,3 +14,6 @@ class Verdict:
     reason: str | None  # why authentication failed
     subject: str | None = None  # who submitted: the principal a producer attests, the producer, or the key id
     producer: str | None = None  # the producer credential that signed it (None: a key of the tenant keys file)
+    # a known, unrevoked credential signed it, though it may not do this (tenant None, a reason): an
+    # authorization failure, answered with a rejection; otherwise a failed authentication, only counted
+    authenticated: bool = False

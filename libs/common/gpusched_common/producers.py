@@ -185,10 +185,10 @@ def judge(producer_id: str, record: ProducerRecord | None, signed: bool, tenant:
         return Verdict(None, f"producer {info.name!r} ({producer_id}): the signature does not match the submission")
     if must_attest and not (info.attests and attested):
         return Verdict(None, f"producer {info.name!r} may not send this message: only a producer that attests "
-                             "the principal it acts for (the gateway) may")
+                             "the principal it acts for (the gateway) may", authenticated=True)
     if tenant is None or (OPERATOR not in info.tenants and tenant not in info.tenants):
         return Verdict(None, f"producer {info.name!r} may not submit for tenant {tenant!r} "
-                             f"(its tenants: {', '.join(info.tenants)})")
+                             f"(its tenants: {', '.join(info.tenants)})", authenticated=True)
     if info.attests and attested:
         if len(attested) > MAX_SUBJECT_CHARS or not attested.isprintable():
             return Verdict(None, f"producer {info.name!r} attests a subject that is not printable text of at most "
