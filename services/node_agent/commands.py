@@ -13,7 +13,7 @@ from gpusched_common.runtime import utcnow
 from gpusched_common.tracing import current_traceparent
 from gpusched_core.agent import reconcile as rc
 from gpusched_common.events import ExitReason
-from gpusched_core.agent.start import Ignore, NodeFacts, PreviousRun, Refuse, decide_start
+from gpusched_core.agent.start import OTHER_EPOCH, Ignore, NodeFacts, PreviousRun, Refuse, decide_start
 from gpusched_core.agent.stops import Preempt, decide_preempt
 
 from services.node_agent.context import AgentContext
@@ -23,11 +23,16 @@ from services.node_agent.shares import job_environment
 
 log = logging.getLogger(__name__)
 
+MAX_HELD_STARTS = 10_000  # StartJobs of an earlier epoch kept for the next ReconcileJobs
+
 
 class Commands:
     def __init__(self, ctx: AgentContext, exits: JobExits) -> None:
         self._ctx = ctx
         self._exits = exits
+        # StartJobs placed for an earlier lease epoch of this node (before the agent restarted or regained its
+        # lease): run only if the ReconcileJobs of the current epoch still lists them, else dropped
+        self._held: dict[str, ev.StartJob] = {}
 
     async def on_command(self, message: Incoming) -> None:
         if message.key != self._ctx.node_id:
@@ -41,7 +46,7 @@ class Commands:
         elif isinstance(payload, ev.PreemptJob):
             self.preempt(payload)
         elif isinstance(payload, ev.ReconcileJobs):
-            self.reconcile(payload)
+            await self.reconcile(payload)
 
     async def start_job(self, command: ev.StartJob) -> None:
         ctx = self._ctx
@@ -50,6 +55,9 @@ class Commands:
                                 node=NodeFacts(ctx.node_id, ctx.lease.valid, frozenset(ctx.unhealthy_gpus()),
                                                ctx.lease.epoch))
         if isinstance(decision, Ignore):
+            if decision.reason == OTHER_EPOCH and (command.lease_epoch or 0) < ctx.lease.epoch \
+                    and len(self._held) < MAX_HELD_STARTS:
+                self._held[command.job_id] = command  # the store decides: the next ReconcileJobs says
             log.debug("%s: StartJob %s (attempt %d) ignored: %s", ctx.node_id, command.job_id, command.attempt,
                       decision.reason)
             return
@@ -125,11 +133,19 @@ class Commands:
                  decision.grace_s)
         self._exits.stop(command.job_id, ExitReason.PREEMPTED, grace_s=decision.grace_s)
 
-    def reconcile(self, command: ev.ReconcileJobs) -> None:
+    async def reconcile(self, command: ev.ReconcileJobs) -> None:
+        """The store's list of this node's jobs for the current epoch: a held StartJob it lists runs now
+        (placed before the agent's new epoch was known, still meant for this node), the others are dropped
+        (their node was declared lost, they run elsewhere); then what runs is reconciled with the list."""
         ctx = self._ctx
-        if rc.answers_epoch(command.lease_epoch, ctx.lease.epoch):
-            self._exits.apply(rc.plan_reconcile(ctx.runner.observe(), frozenset(command.job_ids),
-                                                lease_valid=ctx.lease.valid))
+        if not rc.answers_epoch(command.lease_epoch, ctx.lease.epoch):
+            return
+        held, self._held = self._held, {}
+        for job_id in command.job_ids:
+            if job_id in held:
+                await self.start_job(held[job_id].model_copy(update={"lease_epoch": ctx.lease.epoch}))
+        self._exits.apply(rc.plan_reconcile(ctx.runner.observe(), frozenset(command.job_ids),
+                                            lease_valid=ctx.lease.valid))
 
 
 def mig_env(command: ev.StartJob) -> dict[str, str]:

@@ -26,6 +26,8 @@ def test_a_start_placed_for_another_epoch_is_ignored(placed_at, decision):
     (("n1",), 2, "n1", 1, "attempt 1 is not the job's current run (2)"),
     (("n1",), 2, "n9", 2, "the job does not run on n9"),
     ((), 0, "n1", None, "the job does not run on n1"),
+    ((), 1, "n1", 1, None),  # the final checkpoint of a run whose preemption was recorded first
+    ((), 2, "n1", 1, "attempt 1 is not the job's current run (2)"),
 ])
 def test_reports_of_another_run_or_node_are_not_the_job_s(node_ids, runs, node, attempt, why):
     assert other_run(node_ids, runs, node, attempt) == why

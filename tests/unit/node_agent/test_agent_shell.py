@@ -156,3 +156,28 @@ async def test_scheduled_faults_fire_once_when_due(tmp_path):
     assert [(h["gpu_index"], h["status"], h["reasons"]) for h in sent.of("GpuHealthChanged")] == [
         (0, "unhealthy", ["2 uncorrected ECC error(s)"])]
     await agent.close()
+
+
+def start_at(job_id: str, epoch: int) -> Incoming:
+    return command(ev.StartJob(job_id=job_id, node_id="n1", tenant="t", gpu_indices=[0], gpu_uuids=["GPU-0"],
+                               command=["true"], lease_epoch=epoch))
+
+
+async def test_a_start_placed_for_an_earlier_epoch_waits_for_the_store_s_list_of_this_epoch(tmp_path):
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    agent.runner.next_epoch()
+    await agent.start()  # a restart: epoch 2; placement placed two jobs while it still knew epoch 1
+    epoch = agent.lease.epoch
+    await agent.on_command(start_at("kept", epoch - 1))
+    await agent.on_command(start_at("moved", epoch - 1))
+    await agent.on_command(start_at("forged-future", epoch + 5))
+    await agent.flush()
+    assert not sent.of("JobStartReported")  # nothing runs on a fenced token by itself
+    await agent.on_command(command(ev.ReconcileJobs(node_id="n1", job_ids=["kept"], lease_epoch=epoch)))
+    await eventually(lambda: sent.of("JobExitReported"))
+    await agent.flush()
+    assert [r["job_id"] for r in sent.of("JobStartReported")] == ["kept"]  # the store still means it for here
+    assert [r["job_id"] for r in sent.of("JobExitReported")] == ["kept"]  # "moved" runs elsewhere: dropped
+    await agent.close()

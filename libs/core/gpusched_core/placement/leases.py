@@ -38,12 +38,14 @@ def is_stale(report_epoch: int | None, lost_epoch: int | None) -> bool:
 
 
 def other_run(node_ids: tuple[str, ...], runs: int, node_id: str, attempt: int | None) -> str | None:
-    """Why a node's report of a job is not about the job's current run (None: it is): the job does not
-    run on that node, or the report names another attempt (a run before a requeue or preemption)."""
-    if node_id not in node_ids:
-        return f"the job does not run on {node_id}"
+    """Why a node's report of a job is not about the job's latest run (None: it is): the report names
+    another attempt (a run before a requeue or preemption), or the job is placed and not on that node.
+    A report naming the latest attempt after that run ended (its final checkpoint, reported after the
+    preemption was recorded) is still that run's; one naming no attempt must come from a node it is on."""
     if attempt is not None and attempt != runs:
         return f"attempt {attempt} is not the job's current run ({runs})"
+    if node_ids and node_id not in node_ids or attempt is None and node_id not in node_ids:
+        return f"the job does not run on {node_id}"
     return None
 
 
