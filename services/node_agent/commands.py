@@ -141,11 +141,14 @@ class Commands:
         if not rc.answers_epoch(command.lease_epoch, ctx.lease.epoch):
             return
         held, self._held = self._held, {}
-        for job_id in command.job_ids:
-            if job_id in held:
-                await self.start_job(held[job_id].model_copy(update={"lease_epoch": ctx.lease.epoch}))
-        self._exits.apply(rc.plan_reconcile(ctx.runner.observe(), frozenset(command.job_ids),
+        starting = [held[job_id] for job_id in command.job_ids if job_id in held]
+        # reconcile what ran before first, then start the held ones (watched from their start: a plan made
+        # after would see one that ended at once and report its exit a second time)
+        self._exits.apply(rc.plan_reconcile(ctx.runner.observe(),
+                                            frozenset(command.job_ids) - {s.job_id for s in starting},
                                             lease_valid=ctx.lease.valid))
+        for start in starting:
+            await self.start_job(start.model_copy(update={"lease_epoch": ctx.lease.epoch}))
 
 
 def mig_env(command: ev.StartJob) -> dict[str, str]:
