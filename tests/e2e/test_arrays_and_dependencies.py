@@ -80,10 +80,12 @@ async def test_cancelling_an_array_ends_every_task(local_stack):
             await wait_state(client, f"{array_id}.{index}", "Cancelled")
 
 
-async def test_a_dependency_chain_runs_in_order_and_a_failure_ends_its_dependants(local_stack):
+async def test_a_dependency_chain_runs_in_order_and_a_failure_ends_its_dependants(local_stack, tmp_path):
     token = await token_for(local_stack, "user", "ml-eval", "chain-user")
+    go = tmp_path / "go"  # the first job runs until the test has seen its dependant wait
     with Client(local_stack.gateway, token) as client:
-        first = client.submit({"gpus": 1, "command": ["sleep", "2"]})["job_id"]
+        first = client.submit({"gpus": 1, "command": ["sh", "-c", 'while [ ! -f "$GO" ]; do sleep 0.1; done'],
+                               "env": {"GO": str(go)}})["job_id"]
         second = client.submit({"gpus": 1, "command": ["true"], "after": [{"job_id": first}]})["job_id"]
         third = (await asyncio.to_thread(cli, local_stack, token, "submit", "--after", f"{second}:any", "--json",
                                          "--", "true"))
@@ -91,6 +93,7 @@ async def test_a_dependency_chain_runs_in_order_and_a_failure_ends_its_dependant
         third_id = json.loads(third.stdout)["job_id"]
         waiting = await wait_state(client, second, "Admitted")
         assert waiting["reasons"][-1] == f"waiting for {first} to succeed"
+        go.touch()
         await wait_until_finished(local_stack.database_url, [first, second, third_id], timeout_s=120, interval_s=0.3)
         jobs = [client.job(j) for j in (first, second, third_id)]
         assert [j["state"] for j in jobs] == ["Succeeded"] * 3
