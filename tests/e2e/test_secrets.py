@@ -68,7 +68,9 @@ async def everything_on_the_bus(bootstrap: str) -> str:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
+        await consumer.topics()  # the cluster's metadata first (Apache Kafka sends none unasked)
         parts = [TopicPartition(t.name, p) for t in ALL_TOPICS for p in consumer.partitions_for_topic(t.name) or ()]
+        assert parts, "no gpusched topic found on the broker"
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
