@@ -68,8 +68,8 @@ async def everything_on_the_bus(bootstrap: str) -> str:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        await consumer.topics()  # the cluster's metadata first (Apache Kafka sends none unasked)
-        parts = [TopicPartition(t.name, p) for t in ALL_TOPICS for p in consumer.partitions_for_topic(t.name) or ()]
+        cluster = await consumer._client.fetch_all_metadata()  # Apache Kafka sends no metadata unasked
+        parts = [TopicPartition(t.name, p) for t in ALL_TOPICS for p in cluster.partitions_for_topic(t.name) or ()]
         assert parts, "no gpusched topic found on the broker"
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
