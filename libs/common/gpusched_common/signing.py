@@ -12,7 +12,6 @@ Headers: ``gpusched-sender`` (the key id), ``gpusched-signed-at`` (Unix seconds,
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import secrets
@@ -32,20 +31,12 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
 )
 
-from gpusched_common.producers import ProducerKey, parse_key, read_key_file
+from gpusched_common.producers import ProducerKey, _b64, _unb64, parse_key, read_key_file
 
 SENDER_HEADER = "gpusched-sender"
 SIGNED_AT_HEADER = "gpusched-signed-at"
 SENDER_SIGNATURE_HEADER = "gpusched-sender-signature"
 _DOMAIN = b"gpusched-message-v1\n"
-
-
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def signed_bytes(topic: str, signed_at: str, value: bytes) -> bytes:

@@ -44,7 +44,7 @@ def other_run(node_ids: tuple[str, ...], runs: int, node_id: str, attempt: int |
     preemption was recorded) is still that run's; one naming no attempt must come from a node it is on."""
     if attempt is not None and attempt != runs:
         return f"attempt {attempt} is not the job's current run ({runs})"
-    if node_ids and node_id not in node_ids or attempt is None and node_id not in node_ids:
+    if node_id not in node_ids and (node_ids or attempt is None):
         return f"the job does not run on {node_id}"
     return None
 
