@@ -130,8 +130,9 @@ def settings(database_url: str, topics: str, running_broker: RunningBroker, tmp_
 def make_agent_settings(settings: Settings, tmp_path: Path) -> Callable[..., AgentSettings]:
     """Node agent settings on the test's broker, working in the test's own directory, with ``fields``."""
     def make(**fields: object) -> AgentSettings:
-        # these tests drive agents with a plain producer: unsigned commands accepted, as in development
+        # these tests drive agents with a plain producer: unsigned commands accepted and no enrolment, as
+        # in development (tests/integration/test_node_enrolment.py enrols for real)
         return AgentSettings.of(settings, agent_work_dir=tmp_path / "agents",
-                                **{"agent_accept_unsigned_commands": True, **fields})
+                                **{"agent_accept_unsigned_commands": True, "agent_unenrolled": True, **fields})
 
     return make

@@ -53,6 +53,7 @@ class MetricsService:
         self.exporter = MetricsExporter(self.tracker, self.latest, _otlp_readers(settings))
         self.endpoint = MetricsEndpoint(self.exporter, self.latest)
         self.port: int | None = None
+        self.telemetry: TelemetryConsumer | None = None
 
     async def evaluate(self, pool: asyncpg.Pool) -> Views:
         now = self.clock()
@@ -75,10 +76,14 @@ class MetricsService:
                  {b.model: b.pending_gpus for b in views.backlog} or "empty")
         async with pool.acquire() as conn:
             await record_utilization(conn, now, c)
+            if self.telemetry is not None:
+                await self.telemetry.refused.flush(conn, now)  # telemetry no enrolled node signed
         return views
 
     async def setup(self, runtime: Runtime) -> None:
-        runtime.background.append(TelemetryConsumer(self.settings, self.tracker).run)
+        telemetry = TelemetryConsumer(self.settings, self.tracker, pool=runtime.pool)
+        self.telemetry = telemetry
+        runtime.background.append(telemetry.run)
         if self.settings.metrics_port is not None:
             self.port = await self.endpoint.start(self.settings.metrics_host, self.settings.metrics_port)
             log.info("Prometheus endpoint on http://%s:%d/metrics", self.settings.metrics_host, self.port)

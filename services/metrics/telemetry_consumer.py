@@ -15,23 +15,38 @@ import time
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+import asyncpg
+
+from gpusched_common import events as ev
+from gpusched_common import node_keys, senders
 from gpusched_common.kafka_client import client_options
-from gpusched_common.messaging import PoisonMessage
+from gpusched_common.messaging import Incoming, PoisonMessage, to_incoming
+from gpusched_common.senders import RefusalCounts
+from gpusched_common.signing import SENDER_HEADER
 from gpusched_common.settings import Settings
 from gpusched_common.topics import GROUP_METRICS, NODES_TELEMETRY
 
-from services.metrics.tracker import TelemetryTracker
+from services.metrics.store import SERVICE
+from services.metrics.tracker import TelemetryTracker, parse_telemetry
 
 log = logging.getLogger(__name__)
 
 
 class TelemetryConsumer:
+    """``pool``: where the nodes' keys are read (each telemetry message is believed only when the node it
+    names signed it, ``gpusched_common.node_keys``; the keys of a batch's senders are read in one query and
+    cached). Without a pool only ``keys`` already loaded are known (benchmarks)."""
+
     def __init__(self, settings: Settings, tracker: TelemetryTracker, *, group_id: str | None = GROUP_METRICS,
-                 topic: str = NODES_TELEMETRY.name) -> None:
+                 topic: str = NODES_TELEMETRY.name, pool: asyncpg.Pool | None = None,
+                 keys: node_keys.NodeKeys | None = None) -> None:
         self._settings = settings
         self._tracker = tracker
         self._group_id = group_id
         self._topic = topic
+        self._pool = pool
+        self._keys = keys if keys is not None else node_keys.NodeKeys()
+        self.refused = RefusalCounts(SERVICE)
         self.rejected = 0
         self._last_warning = 0.0
 
@@ -44,18 +59,46 @@ class TelemetryConsumer:
             heartbeat_interval_ms=max(100, self._settings.kafka_session_timeout_ms // 4),
             max_partition_fetch_bytes=self._settings.kafka_max_request_bytes)
 
-    def ingest_batch(self, values: list[bytes]) -> int:
-        samples = 0
-        for value in values:
+    def ingest_batch(self, records: list[Incoming]) -> int:
+        """Fold a batch into the tracker (its senders' keys loaded): what no enrolled node signed is counted
+        and dropped, as is what cannot be read."""
+        samples, now = 0, time.time()
+        for record in records:
             try:
-                samples += self._tracker.ingest(value)
+                payload = parse_telemetry(record.value)
+                if payload is None:
+                    continue
+                refusal = self._refusal(record, payload, now)
+                if refusal is not None:
+                    self.refused.note(record.topic, refusal.code, refusal.sender, refusal.detail)
+                    continue
+                self._tracker.record(payload)
+                samples += len(payload.samples)
             except PoisonMessage as exc:
                 self.rejected += 1
-                now = time.monotonic()
-                if now - self._last_warning > 10.0:
-                    self._last_warning = now
+                now_m = time.monotonic()
+                if now_m - self._last_warning > 10.0:
+                    self._last_warning = now_m
                     log.warning("skipping unreadable telemetry (%d so far): %s", self.rejected, exc)
         return samples
+
+    def _refusal(self, record: Incoming, payload: ev.GpuTelemetry, now: float) -> node_keys.Refused | None:
+        key_id = record.headers.get(SENDER_HEADER)
+        if self._settings.accept_unsigned_node_reports and not key_id:
+            return None
+        rule = senders.rule_for(record.topic, payload.TYPE)
+        max_age = rule.max_age_s if rule is not None else None
+        return node_keys.judge(record.topic, record.value, record.headers, payload.node_id,
+                               self._keys.get(key_id or ""), now=now, max_age_s=max_age,
+                               max_skew_s=senders.MAX_SKEW_S)
+
+    async def _load_keys(self, records: list[Incoming]) -> None:
+        if self._pool is None:
+            return
+        wanted = {r.headers.get(SENDER_HEADER, "") for r in records} - {""}
+        if wanted:
+            async with self._pool.acquire() as conn:
+                await self._keys.load(conn, wanted)
 
     async def run(self, stop_after_messages: int | None = None) -> None:
         """Consume until cancelled (or, for benchmarks, until `stop_after_messages` were read)."""
@@ -70,7 +113,9 @@ class TelemetryConsumer:
                     batches = await consumer.getmany(timeout_ms=500, max_records=5000)
                     for records in batches.values():
                         seen += len(records)
-                        self.ingest_batch([r.value for r in records if r.value is not None])
+                        incoming = [to_incoming(r) for r in records if r.value is not None]
+                        await self._load_keys(incoming)
+                        self.ingest_batch(incoming)
                     await asyncio.sleep(0)
                 return
             except (OSError, ConnectionError, KafkaError) as exc:

@@ -25,14 +25,9 @@ class TelemetryTracker:
 
     def ingest(self, value: bytes) -> int:
         """Take one telemetry message; returns the GPU samples it carried (0 for other report types)."""
-        try:
-            envelope = ev.Envelope.model_validate_json(value)
-            if envelope.type != ev.GpuTelemetry.TYPE:
-                return 0
-            payload = ev.parse_payload(envelope)
-        except (ValueError, ValidationError) as exc:
-            raise PoisonMessage(f"unreadable telemetry: {exc}") from exc
-        assert isinstance(payload, ev.GpuTelemetry)
+        payload = parse_telemetry(value)
+        if payload is None:
+            return 0
         self.record(payload)
         return len(payload.samples)
 
@@ -63,3 +58,16 @@ class TelemetryTracker:
                     key = (process.job_id, node_id)
                     used[key] = used.get(key, 0) + process.memory_used_mib
         return used
+
+
+def parse_telemetry(value: bytes) -> ev.GpuTelemetry | None:
+    """The telemetry a message carries (None: another report type); PoisonMessage where it is unreadable."""
+    try:
+        envelope = ev.Envelope.model_validate_json(value)
+        if envelope.type != ev.GpuTelemetry.TYPE:
+            return None
+        payload = ev.parse_payload(envelope)
+    except (ValueError, ValidationError) as exc:
+        raise PoisonMessage(f"unreadable telemetry: {exc}") from exc
+    assert isinstance(payload, ev.GpuTelemetry)
+    return payload

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gpusched_common import events as ev
-from gpusched_common.messaging import Incoming
+from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.topics import NODES_REPORTS
 from gpusched_core.agent import lease as leases
 from gpusched_core.agent import reconcile as rc
@@ -34,26 +34,30 @@ from services.node_agent.faults import partitioned
 from services.node_agent.health import GpuHealth
 from services.node_agent.health_monitor import HealthMonitor
 from services.node_agent.heartbeat import Heartbeat
+from services.node_agent.identity import NodeIdentity
 from services.node_agent.nvml import NvmlBackend
 from services.node_agent.reporter import Reporter, Send
 from services.node_agent.runner import JobRunner
 from services.node_agent.telemetry import Telemetry
 
 CHECKPOINT_POLL_S = 1.0
+ENROLMENT_ANSWERS = (ev.NodeEnrolled.TYPE, ev.NodeEnrolmentRefused.TYPE)
 LOG_PRUNE_S = 600.0  # how often ended jobs' output past its retention is deleted
 log = logging.getLogger(__name__)
 
 
 class Agent:
     def __init__(self, config: AgentConfig, send: Send, backend: NvmlBackend, runner: JobRunner,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, identity: NodeIdentity | None = None) -> None:
         self.config = config
         self.node_id = config.node_id
+        self.identity = identity if identity is not None else NodeIdentity(config.node_id, None, runner.work_dir)
         self.backend = backend
         self.runner = runner
         self._manual_partition = False
         started_at = monotonic()
-        self.ctx = AgentContext(config, backend, runner, Reporter(config.node_id, send, self.partitioned),
+        self.ctx = AgentContext(config, backend, runner, Reporter(config.node_id, send, self.partitioned,
+                                                                   self.identity.signer),
                                 monotonic, started_at, leases.acquire(0, config.lease_ttl_s, started_at))
         self.checkpoints = Checkpoints(self.ctx)
         self.exits = JobExits(self.ctx, self.checkpoints)
@@ -94,6 +98,8 @@ class Agent:
     async def start(self) -> None:
         """Take a new lease epoch, register, adopt what still runs from the last life; wait until sent."""
         self.ctx.lease = leases.acquire(self.runner.next_epoch(), self.config.lease_ttl_s, self.ctx.monotonic())
+        if self.identity.request is not None:  # first, on the partition its reports share: enrolled before read
+            self.report_in_order(self.identity.request)
         self.register()
         self.apply(rc.plan_reconcile(self.runner.observe(), None))
         await self.flush()
@@ -128,6 +134,11 @@ class Agent:
     # --- the parts' entry points (the loops above, the command consumer, tests) -------------------------
 
     async def on_command(self, message: Incoming) -> None:
+        if message.headers.get("event-type") in ENROLMENT_ANSWERS and message.key == self.node_id:
+            _, answer = parse_event(message)
+            if isinstance(answer, (ev.NodeEnrolled, ev.NodeEnrolmentRefused)):
+                self.identity.on_answer(answer)
+            return
         await self.commands.on_command(message)
 
     async def start_job(self, command: ev.StartJob) -> None:

@@ -19,6 +19,7 @@ from gpusched_common.topics import NODES_COMMANDS, agent_group
 from services.node_agent.agent import Agent
 from services.node_agent.config import AgentConfig
 from services.node_agent.fleet import Fleet, fleet_node_ids
+from services.node_agent.identity import load_identity
 from services.node_agent.log_server import LogServer, log_app
 from services.node_agent.nvml import make_backend
 from services.node_agent.reporter import SERVICE, Send
@@ -37,10 +38,12 @@ log = logging.getLogger(__name__)
 
 
 def build_agent(settings: AgentSettings, node_id: str, send: Send, log_url: str | None = None) -> Agent:
+    identity = load_identity(settings.agent_work_dir / node_id, node_id, settings.join_token(),
+                             settings.agent_unenrolled)  # before anything runs: not enrolled, no token, no agent
     backend = make_backend(settings.nvml_backend, node_id, settings.simulated_gpus)
     runner = job_runner(settings, node_id)
     config = replace(AgentConfig.from_settings(settings, node_id), log_url=log_url)
-    return Agent(config, send, backend, runner)
+    return Agent(config, send, backend, runner, identity=identity)
 
 
 def job_runner(settings: AgentSettings, node_id: str) -> JobRunner:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
 from gpusched_common import events as ev
+from gpusched_common.signing import Signer
 from gpusched_common.topics import NODES_REPORTS
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
 
@@ -22,8 +23,10 @@ _Queued = tuple[ev.Payload, str | None, Callable[[], None] | None]
 
 
 class Reporter:
-    def __init__(self, node_id: str, send: Send, partitioned: Callable[[], bool]) -> None:
+    def __init__(self, node_id: str, send: Send, partitioned: Callable[[], bool],
+                 signer: Signer | None = None) -> None:
         self._node_id = node_id
+        self._signer = signer  # the node's own key: placement and metrics believe only what it signed
         self._send = send
         self._partitioned = partitioned
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
@@ -39,7 +42,10 @@ class Reporter:
         headers = {"event-type": payload.TYPE}
         if envelope.traceparent:
             headers["traceparent"] = envelope.traceparent
-        await self._send(topic, self._node_id, envelope.model_dump_json().encode(), headers)
+        value = envelope.model_dump_json().encode()
+        if self._signer is not None:
+            headers.update(self._signer.headers(topic, value))
+        await self._send(topic, self._node_id, value, headers)
 
     async def report_until_sent(self, payload: ev.Payload) -> None:
         delay = 0.2

@@ -44,6 +44,12 @@ class AgentSettings(Settings):
     agent_command_keys: str = ""
     agent_command_keys_file: Path | None = None
     agent_accept_unsigned_commands: bool = False
+    # the node's own key (issue 14): enrolled once with an operator's join token (`gpusched join-token create`),
+    # then kept in <agent dir>/<node>/node.key; without either the agent does not start, unless
+    # GPUSCHED_AGENT_UNENROLLED=true (development: its reports go unsigned)
+    agent_join_token: str | None = None
+    agent_join_token_file: Path | None = None
+    agent_unenrolled: bool = False
     agent_job_users: str = ""
     agent_job_env_passthrough: str = ""
     simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents
@@ -61,6 +67,16 @@ class AgentSettings(Settings):
         raise ValueError("the node agent has no trusted command keys (GPUSCHED_AGENT_COMMAND_KEYS or "
                          "GPUSCHED_AGENT_COMMAND_KEYS_FILE: placement's and preemption's public keys); set "
                          "GPUSCHED_AGENT_ACCEPT_UNSIGNED_COMMANDS=true only for development")
+
+    def join_token(self) -> str | None:
+        """The join token given, or read from its file (None: neither)."""
+        if self.agent_join_token or self.agent_join_token_file is None:
+            return self.agent_join_token or None
+        try:
+            return self.agent_join_token_file.read_text().strip() or None
+        except OSError as exc:
+            raise ValueError(f"GPUSCHED_AGENT_JOIN_TOKEN_FILE {str(self.agent_join_token_file)!r} cannot be read: "
+                             f"{exc.strerror}") from None
 
     def gateway_public_key(self) -> str | None:
         """The gateway's public key: given, or read from its file (None: neither; no log server runs)."""

@@ -31,7 +31,10 @@ async def setup(runtime: Runtime) -> None:
     policy = engine.make_policy(settings.placement_policy)
     log.info("placement policy: %s", policy.name)
     cache = ClusterCache()  # one per placement process
-    handler = make_handler(utcnow, policy, cache)
+    if settings.accept_unsigned_node_reports:
+        log.warning("GPUSCHED_ACCEPT_UNSIGNED_NODE_REPORTS=true: anyone who can write to the broker speaks for any "
+                    "node (development only)")
+    handler = make_handler(utcnow, policy, cache, accept_unsigned=settings.accept_unsigned_node_reports)
     # one group per topic: each subscription is its own consumer
     runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS, handler)
     runtime.subscribe_transactional(NODES_REPORTS.name, GROUP_PLACEMENT_NODES, handler)

@@ -12,13 +12,15 @@ from datetime import datetime
 import asyncpg
 
 from gpusched_common import events as ev
+from gpusched_common import node_keys
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, load_job, stored_payload
 from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import lock_cycle, pending_jobs
-from gpusched_common.topics import JOBS_EVENTS
+from gpusched_common.senders import RefusalCounts
+from gpusched_common.topics import JOBS_EVENTS, NODES_REPORTS
 
 from gpusched_core import bulkheads, lifecycle
 from gpusched_core import placement as engine
@@ -31,14 +33,30 @@ from services.placement.store import SERVICE, ClusterCache
 _JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
 # messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
 log = logging.getLogger(__name__)
+REFUSED = RefusalCounts(SERVICE)  # node reports no enrolled node signed
 _WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
 
 
-def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache) -> TxHandler:
-    """One handler for job events and node reports: record the effect; cycle once per batch if needed."""
+def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache, *,
+                 keys: node_keys.NodeKeys | None = None, accept_unsigned: bool = False,
+                 refusals: RefusalCounts | None = None) -> TxHandler:
+    """One handler for job events and node reports: record the effect; cycle once per batch if needed. A
+    node report is believed only when the node it names signed it (``node_keys``; ``accept_unsigned``:
+    unsigned ones too, development only); an enrolment is decided from the store and answered."""
+    keys = keys if keys is not None else node_keys.NodeKeys()
+    refused = refusals if refusals is not None else REFUSED
 
     async def on_message(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
+        if message.topic == NODES_REPORTS.name:
+            if isinstance(payload, ev.NodeEnrolmentRequested):
+                await on_enrolment(conn, message, payload, clock(), keys, refused)
+                return
+            refusal = await node_keys.check(conn, keys, message, envelope.type, getattr(payload, "node_id", None),
+                                            accept_unsigned=accept_unsigned)
+            if refusal is not None:
+                await refused.record(conn, message.topic, refusal.code, refusal.sender, refusal.detail, clock())
+                return
         if message.topic == JOBS_EVENTS.name:
             if not isinstance(payload, _JOB_EVENTS):
                 return
@@ -52,6 +70,25 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
             batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
 
     return on_message
+
+
+async def on_enrolment(conn: asyncpg.Connection, message: Incoming, request: ev.NodeEnrolmentRequested,
+                       now: datetime, keys: node_keys.NodeKeys, refused: RefusalCounts) -> None:
+    """Enrol a node's key as its join token vouches, and tell the node; a refusal is counted (and told to a
+    holder of the token). A resent request of an enrolled key is answered again: enrolment is idempotent."""
+    decision = await node_keys.enrol(conn, request, message.headers, message.topic, message.value, now)
+    if isinstance(decision, node_keys.Enrol):
+        keys.forget(request.key_id)
+        if decision.new:
+            log.info("node %s enrolled with key %s (join token %s)", request.node_id, request.key_id,
+                     request.token_id)
+        await store.send_command(conn, ev.NodeEnrolled(node_id=request.node_id, key_id=request.key_id),
+                                 request.node_id, now)
+        return
+    await refused.record(conn, message.topic, "enrolment", "-", f"{request.node_id[:40]}: {decision.reason}", now)
+    if decision.answer:
+        await store.send_command(conn, ev.NodeEnrolmentRefused(node_id=request.node_id, key_id=request.key_id,
+                                                               reason=decision.reason), request.node_id, now)
 
 
 async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime, policy: engine.PlacementPolicy,

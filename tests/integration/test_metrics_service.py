@@ -55,7 +55,8 @@ async def test_job_telemetry_reaches_prometheus_and_a_backlog_scales_out_once(se
     agent_settings = make_agent_settings(node_id="node-m", telemetry_interval_s=0.2,
                                          heartbeat_interval_s=5.0)
     metrics_settings = MetricsSettings.of(settings, metrics_port=0, metrics_log_interval_s=0.3,
-                                          scale_out_window_s=0.0, scale_out_cooldown_s=600.0)
+                                          scale_out_window_s=0.0, scale_out_cooldown_s=600.0,
+                                          accept_unsigned_node_reports=True)  # an unenrolled agent (development)
     service = MetricsService(metrics_settings)
     setup, _ = agent_setup(agent_settings)
     async with running("node-agent-m", agent_settings, setup, uses_database=False), \

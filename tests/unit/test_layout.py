@@ -69,13 +69,15 @@ def test_every_service_has_the_same_anatomy():
 
 # Who owns each table (writes it and reads it freely); everyone else goes through gpusched_common.stores.
 # The event store and the jobs read model belong to every service (each appends through the lifecycle).
-SHARED_TABLES = {"events", "jobs", "outbox", "inbox"}
+SHARED_TABLES = {"events", "jobs", "outbox", "inbox",
+                 "refused_messages"}  # every receiver counts what it refused (gpusched_common.senders)
 TABLE_OWNERS = {
     "admission": {"admission_auth_failure_counts", "admission_rate_buckets", "submission_requests",
                   "producers"},  # producers: through gpusched_common.producers (operators issue them)
     "quota": {"quota_job_dependencies", "quota_policy_history", "quota_policy_pending", "quota_policy_reservations", "quota_policy_usage",
               "quota_reclaims", "quota_tenancy_rejections", "quota_tenancy_revisions"},
-    "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version"},
+    "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version",
+                  "join_tokens", "node_keys"},  # the keys: through gpusched_common.node_keys (operators issue tokens)
     "preemption": {"preemption_evaluations", "reclaim_victims"},
     "metrics": {"cluster_utilization", "metrics_scaler_state", "scale_decisions"},
     "gateway": {"api_tokens"},  # through gpusched_common.tokens; its own SQL reads only the shared tables

@@ -14,7 +14,7 @@ import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import asyncpg
@@ -23,7 +23,8 @@ import yaml
 
 from gpusched import config as client_config
 from gpusched.config import write_config
-from gpusched_common import db_roles, producers, signing, tokens
+from gpusched_common import db_roles, node_keys, producers, signing, tokens
+from gpusched_common.job_records import write_private
 from gpusched_common.credentials import TenantKey, write_keys
 from gpusched_common.identity import OPERATOR
 from gpusched_common.db import drop_database, ensure_database, migrate
@@ -160,8 +161,9 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     metrics_port = free_port()
     keys_dir = home / "service-keys"  # placement's and preemption's keys: agents run only what they sign
     command_keys = [signing.ensure_key_file(keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
+    join_token = await make_join_token(url, home / "join-token")  # each agent enrols its own node key with it
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
-           "GPUSCHED_SERVICE_KEYS_DIR": str(keys_dir),
+           "GPUSCHED_SERVICE_KEYS_DIR": str(keys_dir), "GPUSCHED_AGENT_JOIN_TOKEN_FILE": str(join_token),
            "GPUSCHED_AGENT_COMMAND_KEYS": ",".join(signing.trusted_entry(k) for k in command_keys),
            "GPUSCHED_TENANT_KEYS_FILE": str(make_local_keys(home)), **(extra_env or {})}
     if "GPUSCHED_TENANTS_FILE" not in env and "GPUSCHED_TENANTS_FILE" not in os.environ:
@@ -181,6 +183,20 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     await wait_for_nodes(url, nodes)
     progress(f"ready      {nodes} node(s) registered")
     return state
+
+
+async def make_join_token(database_url: str, path: Path) -> Path:
+    """A join token for the stack's agents (valid a week; a node enrolled keeps its key after), in a file of
+    mode 0600 beside the stack's other secrets."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        text, _ = await node_keys.create_token(conn, description="gpusched up: the local stack's agents",
+                                               ttl=timedelta(days=7), created_by="gpusched up",
+                                               now=datetime.now(timezone.utc))
+    finally:
+        await conn.close()
+    write_private(path, text + "\n")
+    return path
 
 
 async def start_gateway(state: StackState, timeout_s: float = 60.0) -> None:

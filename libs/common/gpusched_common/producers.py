@@ -52,16 +52,16 @@ class ProducerKey:
 
     def public_key_text(self) -> str:
         """The public key as text (urlsafe base64): what an agent is given to recognise this producer."""
-        return _b64(self.public_key())
+        return b64(self.public_key())
 
     def request_headers(self, method: str, target: str, at: float) -> dict[str, str]:
         """The headers that authenticate an HTTP request (``target``: path and query) made at ``at``."""
         return {REQUEST_TIME_HEADER: f"{at:.3f}",
-                SIGNATURE_HEADER: _b64(self.private.sign(request_message(method, target, f"{at:.3f}")))}
+                SIGNATURE_HEADER: b64(self.private.sign(request_message(method, target, f"{at:.3f}")))}
 
     def headers(self, value: bytes) -> dict[str, str]:
         """The two headers that authenticate ``value`` as this producer's."""
-        return {PRODUCER_HEADER: self.producer_id, SIGNATURE_HEADER: _b64(self.private.sign(value))}
+        return {PRODUCER_HEADER: self.producer_id, SIGNATURE_HEADER: b64(self.private.sign(value))}
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,11 @@ class ProducerRecord:
     public_key: bytes
 
 
-def _b64(raw: bytes) -> str:
+def b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def _unb64(text: str) -> bytes:
+def unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
@@ -99,7 +99,7 @@ def parse_key(text: str) -> ProducerKey | None:
     if match is None:
         return None
     try:
-        raw = _unb64(match.group(2))
+        raw = unb64(match.group(2))
     except (binascii.Error, ValueError):
         return None
     return ProducerKey(match.group(1), Ed25519PrivateKey.from_private_bytes(raw)) if len(raw) == 32 else None
@@ -137,7 +137,7 @@ async def create(conn: asyncpg.Connection, *, name: str, tenants: tuple[str, ...
     except asyncpg.UniqueViolationError:
         raise ValueError(f"a producer named {name!r} exists already (see `gpusched producers list`)") from None
     raw = private.private_bytes_raw()
-    return f"{PREFIX}{producer_id}_{_b64(raw)}", _info(row)
+    return f"{PREFIX}{producer_id}_{b64(raw)}", _info(row)
 
 
 async def list_producers(conn: asyncpg.Connection) -> list[ProducerInfo]:
@@ -164,7 +164,7 @@ async def load(conn: asyncpg.Connection, producer_id: str) -> ProducerRecord | N
 
 def signature_holds(record: ProducerRecord, signature: str, value: bytes) -> bool:
     try:
-        Ed25519PublicKey.from_public_bytes(record.public_key).verify(_unb64(signature), value)
+        Ed25519PublicKey.from_public_bytes(record.public_key).verify(unb64(signature), value)
     except (InvalidSignature, binascii.Error, ValueError):
         return False
     return True
@@ -273,7 +273,7 @@ def check_request(public_key: str, method: str, target: str, headers: dict[str, 
     if abs(now - when) > MAX_REQUEST_SKEW_S:
         return f"the request was signed {now - when:.0f}s from now (at most {MAX_REQUEST_SKEW_S:g}s)"
     try:
-        Ed25519PublicKey.from_public_bytes(_unb64(public_key)).verify(_unb64(signature),
+        Ed25519PublicKey.from_public_bytes(unb64(public_key)).verify(unb64(signature),
                                                                       request_message(method, target, at))
     except (InvalidSignature, binascii.Error, ValueError):
         return "the request's signature does not verify"

@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     # only when signed: gpusched_common.signing); a file of mode 0600, `gsk_<id>_<secret>`
     service_key_file: Path | None = None
     service_keys_dir: Path | None = None  # or a directory of keys, `<service>.key` each (the local stack)
+    # node reports and telemetry are believed only when signed by the enrolled key of the node they name
+    # (gpusched_common.node_keys); true: unsigned ones are believed too (development only: then anyone who
+    # can write to the broker speaks for any node). A signed message is verified either way.
+    accept_unsigned_node_reports: bool = False
 
     @classmethod
     def of(cls, shared: Settings, **fields: object) -> Self:

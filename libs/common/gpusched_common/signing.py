@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
 )
 
-from gpusched_common.producers import ProducerKey, _b64, _unb64, parse_key, read_key_file
+from gpusched_common.producers import ProducerKey, b64, unb64, parse_key, read_key_file
 
 SENDER_HEADER = "gpusched-sender"
 SIGNED_AT_HEADER = "gpusched-signed-at"
@@ -48,7 +48,7 @@ def new_key() -> tuple[str, ProducerKey]:
     """A fresh key: its text (``gsk_<id>_<secret>``, to keep in a file of mode 0600) and the key."""
     private = Ed25519PrivateKey.generate()
     raw = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    text = f"gsk_{secrets.token_hex(8)}_{_b64(raw)}"
+    text = f"gsk_{secrets.token_hex(8)}_{b64(raw)}"
     key = parse_key(text)
     assert key is not None
     return text, key
@@ -84,7 +84,7 @@ class Signer:
     def headers(self, topic: str, value: bytes, now: float | None = None) -> dict[str, str]:
         at = f"{time.time() if now is None else now:.3f}"
         return {SENDER_HEADER: self.key.producer_id, SIGNED_AT_HEADER: at,
-                SENDER_SIGNATURE_HEADER: _b64(self.key.private.sign(signed_bytes(topic, at, value)))}
+                SENDER_SIGNATURE_HEADER: b64(self.key.private.sign(signed_bytes(topic, at, value)))}
 
 
 _signer: Signer | None = None
@@ -114,7 +114,7 @@ class TrustedKeys:
         for entry in (e.strip() for e in entries if e.strip()):
             key_id, sep, text = entry.partition(":")
             try:
-                raw = _unb64(text)
+                raw = unb64(text)
                 if not sep or len(raw) != 32:
                     raise ValueError
                 keys[key_id] = Ed25519PublicKey.from_public_bytes(raw)
@@ -141,7 +141,7 @@ class TrustedKeys:
         if key is None:
             return f"signed by an unknown sender {key_id[:20]!r}"
         try:
-            key.verify(_unb64(signature), signed_bytes(topic, at, value))
+            key.verify(unb64(signature), signed_bytes(topic, at, value))
         except (InvalidSignature, ValueError, binascii.Error):
             return f"the signature of sender {key_id[:20]!r} does not hold for this message on {topic}"
         return None

@@ -23,6 +23,7 @@ from gpusched_common.events.nodes import (
     StartJob, PreemptJob, JobCheckpointReported, StopJob, MigDeviceInventory, GpuInventory, NodeRegistered,
     NodeHeartbeat, JobStartReported, JobExitReported, GpuProcessSample, GpuSample, GpuTelemetry,
     GpuHealthChanged, ReconcileJobs, ExitReason, CordonNode, NodeCordoned, NodeUncordoned,
+    NodeEnrolmentRequested, NodeEnrolled, NodeEnrolmentRefused,
 )
 from gpusched_common.events.scaling import (
     ScaleOutRequested, ScaleInRequested, ReclaimBorrower, ReclaimRequested,
@@ -39,7 +40,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, CordonNode, NodeCordoned, NodeUncordoned, ScaleOutRequested, ScaleInRequested,
-        ReclaimRequested, TenancyUpdated,
+        ReclaimRequested, TenancyUpdated, NodeEnrolmentRequested, NodeEnrolled, NodeEnrolmentRefused,
     )
 }
 

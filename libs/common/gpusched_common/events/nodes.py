@@ -221,6 +221,38 @@ class ReconcileJobs(Payload):
     lease_epoch: int | None = None  # the epoch this answers; an agent ignores an answer to an older epoch
 
 
+class NodeEnrolmentRequested(Payload):
+    """A node asks to be enrolled with a key of its own (on ``gpusched.nodes.reports``, signed by that key:
+    it holds the private half). An operator's join token vouches for it: ``token_signature`` is the token's
+    signature over ``gpusched_common.node_keys.enrolment_message`` (the token's secret never travels).
+    Placement decides it and answers ``NodeEnrolled`` or, to a holder of the token, ``NodeEnrolmentRefused``."""
+
+    TYPE: ClassVar[str] = "NodeEnrolmentRequested"
+    node_id: str = Field(max_length=128)
+    key_id: str = Field(max_length=16)
+    public_key: str = Field(max_length=64)  # urlsafe base64 of the 32-byte Ed25519 public key
+    token_id: str = Field(max_length=16)
+    token_signature: str = Field(max_length=128)
+
+
+class NodeEnrolled(Payload):
+    """Placement to a node: its key is enrolled; the node's reports signed with it are believed."""
+
+    TYPE: ClassVar[str] = "NodeEnrolled"
+    node_id: str
+    key_id: str
+
+
+class NodeEnrolmentRefused(Payload):
+    """Placement to a node whose request its join token vouched for, but which was refused (the token
+    expired or was revoked, or the node is enrolled with another key): why, for the agent's log."""
+
+    TYPE: ClassVar[str] = "NodeEnrolmentRefused"
+    node_id: str
+    key_id: str
+    reason: str
+
+
 class CordonNode(Payload):
     """An operator's request, on ``gpusched.jobs.control`` keyed by the node id, to cordon (``cordon``) or
     uncordon a node. Only a producer that attests (the gateway, having authorized an operator) may send it;
