@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from faststream.kafka import KafkaBroker
 
+from gpusched_common import events as ev
+from gpusched_common import senders
 from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, publish
 from gpusched_common.runtime import Runtime, run_service
-from gpusched_common.signing import TrustedKeys
+from gpusched_common.signing import SIGNED_AT_HEADER, TrustedKeys
 from gpusched_common.topics import NODES_COMMANDS, agent_group
 
 from services.node_agent.agent import Agent
@@ -76,6 +79,27 @@ def build_fleet(settings: AgentSettings, send: Send, log_server: LogServer | Non
 UNTRUSTED = Ignored("node commands no trusted sender signed")
 
 
+def command_refusal(trusted: TrustedKeys, message: Incoming, now: float) -> str | None:
+    """Why a node command is not run (None: run it): a trusted sender must have signed it for this topic,
+    within its window, and, where the sender is named, be one the senders table lets send its type."""
+    refused = trusted.check(message.topic, message.value, message.headers)
+    if refused is not None:
+        return refused
+    try:
+        event_type = ev.Envelope.model_validate_json(message.value).type
+    except ValueError:
+        return None  # unreadable: the handler dead-letters it
+    rule = senders.rule_for(message.topic, event_type)
+    if rule is None:
+        return f"{event_type[:40]} is no node command"
+    if not senders.within_window(message.headers.get(SIGNED_AT_HEADER), now, rule.max_age_s):
+        return f"signed at {message.headers.get(SIGNED_AT_HEADER, '')[:20]}, outside its {rule.max_age_s:.0f} s window"
+    name = trusted.sender(message.headers)
+    if name is not None and not senders.may_send(message.topic, event_type, name):
+        return f"{name} may not send {event_type}"
+    return None
+
+
 def signed_only(trusted: TrustedKeys | None,
                 handle: Callable[[Incoming], Awaitable[None]]) -> Callable[[Incoming], Awaitable[None]]:
     """Run a node command only when placement or preemption signed it for this topic (``trusted``;
@@ -84,9 +108,9 @@ def signed_only(trusted: TrustedKeys | None,
         return handle
 
     async def on_command(message: Incoming) -> None:
-        refused = trusted.check(message.topic, message.value, message.headers)
+        refused = command_refusal(trusted, message, time.time())
         if refused is not None:
-            UNTRUSTED.note(message.headers.get("event-type", "command"), refused)
+            UNTRUSTED.note(message.headers.get("event-type", "command")[:40], refused)
             return
         await handle(message)
 

@@ -38,7 +38,7 @@ class AgentSettings(Settings):
     # empty: jobs run as the agent's user), and what of the agent's environment jobs may see besides PATH,
     # the locale and the time zone (`NVIDIA_DRIVER_CAPABILITIES,LD_LIBRARY_PATH` for a node's driver)
     # the senders whose node commands this agent runs (placement's and preemption's public keys as
-    # `<key id>:<key>`, comma-separated, or a file of them); an unsigned or forged command is ignored and
+    # `placement=<key id>:<key>`, comma-separated, or a file of them); an unsigned or forged command is ignored and
     # counted. Without any, the agent refuses to start unless GPUSCHED_AGENT_ACCEPT_UNSIGNED_COMMANDS=true
     # (development only: then anyone who can write to the broker runs commands on the node)
     agent_command_keys: str = ""
@@ -59,7 +59,7 @@ class AgentSettings(Settings):
         configured and unsigned commands are not accepted, or a key cannot be read."""
         keys = TrustedKeys.parse(self.agent_command_keys.split(","))
         if self.agent_command_keys_file is not None:
-            keys = TrustedKeys({**keys._keys, **TrustedKeys.read(self.agent_command_keys_file)._keys})
+            keys = keys.merged(TrustedKeys.read(self.agent_command_keys_file))
         if len(keys):
             return keys
         if self.agent_accept_unsigned_commands:

@@ -69,5 +69,5 @@ async def test_only_a_trusted_sender_s_command_runs(settings, make_agent_setting
 def test_an_agent_without_trusted_keys_does_not_start(make_agent_settings):
     with pytest.raises(ValueError, match="no trusted command keys"):
         agent_setup(make_agent_settings(node_id="node-t", agent_accept_unsigned_commands=False))
-    with pytest.raises(ValueError, match="is not <key id>:<Ed25519 public key>"):
+    with pytest.raises(ValueError, match=r"is not \[<sender>=\]<key id>:<Ed25519 public key>"):
         agent_setup(make_agent_settings(node_id="node-t", agent_command_keys="nonsense"))

@@ -26,11 +26,13 @@ import asyncpg
 from gpusched_common import db_roles, producers, signing
 from gpusched_common.db_roles import GATEWAY_ROLE
 from gpusched_common.identity import OPERATOR
+from gpusched_common import senders
+from gpusched_common.topics import NODES_COMMANDS
 
 from gpusched_cli.tokens import issuer, with_conn
 
 GATEWAY_PRODUCER = "gateway"
-COMMAND_SENDERS = ("placement", "preemption")  # the services whose node commands agents run
+COMMAND_SENDERS = senders.senders_of(NODES_COMMANDS.name)  # the services whose node commands agents run
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def cmd_gateway_init(args: argparse.Namespace) -> int:
         try:
             keys = [signing.ensure_key_file(args.service_keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
             if args.command_keys_file is not None:
-                write_public_key(args.command_keys_file, ",".join(signing.trusted_entry(k) for k in keys))
+                write_public_key(args.command_keys_file, ",".join(signing.trusted_entry(k, name) for k, name in zip(keys, COMMAND_SENDERS)))
         except (OSError, ValueError) as exc:
             return _fail(f"service keys in {str(args.service_keys_dir)!r}: {exc}", 1)
         if not args.json:

@@ -34,10 +34,12 @@ from gpusched_common.infra.processes import free_port, spawn, stop_pid
 from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
 from gpusched_common.stores import cluster
+from gpusched_common import senders
+from gpusched_common.topics import NODES_COMMANDS
 
 from gpusched_cli.teardown import stop_stack_jobs
 
-COMMAND_SENDERS = ("placement", "preemption")  # the services whose node commands agents run
+COMMAND_SENDERS = senders.senders_of(NODES_COMMANDS.name)  # the services whose node commands agents run
 SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
 
 
@@ -164,7 +166,8 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     join_token = await make_join_token(url, home / "join-token")  # each agent enrols its own node key with it
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
            "GPUSCHED_SERVICE_KEYS_DIR": str(keys_dir), "GPUSCHED_AGENT_JOIN_TOKEN_FILE": str(join_token),
-           "GPUSCHED_AGENT_COMMAND_KEYS": ",".join(signing.trusted_entry(k) for k in command_keys),
+           "GPUSCHED_AGENT_COMMAND_KEYS": ",".join(signing.trusted_entry(k, name)
+                                                    for k, name in zip(command_keys, COMMAND_SENDERS)),
            "GPUSCHED_TENANT_KEYS_FILE": str(make_local_keys(home)), **(extra_env or {})}
     if "GPUSCHED_TENANTS_FILE" not in env and "GPUSCHED_TENANTS_FILE" not in os.environ:
         env["GPUSCHED_TENANTS_FILE"] = str(make_local_tenancy(home, node_specs(nodes, gpu_models, gpus_per_node)))

@@ -120,6 +120,20 @@ def rule_for(topic: str, event_type: str) -> Rule | None:
     return _BY_TOPIC_TYPE.get((topic, event_type))
 
 
+def senders_of(topic: str) -> tuple[str, ...]:
+    """Every sender some rule lets send on ``topic``, in the table's order."""
+    return tuple(dict.fromkeys(name for r in RULES if r.topic == topic for name in r.senders))
+
+
+def within_window(signed_at: str | None, now: float, max_age_s: float | None) -> bool:
+    """Whether a message signed at ``signed_at`` (Unix seconds, text) may still be believed at ``now``."""
+    try:
+        at = float(signed_at or "nan")
+    except ValueError:
+        return False
+    return at == at and at <= now + MAX_SKEW_S and (max_age_s is None or at >= now - max_age_s)
+
+
 def may_send(topic: str, event_type: str, sender: str) -> bool:
     """Whether ``sender`` (a service's name) may send ``event_type`` on ``topic``."""
     return any(r.topic == topic and event_type in r.types and sender in r.senders for r in RULES)

@@ -102,25 +102,34 @@ def headers_for(topic: str, value: bytes) -> dict[str, str]:
 
 
 class TrustedKeys:
-    """The public keys of the senders a receiver believes, by key id."""
+    """The public keys of the senders a receiver believes, by key id, each with the sender's name where it
+    is given (``placement``, ``preemption``): a named sender is believed only for what the senders table
+    lets it send (``gpusched_common.senders``)."""
 
-    def __init__(self, keys: Mapping[str, Ed25519PublicKey]) -> None:
+    def __init__(self, keys: Mapping[str, Ed25519PublicKey], names: Mapping[str, str] | None = None) -> None:
         self._keys = dict(keys)
+        self._names = dict(names or {})
 
     @classmethod
     def parse(cls, entries: Iterable[str]) -> TrustedKeys:
-        """``<key id>:<public key>`` entries (urlsafe base64); ValueError naming the bad one."""
-        keys = {}
+        """``[<sender>=]<key id>:<public key>`` entries (urlsafe base64); ValueError naming the bad one."""
+        keys, names = {}, {}
         for entry in (e.strip() for e in entries if e.strip()):
-            key_id, sep, text = entry.partition(":")
+            name, named, rest = entry.partition("=")
+            if not named:
+                name, rest = "", entry
+            key_id, sep, text = rest.partition(":")
             try:
                 raw = unb64(text)
-                if not sep or len(raw) != 32:
+                if not sep or len(raw) != 32 or (named and not name.isidentifier()):
                     raise ValueError
                 keys[key_id] = Ed25519PublicKey.from_public_bytes(raw)
             except (ValueError, binascii.Error):
-                raise ValueError(f"trusted key {entry[:24]!r}... is not <key id>:<Ed25519 public key>") from None
-        return cls(keys)
+                raise ValueError(f"trusted key {entry[:24]!r}... is not [<sender>=]<key id>:<Ed25519 public key>") \
+                    from None
+            if named:
+                names[key_id] = name
+        return cls(keys, names)
 
     @classmethod
     def read(cls, path: Path) -> TrustedKeys:
@@ -129,8 +138,16 @@ class TrustedKeys:
         except OSError as exc:
             raise ValueError(f"trusted keys file {str(path)!r} cannot be read: {exc}") from None
 
+    def merged(self, other: TrustedKeys) -> TrustedKeys:
+        """Both sets of keys (``other``'s entry wins for a key id in both)."""
+        return TrustedKeys({**self._keys, **other._keys}, {**self._names, **other._names})
+
     def __len__(self) -> int:
         return len(self._keys)
+
+    def sender(self, headers: Mapping[str, str]) -> str | None:
+        """The name of the sender whose key id the headers give (None: unnamed or unknown)."""
+        return self._names.get(headers.get(SENDER_HEADER, ""))
 
     def check(self, topic: str, value: bytes, headers: Mapping[str, str]) -> str | None:
         """Why the message is not believed (None: a trusted sender signed it for this topic)."""
@@ -147,6 +164,6 @@ class TrustedKeys:
         return None
 
 
-def trusted_entry(key: ProducerKey) -> str:
-    """How a receiver is told to trust ``key``: ``<key id>:<public key>``."""
-    return f"{key.producer_id}:{key.public_key_text()}"
+def trusted_entry(key: ProducerKey, sender: str | None = None) -> str:
+    """How a receiver is told to trust ``key``: ``[<sender>=]<key id>:<public key>``."""
+    return f"{sender + '=' if sender else ''}{key.producer_id}:{key.public_key_text()}"
