@@ -7,6 +7,7 @@ expired or revoked token, and a request no token vouches for enrol nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -14,6 +15,7 @@ import asyncpg
 import pytest
 
 from gpusched_common import events as ev
+from gpusched_cli.main import main
 from gpusched_common import node_keys, signing
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.runtime import running
@@ -226,3 +228,47 @@ def test_an_agent_that_is_not_enrolled_and_has_no_token_does_not_start(make_agen
         build_agent(make_agent_settings(node_id="node-z", agent_unenrolled=False), "node-z", None)
     with pytest.raises(ValueError, match="is not a gjt_"):
         build_agent(make_agent_settings(node_id="node-z", agent_join_token="gjt_nonsense"), "node-z", None)
+
+
+def test_operators_create_list_and_revoke_join_tokens_and_node_keys(database_url, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("GPUSCHED_DATABASE_URL", database_url)
+    assert main(["join-token", "create", "--ttl", "2h", "--description", "rack 12", "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["token"].startswith(f"gjt_{created['token_id']}_") and created["expires_at"]
+    assert main(["join-token", "create", "--ttl", "never", "--file", str(tmp_path / "token")]) == 0
+    assert "written to" in capsys.readouterr().out
+    assert oct((tmp_path / "token").stat().st_mode & 0o777) == "0o600"
+    assert node_keys.parse_token((tmp_path / "token").read_text()) is not None
+    assert main(["join-token", "list"]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["ID", "DESCRIPTION", "CREATED", "BY", "EXPIRES", "REVOKED", "NODES"]
+    assert "rack 12" in table and "never" in table and created["token"] not in table
+
+    _, key = signing.new_key()
+    request = request_for(created["token"], key, node="node-c")
+    value, headers = envelope_and_headers(request, key)
+    assert isinstance(asyncio.run(enrol(database_url, request, value, headers)), node_keys.Enrol)
+    assert main(["node-keys", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(k["node_id"], k["key_id"], k["revoked_at"]) for k in listed] == [("node-c", key.producer_id, None)]
+    assert main(["node-keys", "revoke", "node-c"]) == 0
+    assert "its reports are refused" in capsys.readouterr().out
+    assert main(["node-keys", "revoke", "node-c"]) == 1
+    assert "has no live key" in capsys.readouterr().err
+    assert main(["join-token", "revoke", created["token_id"]]) == 0
+    assert main(["join-token", "revoke", created["token_id"]]) == 1
+    capsys.readouterr()
+    assert main(["node-keys", "refused", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["join-token", "create", "--ttl", "soon"], "duration must be"),
+    (["join-token", "create", "--description", "x" * 201], "at most 200 characters"),
+    (["join-token", "revoke", "not-an-id"], "invalid token id"),
+    (["node-keys", "revoke", "no such/node"], "invalid node id"),
+])
+def test_bad_enrolment_cli_input_exits_2_with_a_message(database_url, monkeypatch, capsys, argv, message):
+    monkeypatch.setenv("GPUSCHED_DATABASE_URL", database_url)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from gpusched_cli.agent_check import add_agent_parser
+from gpusched_cli.enrolment import add_enrolment_parsers
 from gpusched_cli.job_commands import add_job_parsers
 from gpusched_cli.node_commands import add_node_parsers
 from gpusched_cli.logs import add_logs_parser
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tenants_parser(sub)
     add_tokens_parser(sub)
     add_producers_parser(sub)
+    add_enrolment_parsers(sub)
     add_provision_parsers(sub)
     add_simulate_queue_parser(sub)
     add_simulate_preemption_parser(sub)
