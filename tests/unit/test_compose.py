@@ -99,3 +99,16 @@ def test_every_agent_serves_logs_to_the_gateway_with_the_public_key_init_writes(
         assert env["GPUSCHED_AGENT_GATEWAY_PUBLIC_KEY_FILE"] == public, name
         assert env["GPUSCHED_AGENT_LOG_URL"] == f"http://{SERVICES[name]['hostname']}:{env['GPUSCHED_AGENT_LOG_PORT']}"
         assert f"gateway-public:{Path(public).parent}:ro" in SERVICES[name]["volumes"], name
+
+
+def test_every_agent_enrols_with_the_join_token_init_writes_and_only_agents_read_it():
+    script = SERVICES["init"]["command"][-1]
+    token_file = script.split("join-token create")[1].split("--file ")[1].split()[0].rstrip(";")
+    assert f"node-join:{Path(token_file).parent}" in SERVICES["init"]["volumes"]
+    agents = [name for name in SERVICES if name.startswith("node-agent")]
+    for name in agents:
+        assert SERVICES[name]["environment"]["GPUSCHED_AGENT_JOIN_TOKEN_FILE"] == token_file, name
+        assert f"node-join:{Path(token_file).parent}:ro" in SERVICES[name]["volumes"], name
+    readers = [name for name, service in SERVICES.items()
+               if any(str(v).startswith("node-join:") for v in service.get("volumes", []))]
+    assert sorted(readers) == sorted(["init", *agents])
