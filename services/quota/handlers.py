@@ -50,6 +50,7 @@ from gpusched_core.arrays import held_back
 from gpusched_core.quota.reclaims import reclaim_event, select_reclaims
 from gpusched_common.stores import quota as reads
 from gpusched_common.stores.tenancy import TenancyStore
+from gpusched_common.senders import RefusalCounts
 from services.quota.core import Accepted, review_update
 from gpusched_core.quota.jobs import (
     as_guest,
@@ -259,17 +260,26 @@ async def _append(conn: asyncpg.Connection, job_id: str, command: lifecycle.Rele
     await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
 
 
+TENANCY_REFUSED = RefusalCounts(SERVICE)  # tenancy updates no operator credential signed
+
+
 def make_tenancy_update_handler(keys: dict[str, TenantKey] | None, clock: Callable[[], datetime],
                                 options: CycleOptions = CycleOptions()) -> TxHandler:
     """``keys``: the credentials to check signatures with (None: none configured, every update refused)."""
 
     async def on_update(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, update = parse_event(message)
-        if not isinstance(update, ev.TenancyUpdated) or not await claim(conn, SERVICE, envelope.event_id):
+        if not isinstance(update, ev.TenancyUpdated):
             return
         now = clock()
-        in_force = await store.lock_revisions(conn)  # exclusive: no decision runs while the tenancy changes
         verdict = verify(keys, message.headers, message.value) if keys is not None else None
+        if verdict is None or verdict.tenant is None:  # nobody we know signed it: a counter, no row, no claim
+            await TENANCY_REFUSED.record(conn, message.topic, "unauthenticated", "-",
+                                         review_update(update, verdict, None).problems[0], now)
+            return
+        if not await claim(conn, SERVICE, envelope.event_id):
+            return
+        in_force = await store.lock_revisions(conn)  # exclusive: no decision runs while the tenancy changes
         review = review_update(update, verdict, in_force)
         if not isinstance(review, Accepted):
             await store.record_rejection(conn, event_id=envelope.event_id, revision=update.revision, source=update.source,
