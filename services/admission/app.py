@@ -30,7 +30,8 @@ def build_policy(settings: AdmissionSettings) -> AdmissionPolicy:
 
 async def setup(runtime: Runtime) -> None:
     handler = make_submission_handler(build_policy(AdmissionSettings.of(runtime.settings)), utcnow)
-    runtime.subscribe_transactional(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler)
+    # submissions are judged by admission itself: one that does not validate is rejected with its reasons
+    runtime.subscribe_transactional(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler, screen=None)
     runtime.subscribe_transactional(JOBS_CONTROL.name, GROUP_ADMISSION_CONTROL, make_control_handler(utcnow))
 
 

@@ -42,10 +42,14 @@ class Unparseable(ValueError):
 def parse_submission(raw: bytes, limits: AdmissionLimits) -> Submission:
     if len(raw) > limits.max_submission_bytes:
         return _oversized(raw, limits)
+    if b"\x00" in raw or b"\\u0000" in raw:
+        raise Unparseable("submission holds a NUL character")
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise Unparseable(f"submission is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise Unparseable("submission is nested too deep") from None
     if not isinstance(doc, dict):
         raise Unparseable("submission is not a JSON object")
     payload = doc.get("payload") if isinstance(doc.get("payload"), dict) else {}

@@ -209,3 +209,75 @@ async def test_forged_telemetry_is_counted_by_metrics(local_stack, kind):
             return
         assert asyncio.get_running_loop().time() < deadline, "metrics counted no refused telemetry"
         await asyncio.sleep(0.5)
+
+
+READERS = {
+    t.NODES_REPORTS.name: (t.GROUP_PLACEMENT_NODES,),
+    t.NODES_TELEMETRY.name: (t.GROUP_METRICS,),
+    t.JOBS_EVENTS.name: (t.GROUP_QUOTA, t.GROUP_PLACEMENT_JOBS, t.GROUP_PREEMPTION),
+    t.QUOTA_RECLAIMS.name: (t.GROUP_PREEMPTION_RECLAIMS,),
+    t.JOBS_CONTROL.name: (t.GROUP_ADMISSION_CONTROL, t.GROUP_PLACEMENT_CONTROL),
+    t.JOBS_SUBMITTED.name: (t.GROUP_ADMISSION,),
+    t.TENANCY_UPDATES.name: (t.GROUP_QUOTA_ADMIN,),
+}
+
+
+def junk(seed: int) -> list[bytes]:
+    """Messages no consumer can use: unreadable, too deep, with a NUL, of unknown types and versions, and
+    well-formed envelopes of every type whose payloads are random JSON (seeded: the same every run)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def value(depth: int = 0) -> object:
+        kind = rng.randrange(7 if depth < 3 else 5)
+        if kind == 0:
+            return None
+        if kind == 1:
+            return rng.random() < 0.5
+        if kind == 2:
+            return rng.randrange(-2**70, 2**70)
+        if kind == 3:
+            return "".join(chr(rng.randrange(1, 0x2FFF)) for _ in range(rng.randrange(12)))
+        if kind == 4:
+            return rng.uniform(-1e300, 1e300)
+        if kind == 5:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {f"k{i}": value(depth + 1) for i in range(rng.randrange(4))}
+
+    def env(event_type: str, payload: object, version: object = 1) -> bytes:
+        return json.dumps({"event_id": str(uuid.uuid4()), "type": event_type, "schema_version": version,
+                           "stream_id": "fuzz", "occurred_at": "2026-12-01T00:00:00Z", "producer": "fuzz",
+                           "payload": payload}).encode()
+
+    corpus = [b"", b"not json", b"\xff\xfe", b"[" * 50_000 + b"]" * 50_000, b'{"a":' * 5000 + b"1" + b"}" * 5000,
+              env("NodeHeartbeat", {"node_id": "n\u0000", "running_jobs": []}), env("NoSuchType", {}),
+              env("NodeHeartbeat", {"node_id": "n", "running_jobs": []}, 99), b"x" * 900_000]
+    corpus += [env(rng.choice(sorted(ev.PAYLOAD_TYPES)), {f"f{i}": value() for i in range(rng.randrange(6))})
+               for _ in range(30)]
+    return corpus
+
+
+async def test_fuzzed_messages_on_every_topic_leave_every_consumer_live(local_stack):
+    producer = AIOKafkaProducer(bootstrap_servers=local_stack.kafka_bootstrap, max_request_size=2 * 1024 * 1024)
+    await producer.start()
+    last: dict[tuple[str, int], int] = {}
+    try:
+        for i, topic in enumerate([*READERS, t.NODES_COMMANDS.name]):
+            for n, value in enumerate(junk(i)):
+                key = local_stack.node_ids[n % len(local_stack.node_ids)]  # commands reach the agents' nodes
+                meta = await producer.send_and_wait(topic, value, key=key.encode(), headers=[("event-type", b"x")])
+                last[(topic, meta.partition)] = max(last.get((topic, meta.partition), -1), meta.offset)
+    finally:
+        await producer.stop()
+    readers = {**READERS, t.NODES_COMMANDS.name: tuple(t.agent_group(n) for n in local_stack.node_ids)}
+    for (topic, partition), offset in sorted(last.items()):
+        for group in readers[topic]:
+            await committed_past(local_stack.kafka_bootstrap, group, topic, partition, offset, timeout_s=120)
+    for name, pid in local_stack.processes.items():  # nobody died of it
+        assert Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) is gone"
+    token = await token_for(local_stack, "user", "research", "fuzz-user")
+    with Client(local_stack.gateway, token) as client:
+        job = client.submit({"gpus": 1, "command": ["true"]})["job_id"]
+        await wait_until_finished(local_stack.database_url, [job], timeout_s=90, interval_s=0.3)
+        assert client.job(job)["state"] == "Succeeded"

@@ -15,7 +15,15 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 from faststream.kafka import KafkaBroker
 
-from gpusched_common.messaging import Incoming, consumer_options, handle_with_retries, message_span, to_incoming
+from gpusched_common.messaging import (
+    Incoming,
+    consumer_options,
+    dead_letter,
+    handle_with_retries,
+    message_span,
+    poisoned,
+    to_incoming,
+)
 from gpusched_common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,8 +58,14 @@ async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming]
         await batch.finish(conn)
 
 
+Screen = Callable[[Incoming], Exception | None]
+
+
 def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: str, group_id: str, service: str,
-                            settings: Settings, handler: TxHandler, on_commit: Callable[[], None]) -> None:
+                            settings: Settings, handler: TxHandler, on_commit: Callable[[], None],
+                            screen: Screen | None = poisoned) -> None:
+    """``screen``: why a message can never be handled (it is dead-lettered before the batch's transaction,
+    so it costs the batch nothing); None: the handler judges every message itself."""
     async def one(message: Incoming) -> None:
         await apply_batch(pool, service, [message], handler)
 
@@ -59,12 +73,19 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
                        batch_timeout_ms=settings.consumer_batch_wait_ms, **consumer_options(settings, group_id))
     async def on_batch(msg):  # noqa: ANN001 - the decoder hands over the batch's KafkaMessage
         records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
-        messages = [to_incoming(r) for r in records]
+        messages = []
+        for message in (to_incoming(r) for r in records):
+            poison = screen(message) if screen is not None else None  # dead-lettered at once; the rest batched
+            if poison is None:
+                messages.append(message)
+            else:
+                await dead_letter(broker, message, service=service, error=poison, attempts=0)
 
         async def alone(message: Incoming) -> None:  # retries, then the dead-letter topic
             await handle_with_retries(broker, message, service=service, settings=settings, handler=one)
 
-        await apply_split(messages, lambda part: apply_batch(pool, service, part, handler), alone, service)
+        if messages:
+            await apply_split(messages, lambda part: apply_batch(pool, service, part, handler), alone, service)
         on_commit()
         await msg.ack()
 

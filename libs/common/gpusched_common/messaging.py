@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import asyncpg
 from faststream import AckPolicy
@@ -33,6 +33,7 @@ _TRANSIENT = (OSError, ConnectionError, asyncio.TimeoutError, asyncpg.PostgresCo
               asyncpg.InterfaceError, asyncpg.CannotConnectNowError)
 _MAX_TRANSIENT_BACKOFF_S = 5.0
 _CONCURRENCY_ATTEMPTS = 20
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # over the largest message the broker is configured to take
 
 
 class PoisonMessage(ValueError):
@@ -47,6 +48,8 @@ class Incoming:
     key: str | None
     value: bytes
     headers: dict[str, str]
+    # what parse_event made of the value, kept so a batch screened before its transaction is parsed once
+    parsed: tuple[Envelope, Payload] | None = field(default=None, compare=False, repr=False)
 
     @property
     def traceparent(self) -> str | None:
@@ -58,12 +61,31 @@ Handler = Callable[[Incoming], Awaitable[None]]
 
 def parse_event(message: Incoming) -> tuple[Envelope, Payload]:
     """The envelope and typed payload of a message; anything unreadable can never be handled, so it is a
-    PoisonMessage (dead-lettered at once)."""
+    PoisonMessage (dead-lettered at once): not JSON, nested too deep (the parser's recursion limit), an
+    unknown type or version, fields that do not validate, a NUL character anywhere (PostgreSQL's text and
+    jsonb cannot hold one, and no gpusched message needs one), or larger than MAX_MESSAGE_BYTES."""
+    if message.parsed is not None:
+        return message.parsed
+    if len(message.value) > MAX_MESSAGE_BYTES:
+        raise PoisonMessage(f"a message of {len(message.value)} bytes, over {MAX_MESSAGE_BYTES}")
+    if b"\x00" in message.value or b"\\u0000" in message.value:
+        raise PoisonMessage("unreadable message: a NUL character (never in a gpusched message)")
     try:
         envelope = Envelope.model_validate_json(message.value)
-        return envelope, parse_payload(envelope)
+        parsed = envelope, parse_payload(envelope)
     except ValueError as exc:  # pydantic's ValidationError and UnknownEventType are ValueErrors
-        raise PoisonMessage(f"unreadable message: {exc}") from exc
+        raise PoisonMessage(f"unreadable message: {str(exc)[:2000]}") from exc
+    object.__setattr__(message, "parsed", parsed)
+    return parsed
+
+
+def poisoned(message: Incoming) -> PoisonMessage | None:
+    """Why the message can never be handled (None: it parses)."""
+    try:
+        parse_event(message)
+        return None
+    except PoisonMessage as exc:
+        return exc
 
 
 def build_broker(settings: Settings, client_id: str) -> KafkaBroker:

@@ -15,9 +15,9 @@ import asyncpg
 from faststream.kafka import KafkaBroker
 
 from gpusched_common import signing
-from gpusched_common.batching import TxHandler, subscribe_transactional
+from gpusched_common.batching import Screen, TxHandler, subscribe_transactional
 from gpusched_common.db import create_pool
-from gpusched_common.messaging import Handler, build_broker, subscribe
+from gpusched_common.messaging import Handler, build_broker, poisoned, subscribe
 from gpusched_common.relay import OutboxRelay
 from gpusched_common.settings import Settings
 from gpusched_common.tracing import configure_tracing
@@ -44,11 +44,13 @@ class Runtime:
         subscribe(self.broker, topic=topic, group_id=group_id, service=self.service, settings=self.settings,
                   handler=handler)
 
-    def subscribe_transactional(self, topic: str, group_id: str, handler: TxHandler) -> None:
-        """Batches of messages applied in one transaction each; the relay is woken after each commit."""
+    def subscribe_transactional(self, topic: str, group_id: str, handler: TxHandler, *,
+                                screen: Screen | None = poisoned) -> None:
+        """Batches of messages applied in one transaction each; the relay is woken after each commit.
+        ``screen``: see ``batching.subscribe_transactional``."""
         assert self.pool is not None, "a transactional consumer needs the database"
         subscribe_transactional(self.broker, self.pool, topic=topic, group_id=group_id, service=self.service,
-                                settings=self.settings, handler=handler, on_commit=self.wake_relay)
+                                settings=self.settings, handler=handler, on_commit=self.wake_relay, screen=screen)
 
     def wake_relay(self) -> None:
         if self.relay is not None:
