@@ -266,6 +266,10 @@ class NodeKeys:
             for key_id in sorted(self._keys, key=lambda k: self._keys[k][0])[:50_000]:
                 del self._keys[key_id]
 
+    def put(self, key: NodeKey) -> None:
+        """Know ``key`` without asking the store (benchmarks; a key read by ``load`` is kept the same way)."""
+        self._keys[key.key_id] = (self._clock(), key, Ed25519PublicKey.from_public_bytes(key.public_key))
+
     def forget(self, key_id: str) -> None:
         self._keys.pop(key_id, None)
 
