@@ -20,6 +20,7 @@ from gpusched_common.signing import SIGNED_AT_HEADER, TrustedKeys
 from gpusched_common.topics import NODES_COMMANDS, agent_group
 
 from services.node_agent.agent import Agent
+from services.node_agent.cgroups import JobCgroups, Support, detect
 from services.node_agent.config import AgentConfig
 from services.node_agent.fleet import Fleet, fleet_node_ids
 from services.node_agent.identity import load_identity
@@ -44,15 +45,27 @@ def build_agent(settings: AgentSettings, node_id: str, send: Send, log_url: str 
     identity = load_identity(settings.agent_work_dir / node_id, node_id, settings.join_token(),
                              settings.agent_unenrolled)  # before anything runs: not enrolled, no token, no agent
     backend = make_backend(settings.nvml_backend, node_id, settings.simulated_gpus)
-    runner = job_runner(settings, node_id)
+    runner = job_runner(settings, node_id, cgroups=job_cgroups(settings, node_id, bool(backend.device_minors())))
     config = replace(AgentConfig.from_settings(settings, node_id), log_url=log_url)
     return Agent(config, send, backend, runner, identity=identity)
 
 
-def job_runner(settings: AgentSettings, node_id: str) -> JobRunner:
-    """The runner of one node's jobs, with the users its tenants' jobs run as and the environment allowlist."""
+def job_runner(settings: AgentSettings, node_id: str, cgroups: JobCgroups | None = None) -> JobRunner:
+    """The runner of one node's jobs, with the users its tenants' jobs run as, the environment allowlist
+    and the cgroups that limit each job (none given: no limits)."""
     passthrough = tuple(k.strip() for k in settings.agent_job_env_passthrough.split(",") if k.strip())
-    return JobRunner(settings.agent_work_dir / node_id, RunAs.parse(settings.agent_job_users), passthrough)
+    return JobRunner(settings.agent_work_dir / node_id, RunAs.parse(settings.agent_job_users), passthrough,
+                     cgroups)
+
+
+def job_cgroups(settings: AgentSettings, node_id: str, has_devices: bool) -> JobCgroups:
+    """The cgroups this node can put its jobs in (``GPUSCHED_AGENT_CGROUPS=off``: none)."""
+    if settings.agent_cgroups == "off":
+        return JobCgroups(Support("none", "not enforced: GPUSCHED_AGENT_CGROUPS=off",
+                                  "not enforced: GPUSCHED_AGENT_CGROUPS=off", "not enforced: GPUSCHED_AGENT_CGROUPS=off"))
+    support = detect(settings.agent_cgroup_root, has_devices=has_devices, node_id=node_id)
+    log.info("%s: job limits: cpu %s; memory %s; devices %s", node_id, support.cpu, support.memory, support.devices)
+    return JobCgroups(support)
 
 
 def build_log_server(settings: AgentSettings, node_ids: list[str]) -> LogServer | None:

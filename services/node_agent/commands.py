@@ -19,6 +19,7 @@ from gpusched_core.agent.stops import Preempt, decide_preempt
 from services.node_agent.context import AgentContext
 from services.node_agent.exits import JobExits
 from services.node_agent.runner import JobExit
+from services.node_agent.cgroups import limits_for
 from services.node_agent.shares import job_environment
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,9 @@ class Commands:
                                         owned={**job_env.env, **mig_env(command)}, tenant=command.tenant,
                                         lease_epoch=ctx.lease.epoch,
                                         share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
-                                        attempt=command.attempt, time_limit_s=command.time_limit_s)
+                                        attempt=command.attempt, time_limit_s=command.time_limit_s,
+                                        limits=limits_for(command.cpu_milli, command.host_memory_mib,
+                                                          tuple(command.gpu_indices), ctx.backend.device_minors()))
         if isinstance(result, JobExit):
             ctx.reporter.in_order(ev.JobExitReported(job_id=result.job_id, node_id=ctx.node_id,
                                                      exit_code=result.exit_code, runtime_s=0.0, error=result.error,

@@ -34,7 +34,8 @@ class Heartbeat:
             node_id=ctx.node_id, hostname=info.hostname, gpus=gpus, cpu_milli=info.cpu_milli,
             memory_mib=info.memory_mib, labels=dict(ctx.config.labels), driver_version=info.driver_version,
             cuda_version=info.cuda_version, nvml_backend=info.backend, lease_epoch=ctx.lease.epoch,
-            running_jobs=ctx.runner.running_job_ids(), log_url=ctx.config.log_url))
+            running_jobs=ctx.runner.running_job_ids(), log_url=ctx.config.log_url,
+            isolation=ctx.runner.isolation()))
         log.info("registering %s: %d GPU(s), %s, lease epoch %d", ctx.node_id, len(gpus), info.backend,
                  ctx.lease.epoch)
 

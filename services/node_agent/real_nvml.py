@@ -6,6 +6,8 @@ Optional features (MIG, NVLink, ECC, XID events) that a GPU or driver lacks are 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import os
 import socket
 from collections.abc import Callable
@@ -227,6 +229,15 @@ class RealNvml:
                              f"(nvidia-smi mig -cgi {profile} -C)")
         self._mig_jobs[job_id] = found.uuid
         return found.uuid
+
+    def device_minors(self) -> dict[int, int]:
+        """NVML's minor number of each GPU (its ``/dev/nvidia<minor>``), where the device file exists."""
+        minors = {}
+        for index, handle in enumerate(self._handles):
+            minor = self._try(lambda h=handle: int(self._nv.nvmlDeviceGetMinorNumber(h)), -1)
+            if minor >= 0 and Path(f"/dev/nvidia{minor}").exists():
+                minors[index] = minor
+        return minors
 
     def inject(self, fault: Fault) -> None:
         raise ValueError("faults can only be injected into the simulated backend")

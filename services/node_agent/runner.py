@@ -31,6 +31,7 @@ from pathlib import Path
 
 from gpusched_common.ids import is_valid_id
 from gpusched_core.agent.retention import KeptLog
+from services.node_agent.cgroups import NO_CGROUPS, JobCgroups, Limits
 from gpusched_common.job_records import (
     JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job, write_private,
     write_record,
@@ -47,7 +48,10 @@ LEGACY_RUN_FILES = ("exit", "preempt")  # where an agent before job directories 
 # The wrapper records the job's exit code. A polite stop (SIGTERM) goes to the job's processes but not to
 # the wrapper (see `terminate_job`), so the job can checkpoint in its grace period and its own exit code
 # is what gets recorded; SIGKILL at the deadline takes the whole process group.
-_WRAPPER = 'cd "$GPUSCHED_JOB_DIR" || exit 126; "$@"; code=$?; echo $code > "$GPUSCHED_EXIT_FILE"; exit $code'
+# The job's shell: it waits at its start gate (its stdin, a pipe) until the agent moved it into its cgroup
+# (no gate line: the agent is gone, and the job does not run), then runs the command with no stdin.
+_WRAPPER = ('read -r _gate || exit 125; cd "$GPUSCHED_JOB_DIR" || exit 126; "$@" </dev/null; code=$?; '
+            'echo $code > "$GPUSCHED_EXIT_FILE"; exit $code')
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,10 @@ class RunAs:
                 users[tenant.strip()] = user.strip()
         return cls(users, default) if users or default else None
 
+    def describe(self) -> str:
+        return ",".join([*(f"{t}={u}" for t, u in sorted(self.users.items())),
+                         *([f"*={self.default}"] if self.default else [])])
+
     def user_for(self, tenant: str | None) -> pwd.struct_passwd | str:
         """The tenant's user entry, or why its jobs cannot run."""
         name = self.users.get(tenant or "", self.default)
@@ -95,7 +103,8 @@ class JobExit:
 
 
 class JobRunner:
-    def __init__(self, work_dir: Path, run_as: RunAs | None = None, env_passthrough: Iterable[str] = ()) -> None:
+    def __init__(self, work_dir: Path, run_as: RunAs | None = None, env_passthrough: Iterable[str] = (),
+                 cgroups: JobCgroups | None = None) -> None:
         if run_as is not None and os.geteuid() != 0:
             raise ValueError("GPUSCHED_AGENT_JOB_USERS maps tenants to users, which needs the agent to run as root")
         self._dir = work_dir
@@ -110,11 +119,20 @@ class JobRunner:
                                  f"tenant's user could not reach their directories under {self._jobs}")
         self._run_as = run_as
         self._passthrough = tuple(env_passthrough)
+        self.cgroups = cgroups if cgroups is not None else JobCgroups(NO_CGROUPS)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
 
     @property
     def work_dir(self) -> Path:
         return self._dir
+
+    def isolation(self) -> dict[str, str]:
+        """What this node enforces on each job, for its registration (``gpusched nodes`` shows it)."""
+        users = (f"each tenant's jobs as its own user ({self._run_as.describe()})" if self._run_as is not None
+                 else "not enforced: jobs run as the agent's user")
+        return {**self.cgroups.support.isolation(), "users": users,
+                "environment": "allowlist (PATH, locale, TZ" + (f", {', '.join(self._passthrough)}" if self._passthrough
+                                                               else "") + "), own directory"}
 
     def known(self, job_id: str) -> bool:
         return record_path(self._dir, job_id).exists()
@@ -210,7 +228,7 @@ class JobRunner:
                     *, lease_epoch: int = 0, share_milli: int | None = None,
                     memory_mib: int | None = None, attempt: int = 1,
                     time_limit_s: float | None = None, owned: Mapping[str, str] | None = None,
-                    tenant: str | None = None) -> JobRecord | JobExit:
+                    tenant: str | None = None, limits: Limits | None = None) -> JobRecord | JobExit:
         """Start `command` with `env` (the job's own and what placement told it) over an allowlist of the
         agent's environment; `owned` (the agent's: GPU devices, MPS limits) and the job's files come last."""
         if not is_valid_id(job_id):
@@ -233,15 +251,31 @@ class JobRunner:
         started = time.time()
         output = os.fdopen(os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user is not None else {}
+        problems = self.cgroups.prepare(job_id, limits) if limits is not None else []
+        gate_in, gate_out = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
-                "sh", "-c", _WRAPPER, "gpusched-job", *command, env=job_env, stdin=asyncio.subprocess.DEVNULL,
+                "sh", "-c", _WRAPPER, "gpusched-job", *command, env=job_env, stdin=gate_in,
                 stdout=output, stderr=output, start_new_session=True,  # own process group, for clean stops
                 **as_user)
         except OSError as exc:
+            os.close(gate_out)
+            self.cgroups.remove(job_id)
             return JobExit(job_id, 127, 0.0, error=f"could not start command: {exc}")
         finally:
             output.close()
+            os.close(gate_in)
+        try:
+            if limits is not None:
+                problems += self.cgroups.enter(job_id, proc.pid)
+            try:
+                os.write(gate_out, b"go\n")  # in its cgroup: it may run now
+            except BrokenPipeError:
+                pass  # the wrapper is gone already: its exit is reported as any other
+        finally:
+            os.close(gate_out)
+        if problems:
+            log.warning("job %s runs without some of its limits: %s", job_id, "; ".join(problems))
         record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, start_ticks(proc.pid), lease_epoch,
                            share_milli, memory_mib, attempt, time_limit_s)
         write_record(self._dir, record)
@@ -260,6 +294,7 @@ class JobRunner:
             while self.is_alive(record):
                 await asyncio.sleep(0.2)
             code = self._read_exit(record.job_id)
+        self.cgroups.remove(record.job_id)
         return JobExit(record.job_id, code, max(0.0, time.time() - record.started_at_s))
 
     async def stop(self, job_id: str, grace_s: float = 0.0) -> bool:

@@ -50,6 +50,10 @@ class AgentSettings(Settings):
     agent_join_token: str | None = None
     agent_join_token_file: Path | None = None
     agent_unenrolled: bool = False
+    # each job in a cgroup of its own with its CPU and memory as limits, where the node allows it (auto:
+    # cgroup v2, else v1, else none; services/node_agent/cgroups.py)
+    agent_cgroups: Literal["auto", "off"] = "auto"
+    agent_cgroup_root: Path = Path("/sys/fs/cgroup")
     agent_job_users: str = ""
     agent_job_env_passthrough: str = ""
     simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents

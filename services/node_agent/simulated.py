@@ -231,6 +231,9 @@ class SimulatedNvml:
                 temperature_c=92.0 if "thermal" in faults.throttle else 40.0))
         return out
 
+    def device_minors(self) -> dict[int, int]:
+        return {}  # simulated GPUs have no device files
+
     def inject(self, fault: Fault) -> None:
         if fault.kind == "partition":
             return  # the agent's transport handles it

@@ -127,14 +127,14 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
     """Record the node's inventory and new lease (the node is Ready again)."""
     await conn.execute(
         "INSERT INTO nodes (node_id, hostname, labels, cpu_milli, memory_mib, nvml_backend, registered_at,"
-        " last_seen_at, lease_epoch, log_url) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9)"
+        " last_seen_at, lease_epoch, log_url, isolation) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10)"
         " ON CONFLICT (node_id) DO UPDATE"
         " SET hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
         " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
         " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready',"
-        " log_url = EXCLUDED.log_url, quarantine_reasons = NULL",
+        " log_url = EXCLUDED.log_url, quarantine_reasons = NULL, isolation = EXCLUDED.isolation",
         node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
-        node.lease_epoch, node.log_url)
+        node.lease_epoch, node.log_url, {k[:32]: v[:200] for k, v in node.isolation.items()})
     await conn.executemany(
         "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy, mig_enabled, nvlink_domain)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"

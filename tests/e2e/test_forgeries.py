@@ -277,6 +277,9 @@ async def test_fuzzed_messages_on_every_topic_leave_every_consumer_live(local_st
     for name, pid in local_stack.processes.items():  # nobody died of it
         assert Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) is gone"
     token = await token_for(local_stack, "user", "research", "fuzz-user")
+    with Client(local_stack.gateway, await token_for(local_stack, "viewer", None, "fuzz-viewer")) as viewer:
+        nodes = viewer.nodes()["nodes"]
+    assert all({"cpu", "memory", "devices", "users", "environment"} <= set(n["isolation"]) for n in nodes), nodes
     with Client(local_stack.gateway, token) as client:
         job = client.submit({"gpus": 1, "command": ["true"]})["job_id"]
         await wait_until_finished(local_stack.database_url, [job], timeout_s=90, interval_s=0.3)

@@ -36,13 +36,23 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         nodes = client.nodes()["nodes"]
         rows = [(n["node_id"], n.get("state") or n["status"], _free_by_model(n), n["healthy_gpus"], n["jobs"],
-                 _lease(n), "; ".join(n.get("quarantine_reasons") or []) or n.get("cordon_reason") or "")
+                 _lease(n), enforced(n.get("isolation") or {}),
+                 "; ".join(n.get("quarantine_reasons") or []) or n.get("cordon_reason") or "")
                 for n in nodes]
-        output(nodes, args.json, render(["NODE", "STATE", "FREE/TOTAL GPUS", "HEALTHY", "JOBS", "LEASE", "WHY"],
-                                        rows))
+        output(nodes, args.json, render(["NODE", "STATE", "FREE/TOTAL GPUS", "HEALTHY", "JOBS", "LEASE", "ENFORCED",
+                                         "WHY"], rows))
         return 0
 
     return through_gateway("nodes", work)
+
+
+def enforced(isolation: dict[str, str]) -> str:
+    """Which of a job's limits its node enforces (``cpu,memory,users``; ``--json`` says how, or why not)."""
+    if not isinstance(isolation, dict) or not isolation:
+        return "unknown"
+    names = [name for name in ("cpu", "memory", "devices", "users") if name in isolation
+             and not str(isolation[name]).startswith("not enforced")]
+    return ",".join(names) or "none"
 
 
 def _free_by_model(node: dict[str, Any]) -> str:

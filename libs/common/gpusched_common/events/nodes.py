@@ -32,6 +32,10 @@ class StartJob(Payload):
     mig_profile: str | None = None
     mig_start: int | None = None
     time_limit_s: float | None = None  # the agent stops the run after this long (JobSpec.time_limit_s)
+    # the host CPU (milli-cores) and memory the job holds on this node: its cgroup's limits where the node
+    # enforces them (0: no limit; NodeRegistered.isolation says what the node enforces)
+    cpu_milli: int = Field(0, ge=0)
+    host_memory_mib: int = Field(0, ge=0)
     # the fencing token: the node's lease epoch when placement placed the run; an agent at another epoch
     # (it restarted, or lost and regained its lease since) ignores the command (None: not fenced)
     lease_epoch: int | None = None
@@ -106,6 +110,8 @@ class NodeRegistered(Payload):
     lease_epoch: int = 0
     running_jobs: list[str] = Field(default_factory=list)  # jobs the agent adopted at (re)registration
     log_url: str | None = None  # where the gateway reads its jobs' logs (None: it serves none)
+    # what the node enforces on each job (cpu, memory, devices, users, environment): how, or why not
+    isolation: dict[str, str] = Field(default_factory=dict, max_length=16)
 
 
 class NodeHeartbeat(Payload):

@@ -125,7 +125,7 @@ async def node_inventory(conn: asyncpg.Connection) -> list[dict]:
     rows = await conn.fetch(
         "SELECT n.node_id, n.hostname, n.status, n.labels, n.cpu_milli, n.memory_mib, n.lease_epoch, n.lost_epoch,"
         " n.cordoned_at, n.cordoned_by, n.cordon_reason, n.drain_requested_at, n.quarantine_reasons,"
-        " n.lease_ttl_s, n.last_seen_at, n.registered_at,"
+        " n.lease_ttl_s, n.last_seen_at, n.registered_at, n.isolation,"
         " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id) AS gpus,"
         " (SELECT count(*) FROM gpus g WHERE g.node_id = n.node_id AND g.healthy) AS healthy_gpus,"
         " (SELECT coalesce(array_agg(DISTINCT g.model), '{}') FROM gpus g WHERE g.node_id = n.node_id) AS gpu_models,"

@@ -53,7 +53,8 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
                         attempt=attempt, gpu_share_milli=placement.share_milli,
                         gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
                         mig_start=placement.mig_start, time_limit_s=spec.time_limit_s,
-                        lease_epoch=(epochs or {}).get(member.node_id))
+                        lease_epoch=(epochs or {}).get(member.node_id), cpu_milli=placement.cpu_milli,
+                        host_memory_mib=placement.memory_mib)
             for rank, member in enumerate(placement.all_members)]
 
 
