@@ -30,13 +30,17 @@ async def test_forged_missing_and_mismatched_credentials_are_rejected_and_counte
                                                            SIGNATURE_HEADER: sign(research.secret, mismatched)})
         own = await client.submit(spec)  # research's own key
         on_behalf = await client.submit(a_job("x").tenant("someone-new").spec())  # the operator key
-    ids = ["mismatch-1", own, on_behalf]  # the forged and the unsigned one never become jobs
+        # the operator key naming a tenant's user as the submitter: it is recorded as itself all the same
+        impostor = submission_bytes(spec, "impostor-1", submitted_by="user:research:alice")
+        await client.submit_raw("impostor-1", impostor, sign_as="*")
+    ids = ["mismatch-1", own, on_behalf, "impostor-1"]  # the forged and the unsigned one never become jobs
     await wait_until_finished(local_stack.database_url, ids, timeout_s=60, interval_s=0.2)
     views = {i: await job_view(local_stack.database_url, i) for i in ids}
     assert views["mismatch-1"]["reasons"] == ["tenant 'inference' does not match the credential's tenant 'research'"]
     assert views[own]["status"] == "Succeeded"
     assert views[on_behalf]["status"] == "Succeeded"
     assert views[on_behalf]["events"][0]["payload"]["submitted_by"] == "operator-local"
+    assert views["impostor-1"]["events"][0]["payload"]["submitted_by"] == "operator-local"  # never alice
     conn = await connect(local_stack.database_url)
     try:
         # not authenticated: counted, and no stream, no job, no inbox row (a forger cannot fill the store)

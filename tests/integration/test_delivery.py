@@ -23,7 +23,7 @@ from services.admission.core import AdmissionLimits, RateLimit
 from services.admission.handlers import AdmissionPolicy, make_submission_handler
 from gpusched_cli.client import Client, submission_bytes
 from tests.builders import T0, a_job
-from tests.integration.kafka_helpers import create_topic, read_topic
+from tests.integration.kafka_helpers import create_topic, read_to_end, read_topic
 
 
 def now() -> datetime:
@@ -182,3 +182,42 @@ async def _until_async(probe, expected, timeout_s: float = 20.0) -> None:
 
 
 __all__ = ["asyncpg"]
+
+
+async def test_a_dead_lettered_message_copied_back_from_the_dead_letter_topic_is_not_handled(settings):
+    """A transactional consumer remembers what it dead-lettered (its event id, in its inbox): the same
+    message replayed from the dead-letter topic is a duplicate; a new message is handled as ever."""
+    from gpusched_common import events as ev
+
+    await create_topic(settings.kafka_bootstrap, "gpusched.test.replay")
+    handled: list[str] = []
+
+    def message(job_id: str) -> bytes:
+        return ev.make_envelope(ev.JobCancelled(job_id=job_id, reason="test"), event_id=f"e-{job_id}",
+                                stream_id=f"job-{job_id}", occurred_at=now(), producer="test").model_dump_json().encode()
+
+    async def setup(runtime: Runtime) -> None:
+        async def handle(conn, incoming: Incoming, batch) -> None:
+            envelope, payload = ev_parse(incoming)
+            if not await claim(conn, "replay", envelope.event_id):
+                return
+            handled.append(payload.job_id)
+            if payload.job_id == "bad":
+                raise ValueError("cannot handle this")
+
+        runtime.subscribe_transactional("gpusched.test.replay", "replay-group", handle)
+
+    from gpusched_common.messaging import parse_event as ev_parse
+
+    async with running("replay", settings, setup) as runtime:
+        bad = message("bad")
+        await runtime.broker.publish(bad, "gpusched.test.replay", key=b"k")
+        dead = await read_topic(settings.kafka_bootstrap, DEADLETTER.name, expect=1)
+        await runtime.broker.publish(dead[0].value, "gpusched.test.replay", key=b"k")  # the replay
+        await runtime.broker.publish(message("after"), "gpusched.test.replay", key=b"k")
+        await _until(lambda: "after" in handled)
+    # the batch's try and the message's own tries before its dead letter; the replay, none
+    assert handled.count("bad") == 1 + settings.handler_max_attempts
+    # the copy came before "after" on the same partition: had it been handled, it would be dead-lettered by now
+    dead = [r for r in await read_to_end(settings.kafka_bootstrap, DEADLETTER.name) if r.value == bad]
+    assert len(dead) == 1  # not dead-lettered twice: the copy was never handled

@@ -20,10 +20,13 @@ from gpusched_common.messaging import (
     consumer_options,
     dead_letter,
     handle_with_retries,
+    PoisonMessage,
     message_span,
+    parse_event,
     poisoned,
     to_incoming,
 )
+from gpusched_common.store import claim
 from gpusched_common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -82,12 +85,28 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
                 await dead_letter(broker, message, service=service, error=poison, attempts=0)
 
         async def alone(message: Incoming) -> None:  # retries, then the dead-letter topic
-            await handle_with_retries(broker, message, service=service, settings=settings, handler=one)
+            if not await handle_with_retries(broker, message, service=service, settings=settings, handler=one):
+                await remember_dead_lettered(pool, service, message)
 
         if messages:
             await apply_split(messages, lambda part: apply_batch(pool, service, part, handler), alone, service)
         on_commit()
         await msg.ack()
+
+
+async def remember_dead_lettered(pool: asyncpg.Pool, service: str, message: Incoming) -> None:
+    """Claim a dead-lettered message's event id in the service's inbox, so that the same message copied
+    back from the dead-letter topic is a duplicate, never handled (a replay is refused; an operator who
+    means to redo it sends a new message)."""
+    try:
+        envelope, _ = parse_event(message)
+    except PoisonMessage:
+        return  # unreadable: its copy would be unreadable too
+    try:
+        async with pool.acquire() as conn:
+            await claim(conn, service, envelope.event_id)
+    except (OSError, asyncpg.PostgresError) as exc:
+        log.warning("%s: could not remember dead-lettered %s: %s", service, envelope.event_id, exc)
 
 
 async def apply_split(messages: list[Incoming], apply: Callable[[list[Incoming]], Awaitable[None]],

@@ -152,7 +152,8 @@ def message_span(service: str, incoming: Incoming):  # noqa: ANN201 - a context 
 
 
 async def handle_with_retries(broker: KafkaBroker, incoming: Incoming, *, service: str, settings: Settings,
-                              handler: Handler) -> None:
+                              handler: Handler) -> bool:
+    """Handle the message under the delivery contract; False when it was dead-lettered."""
     attempt = 0
     transient_backoff = settings.handler_retry_backoff_s
     while True:
@@ -160,10 +161,10 @@ async def handle_with_retries(broker: KafkaBroker, incoming: Incoming, *, servic
         try:
             with message_span(service, incoming):
                 await handler(incoming)
-            return
+            return True
         except PoisonMessage as exc:
             await dead_letter(broker, incoming, service=service, error=exc, attempts=attempt)
-            return
+            return False
         except _TRANSIENT as exc:
             log.warning("%s: dependency unavailable handling %s@%s (%s); retrying in %.1fs",
                         service, incoming.topic, incoming.offset, exc, transient_backoff)
@@ -173,13 +174,13 @@ async def handle_with_retries(broker: KafkaBroker, incoming: Incoming, *, servic
         except ConcurrencyError as exc:
             if attempt >= _CONCURRENCY_ATTEMPTS:
                 await dead_letter(broker, incoming, service=service, error=exc, attempts=attempt)
-                return
+                return False
         except Exception as exc:  # noqa: BLE001 - anything else is retried, then dead-lettered
             log.exception("%s: handler failed on %s@%s (attempt %d)", service, incoming.topic, incoming.offset,
                           attempt)
             if attempt >= settings.handler_max_attempts:
                 await dead_letter(broker, incoming, service=service, error=exc, attempts=attempt)
-                return
+                return False
             await asyncio.sleep(settings.handler_retry_backoff_s * attempt)
 
 
