@@ -37,9 +37,12 @@ def secrets_of(local_stack, user_token: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for key in load_keys(Path(local_stack.env["GPUSCHED_TENANT_KEYS_FILE"])).values():
         found[f"tenant key {key.key_id}"] = key.secret.decode()
-    for path in [home / "gateway-producer.key", *sorted((home / "service-keys").glob("*.key"))]:
+    keys = [home / "gateway-producer.key", *sorted((home / "service-keys").glob("*.key")), home / "join-token",
+            *sorted((home / "agents").glob("*/node.key"))]  # the agents' join token and each node's own key
+    assert len(keys) >= 5, keys
+    for path in keys:
         for i, text in enumerate(_key_secrets(path.read_text())):
-            found[f"{path.name}[{i}]"] = text
+            found[f"{path.parent.name}/{path.name}[{i}]"] = text
     for name, token in (("operator token", read_config(Path(local_stack.config_path))["token"]), ("user token", user_token)):
         for i, text in enumerate(_key_secrets(token)):
             found[f"{name}[{i}]"] = text

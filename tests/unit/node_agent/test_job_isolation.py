@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusched_common import signing
 from services.node_agent.runner import JobExit, JobRunner, RunAs
 
 PROBE = ('echo "cwd=$(pwd)"; echo "home=$HOME"; echo "uid=$(id -u)"; echo "gpus=$CUDA_VISIBLE_DEVICES"; '
@@ -20,6 +21,7 @@ PROBE = ('echo "cwd=$(pwd)"; echo "home=$HOME"; echo "uid=$(id -u)"; echo "gpus=
          'echo "preload=${LD_PRELOAD:-none}"; echo "mine=$MINE"; '
          'cat ../../first.json > /dev/null 2>&1 && echo "records=read" || echo "records=denied"; '
          'cat ../../first.log > /dev/null 2>&1 && echo "logs=read" || echo "logs=denied"; '
+         'cat ../../node.key > /dev/null 2>&1 && echo "nodekey=read" || echo "nodekey=denied"; '
          'ls ../.. > /dev/null 2>&1 && echo "list=allowed" || echo "list=denied"; '
          'ls ../first > /dev/null 2>&1 && echo "other=read" || echo "other=denied"; '
          'touch ../../forged.exit 2>/dev/null && echo "write=allowed" || echo "write=denied"; '
@@ -68,12 +70,14 @@ async def test_as_root_each_tenant_s_job_runs_as_its_user_and_reaches_nothing_of
 
 async def _as_nobody(base: Path, nobody: pwd.struct_passwd) -> None:
     runner = JobRunner(base / "n1", RunAs({"research": "nobody", "inference": "daemon"}))
+    signing.ensure_key_file(base / "n1" / "node.key")  # the node's own key: what would let a job speak for it
     first = await runner.start("first", ["sh", "-c", "echo secret-output; echo s > mine"], (0,), {}, tenant="inference")
     assert not isinstance(first, JobExit)
     await runner.wait(first)
     seen = await run(runner, "j2", PROBE)
     assert seen["uid"] == str(nobody.pw_uid)
-    assert (seen["records"], seen["logs"], seen["list"], seen["write"], seen["other"]) == ("denied",) * 5
+    assert (seen["records"], seen["logs"], seen["list"], seen["write"], seen["other"], seen["nodekey"]) == \
+        ("denied",) * 6
     assert seen["db"] == "none" and seen["gpus"] == "3"
     assert runner.job_dir("j2").stat().st_uid == nobody.pw_uid
     assert runner.job_dir("first").stat().st_uid == pwd.getpwnam("daemon").pw_uid
