@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpusched_common import events as ev
 from gpusched_common import node_keys
-from gpusched_common.job_records import write_private
+from gpusched_common.files import write_private
 from gpusched_common.producers import ProducerKey
 from gpusched_common.signing import Signer, ensure_key_file
 

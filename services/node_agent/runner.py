@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from gpusched_common.files import write_private
 from gpusched_common.ids import is_valid_id
 from gpusched_core.agent.retention import KeptLog
 from services.node_agent.cgroups import NO_CGROUPS, JobCgroups, Limits
 from gpusched_common.job_records import (
-    JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job, write_private,
+    JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job,
     write_record,
 )
 from gpusched_core.agent.reconcile import ObservedJob

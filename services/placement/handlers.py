@@ -303,7 +303,7 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
     placed = await append_job_events(conn, state, events, producer=SERVICE, now=now)
     assert state.spec is not None
     members = [m.node_id for m in placement.all_members]
-    hostnames, epochs = await store.hostnames(conn, members), await store.lease_epochs(conn, members)
+    hostnames, epochs = await store.hostnames_and_epochs(conn, members)
     for start in start_commands(placement, state.spec, attempt=placed.runs, checkpoint_ref=state.checkpoint_ref,
                                 hostnames=hostnames, epochs=epochs):
         # the agent continues the job's trace from the JobPlaced event

@@ -114,13 +114,12 @@ async def jobs_on(conn: asyncpg.Connection, node_id: str) -> list[str]:
     return [r["job_id"] for r in rows]
 
 
-async def hostnames(conn: asyncpg.Connection, node_ids: list[str]) -> dict[str, str]:
-    return dict(await conn.fetch("SELECT node_id, hostname FROM nodes WHERE node_id = ANY($1::text[])", node_ids))
-
-
-async def lease_epochs(conn: asyncpg.Connection, node_ids: list[str]) -> dict[str, int]:
-    """Each node's lease epoch now: the fencing token of the runs placed there."""
-    return dict(await conn.fetch("SELECT node_id, lease_epoch FROM nodes WHERE node_id = ANY($1::text[])", node_ids))
+async def hostnames_and_epochs(conn: asyncpg.Connection, node_ids: list[str]) -> tuple[dict[str, str], dict[str, int]]:
+    """Each node's hostname (what a gang's members reach each other by) and its lease epoch now (the fencing
+    token of the runs placed there), in one query."""
+    rows = await conn.fetch("SELECT node_id, hostname, lease_epoch FROM nodes WHERE node_id = ANY($1::text[])",
+                            node_ids)
+    return {r["node_id"]: r["hostname"] for r in rows}, {r["node_id"]: r["lease_epoch"] for r in rows}
 
 
 async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> None:

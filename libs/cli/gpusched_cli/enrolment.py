@@ -26,7 +26,7 @@ import asyncpg
 from gpusched_cli.tokens import issuer, when, with_conn
 from gpusched_common import node_keys, senders, tokens
 from gpusched_common.ids import is_valid_id
-from gpusched_common.job_records import write_private
+from gpusched_common.files import write_private
 from gpusched_common.table import render
 
 

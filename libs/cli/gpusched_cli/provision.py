@@ -25,6 +25,7 @@ from pathlib import Path
 import asyncpg
 from gpusched_common import db_roles, producers, signing
 from gpusched_common.db_roles import GATEWAY_ROLE
+from gpusched_common.files import write_public
 from gpusched_common.identity import OPERATOR
 from gpusched_common import senders
 from gpusched_common.topics import NODES_COMMANDS
@@ -125,10 +126,7 @@ def cmd_gateway_init(args: argparse.Namespace) -> int:
 
 def write_public_key(path: Path, public_key: str) -> None:
     """Replace ``path`` with the public key (written beside it, then renamed: a reader never sees half)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(public_key + "\n")
-    partial.chmod(0o644)
-    partial.replace(path)
+    write_public(path, public_key + "\n")
 
 
 def _report(done: Provisioned, key_file: Path, as_json: bool) -> None:

@@ -24,7 +24,7 @@ import yaml
 from gpusched import config as client_config
 from gpusched.config import write_config
 from gpusched_common import db_roles, node_keys, producers, signing, tokens
-from gpusched_common.job_records import write_private
+from gpusched_common.files import write_private
 from gpusched_common.credentials import TenantKey, write_keys
 from gpusched_common.identity import OPERATOR
 from gpusched_common.db import drop_database, ensure_database, migrate

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpusched_common.files import write_private
+
 # What reading a damaged record may raise: unreadable, not JSON or not UTF-8, or not a record's fields.
 BAD_RECORD = (OSError, ValueError, TypeError, KeyError, AttributeError)
 
@@ -51,14 +53,6 @@ def record_path(work_dir: Path, job_id: str) -> Path:
 def write_record(work_dir: Path, record: JobRecord) -> None:
     """Write the record, readable by the agent's user alone (a job may run as another user on the node)."""
     write_private(record_path(work_dir, record.job_id), json.dumps(asdict(record)))
-
-
-def write_private(path: Path, text: str) -> None:
-    """Replace ``path``'s content, the file mode 0600 whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
 
 
 def read_record(path: Path) -> JobRecord | None:

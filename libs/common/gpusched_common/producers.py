@@ -28,6 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from gpusched_common.files import write_private
 from gpusched_common.identity import OPERATOR, Verdict
 from gpusched_common.ids import is_valid_id
 
@@ -234,11 +235,7 @@ async def ensure(conn: asyncpg.Connection, key_file: Path, *, name: str, tenants
                            " WHERE producer_id = $1", stale, now)
     text, _ = await create(conn, name=name, tenants=tenants, attests=attests, created_by=created_by, now=now)
     key_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = key_file.with_suffix(".partial")
-    partial.touch(mode=0o600)
-    partial.chmod(0o600)
-    partial.write_text(text + "\n")
-    partial.replace(key_file)
+    write_private(key_file, text + "\n")
     new = parse_key(text)
     assert new is not None
     return new

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
 )
 
+from gpusched_common.files import write_private
 from gpusched_common.producers import ProducerKey, b64, unb64, parse_key, read_key_file
 
 SENDER_HEADER = "gpusched-sender"
@@ -61,11 +62,7 @@ def ensure_key_file(path: Path) -> ProducerKey:
         return key
     text, key = new_key()
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.touch(mode=0o600)
-    partial.chmod(0o600)
-    partial.write_text(text + "\n")
-    partial.replace(path)
+    write_private(path, text + "\n")
     return key
 
 
