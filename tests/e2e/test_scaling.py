@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
+from gpusched_common import signing
 from gpusched_common.db import connect
+from gpusched_common.topics import CLUSTER_SCALING
 from gpusched_cli.client import Client
 from gpusched_cli.workload import wait_until_finished
 from tests.builders import a_job
+from tests.integration.kafka_helpers import read_topic
 
 COOLDOWN_S = 5
 STACK_ENV = {
@@ -58,3 +62,10 @@ async def test_a_burst_scales_out_once_then_idle_nodes_scale_in_without_flapping
     assert a100_in["node_id"] == "node-2"
     assert (a100_in["decided_at"] - out["decided_at"]).total_seconds() >= COOLDOWN_S
     assert not [d for d in made if d["direction"] == "out" and d["decided_at"] > a100_in["decided_at"]]
+
+    # on the bus, every decision is signed by metrics' own key, which an autoscaler checks it against
+    published = await read_topic(local_stack.kafka_bootstrap, CLUSTER_SCALING.name, expect=len(made))
+    key = signing.load_key(Path(local_stack.env["GPUSCHED_SERVICE_KEYS_DIR"]) / "metrics.key")
+    trusted = signing.TrustedKeys.parse([signing.trusted_entry(key, "metrics")])
+    assert published and all(trusted.check(CLUSTER_SCALING.name, r.value, {k: v.decode() for k, v in r.headers})
+                             is None for r in published)

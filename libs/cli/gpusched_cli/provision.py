@@ -113,12 +113,14 @@ def cmd_gateway_init(args: argparse.Namespace) -> int:
     if getattr(args, "service_keys_dir", None) is not None:
         try:
             keys = [signing.ensure_key_file(args.service_keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
+            for name in senders.SIGNING_SERVICES:  # metrics signs its scale decisions too
+                signing.ensure_key_file(args.service_keys_dir / f"{name}.key")
             if args.command_keys_file is not None:
                 write_public_key(args.command_keys_file, ",".join(signing.trusted_entry(k, name) for k, name in zip(keys, COMMAND_SENDERS)))
         except (OSError, ValueError) as exc:
             return _fail(f"service keys in {str(args.service_keys_dir)!r}: {exc}", 1)
         if not args.json:
-            print(f"service keys: {', '.join(COMMAND_SENDERS)} in {args.service_keys_dir}"
+            print(f"service keys: {', '.join(senders.SIGNING_SERVICES)} in {args.service_keys_dir}"
                   + (f"; agents trust them from {args.command_keys_file}" if args.command_keys_file else ""))
     _report(done, key_file, args.json)
     return 0

@@ -163,6 +163,8 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     metrics_port = free_port()
     keys_dir = home / "service-keys"  # placement's and preemption's keys: agents run only what they sign
     command_keys = [signing.ensure_key_file(keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
+    for name in senders.SIGNING_SERVICES:  # metrics signs its scale decisions too
+        signing.ensure_key_file(keys_dir / f"{name}.key")
     join_token = await make_join_token(url, home / "join-token")  # each agent enrols its own node key with it
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
            "GPUSCHED_SERVICE_KEYS_DIR": str(keys_dir), "GPUSCHED_AGENT_JOIN_TOKEN_FILE": str(join_token),

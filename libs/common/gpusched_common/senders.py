@@ -115,9 +115,19 @@ for _rule in RULES:
         _BY_TOPIC_TYPE.setdefault((_rule.topic, _type), _rule)
 
 
+_SIGNED_TOPICS = frozenset(r.topic for r in RULES if r.proof == SERVICE_SIGNATURE)
+SIGNING_SERVICES = tuple(dict.fromkeys(name for r in RULES if r.proof == SERVICE_SIGNATURE for name in r.senders))
+
+
 def rule_for(topic: str, event_type: str) -> Rule | None:
     """The rule for a message type on a topic (None: the topic never carries that type: refuse it)."""
     return _BY_TOPIC_TYPE.get((topic, event_type))
+
+
+def signed_topic(topic: str) -> bool:
+    """Whether receivers on ``topic`` know the sender by a service's signature (the outbox signs only there:
+    on the event topics the store is the proof, and a signature would cost CPU for nothing)."""
+    return topic in _SIGNED_TOPICS
 
 
 def senders_of(topic: str) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from datetime import datetime
 
 import asyncpg
 
-from gpusched_common import signing
+from gpusched_common import senders, signing
 from gpusched_common.events import Envelope
 
 
@@ -108,12 +108,14 @@ async def read_all(conn: asyncpg.Connection, after: Position = Position(), limit
 
 async def enqueue(conn: asyncpg.Connection, *, producer: str, topic: str, key: str,
                   envelopes: list[Envelope]) -> None:
-    """Put messages in the outbox, in order, signed with the process's key where it has one
-    (``gpusched_common.signing``); the relay publishes them after this transaction commits."""
+    """Put messages in the outbox, in order, signed with the process's key where it has one and the topic's
+    receivers know senders by their signature (``gpusched_common.senders``: node commands, scale
+    decisions); the relay publishes them after this transaction commits."""
     rows = []
     for envelope in envelopes:
         value = envelope.model_dump_json().encode()
-        rows.append((producer, topic, key, {**_headers(envelope), **signing.headers_for(topic, value)}, value))
+        signature = signing.headers_for(topic, value) if senders.signed_topic(topic) else {}
+        rows.append((producer, topic, key, {**_headers(envelope), **signature}, value))
     await conn.executemany(
         "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5)", rows)
 
