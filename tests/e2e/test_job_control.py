@@ -18,6 +18,7 @@ from gpusched import ApiError, Client
 from gpusched_common import tokens
 from gpusched_common.db import connect
 from gpusched_cli.workload import wait_until_finished
+from gpusched_cli.node_commands import enforced as enforced_by
 from tests.e2e.test_gateway import cli
 
 STACK_NODES = 2
@@ -202,7 +203,9 @@ async def test_cordon_keeps_new_work_off_a_node_until_uncordoned(local_stack):
             table = await asyncio.to_thread(cli, local_stack, operator, "nodes")
             assert table.returncode == 0, table.stderr
             rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:] if line.strip()}
-            assert "FREE/TOTAL GPUS" in table.stdout.splitlines()[0]
+            assert "FREE/TOTAL GPUS" in table.stdout.splitlines()[0] and "ENFORCED" in table.stdout.splitlines()[0]
+            enforced = enforced_by(next(n for n in admin.nodes()["nodes"] if n["node_id"] == "node-1")["isolation"])
+            assert enforced in rows["node-1"]  # what the node enforces on its jobs, as its agent registered it
             assert "H100-80GB 0/4" in rows["node-2"] and "H100-80GB 4/4" in rows["node-1"]
             assert "Cordoned" in rows["node-1"] and "firmware update" in rows["node-1"] and "seen " in rows["node-1"]
             waiting = await wait_state(client, second, ("Admitted", "Queued"))
