@@ -37,7 +37,7 @@ from gpusched_common import events as ev
 from gpusched_common import senders
 from gpusched_common.ids import is_valid_id
 from gpusched_common.messaging import Incoming
-from gpusched_common.producers import b64, unb64
+from gpusched_common.producers import b64, parse_secret, unb64
 from gpusched_common.signing import SENDER_HEADER, SENDER_SIGNATURE_HEADER, SIGNED_AT_HEADER, signed_bytes
 
 TOKEN_PREFIX = "gjt_"
@@ -57,14 +57,8 @@ class JoinToken:
 
 def parse_token(text: str) -> JoinToken | None:
     """The token of a well-formed token text, else None (the text is never echoed)."""
-    match = _TOKEN.match(text.strip()) if isinstance(text, str) and len(text) < 128 else None
-    if match is None:
-        return None
-    try:
-        raw = unb64(match.group(2))
-    except (binascii.Error, ValueError):
-        return None
-    return JoinToken(match.group(1), Ed25519PrivateKey.from_private_bytes(raw)) if len(raw) == 32 else None
+    parsed = parse_secret(_TOKEN, text)
+    return JoinToken(*parsed) if parsed is not None else None
 
 
 def enrolment_message(node_id: str, key_id: str, public_key: str) -> bytes:

@@ -94,16 +94,23 @@ def unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def parse_key(text: str) -> ProducerKey | None:
-    """The signing key of a well-formed key text, else None (the text is never echoed)."""
-    match = _KEY.match(text.strip()) if isinstance(text, str) and len(text) < 128 else None
+def parse_secret(pattern: re.Pattern[str], text: str) -> tuple[str, Ed25519PrivateKey] | None:
+    """The id and Ed25519 key of a ``<prefix>_<id>_<secret>`` text ``pattern`` matches (its groups: id,
+    secret), else None (the text is never echoed): producer and service keys, join tokens."""
+    match = pattern.match(text.strip()) if isinstance(text, str) and len(text) < 128 else None
     if match is None:
         return None
     try:
         raw = unb64(match.group(2))
     except (binascii.Error, ValueError):
         return None
-    return ProducerKey(match.group(1), Ed25519PrivateKey.from_private_bytes(raw)) if len(raw) == 32 else None
+    return (match.group(1), Ed25519PrivateKey.from_private_bytes(raw)) if len(raw) == 32 else None
+
+
+def parse_key(text: str) -> ProducerKey | None:
+    """The signing key of a well-formed key text, else None (the text is never echoed)."""
+    parsed = parse_secret(_KEY, text)
+    return ProducerKey(*parsed) if parsed is not None else None
 
 
 def checked_tenants(tenants: list[str] | tuple[str, ...], any_tenant: bool) -> tuple[str, ...]:
