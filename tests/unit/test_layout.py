@@ -70,7 +70,8 @@ def test_every_service_has_the_same_anatomy():
 # Who owns each table (writes it and reads it freely); everyone else goes through gpusched_common.stores.
 # The event store and the jobs read model belong to every service (each appends through the lifecycle).
 SHARED_TABLES = {"events", "jobs", "outbox", "inbox",
-                 "refused_messages"}  # every receiver counts what it refused (gpusched_common.senders)
+                 "refused_messages",  # every receiver counts what it refused (gpusched_common.senders)
+                 "relay_terms"}  # every service's outbox relay (gpusched_common.relay)
 TABLE_OWNERS = {
     "admission": {"admission_auth_failure_counts", "admission_rate_buckets", "submission_requests",
                   "producers"},  # producers: through gpusched_common.producers (operators issue them)

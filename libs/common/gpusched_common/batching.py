@@ -26,7 +26,7 @@ from gpusched_common.messaging import (
     poisoned,
     to_incoming,
 )
-from gpusched_common.store import claim
+from gpusched_common.store import claim_dead_lettered
 from gpusched_common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ async def remember_dead_lettered(pool: asyncpg.Pool, service: str, message: Inco
         return  # unreadable: its copy would be unreadable too
     try:
         async with pool.acquire() as conn:
-            await claim(conn, service, envelope.event_id)
+            await claim_dead_lettered(conn, service, envelope.event_id)
     except (OSError, asyncpg.PostgresError) as exc:
         log.warning("%s: could not remember dead-lettered %s: %s", service, envelope.event_id, exc)
 

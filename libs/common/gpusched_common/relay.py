@@ -1,32 +1,53 @@
 """The outbox relay: publishes committed outbox rows in id order, then marks them published.
 
 One relay per producer is active at a time (a PostgreSQL advisory lock); a standby takes over when the
-active one dies. A crash between publishing and marking republishes those rows on restart: consumers
+active one dies. Leadership is fenced (migration 026): taking the lock takes the producer's next *term*
+(``relay_terms``), and a relay publishes a batch, and marks it, only while the term is still its own; one
+whose lock went with a broken connection, without it noticing, stops at its next batch instead of
+publishing beside its successor. A crash between publishing and marking republishes those rows: consumers
 dedupe by event id (the inbox), so at-least-once publishing yields effectively-once effects.
+
+A row the broker refuses for good (too large, an invalid topic, bytes it cannot take) is *parked* with its
+error (``parked_at``, ``park_reason``; ``gpusched outbox parked``) and the rows after it go on; any other
+failure publishes nothing more of the batch after the failed row (a key's rows stay in order) and is
+retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import zlib
+from datetime import datetime
 
 import asyncpg
+from aiokafka.errors import InvalidTopicError, MessageSizeTooLargeError, RecordTooLargeError
 from faststream.kafka import KafkaBroker
 
 log = logging.getLogger(__name__)
 
 _BATCH = 500
+_REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordTooLargeError, InvalidTopicError, ValueError, TypeError)
+
+
+class LostLeadership(RuntimeError):
+    """Another relay took this producer's relay (a later term): this one stops publishing."""
 
 
 class OutboxRelay:
-    def __init__(self, pool: asyncpg.Pool, broker: KafkaBroker, producer: str, *, poll_interval_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, broker: KafkaBroker, producer: str, *, poll_interval_s: float,
+                 holder: str | None = None) -> None:
         self._pool = pool
         self._broker = broker
         self._producer = producer
         self._poll_interval_s = poll_interval_s
         self._wake = asyncio.Event()
         self._lock_id = zlib.crc32(f"outbox:{producer}".encode())
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
+        self.term: int | None = None  # the term this relay publishes under (None: it is not the active one)
+        self.parked = 0
 
     def wake(self) -> None:
         """Called after a transaction that wrote outbox rows commits, to publish without polling delay."""
@@ -40,11 +61,17 @@ class OutboxRelay:
                         await asyncio.sleep(1.0)  # another replica relays for this producer
                         continue
                     try:
+                        self.term = await take_term(lock_conn, self._producer, self.holder)
+                        log.info("outbox relay for %s active (term %d)", self._producer, self.term)
                         await self._pump()
                     finally:
+                        self.term = None
                         await lock_conn.execute("SELECT pg_advisory_unlock($1)", self._lock_id)
             except asyncio.CancelledError:
                 raise
+            except LostLeadership as exc:
+                log.warning("outbox relay for %s: %s; standing by", self._producer, exc)
+                await asyncio.sleep(1.0)
             except Exception:  # noqa: BLE001 - the relay must outlive broker and database outages
                 log.exception("outbox relay for %s failed; restarting", self._producer)
                 await asyncio.sleep(1.0)
@@ -60,21 +87,105 @@ class OutboxRelay:
                 self._wake.clear()
 
     async def publish_pending(self) -> int:
-        """Publish one batch of unpublished rows in order; returns how many."""
+        """Publish one batch of unpublished rows in order, under this relay's term when it has one (tests
+        call it directly, without a term); returns how many rows were published or parked."""
         async with self._pool.acquire() as conn:
+            await self._check_term(conn)
             rows = await conn.fetch(
                 "SELECT id, topic, key, headers, value FROM outbox"
-                " WHERE producer = $1 AND published_at IS NULL ORDER BY id LIMIT $2",
+                " WHERE producer = $1 AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT $2",
                 self._producer, _BATCH,
             )
             if not rows:
                 return 0
-            pending = [
-                await self._broker.publish(bytes(r["value"]), r["topic"], key=r["key"].encode(),
-                                           headers=r["headers"], no_confirm=True)
-                for r in rows
-            ]
-            await asyncio.gather(*pending)  # every row acknowledged by the broker (acks=all) before marking
-            await conn.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])",
-                               [r["id"] for r in rows])
-            return len(rows)
+            outcomes = await self._send_in_order(rows)
+            done, parked, failure = [], [], None
+            for row, outcome in zip(rows, outcomes, strict=True):
+                if isinstance(outcome, _REFUSED_FOR_GOOD):
+                    parked.append((row["id"], f"{type(outcome).__name__}: {outcome}"[:2000]))
+                elif isinstance(outcome, BaseException):
+                    failure = outcome  # nothing after it is marked: republished in order next time
+                    break
+                else:
+                    done.append(row["id"])
+            async with conn.transaction():
+                await self._check_term(conn, lock=True)
+                await conn.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])",
+                                   done)
+                for row_id, reason in parked:
+                    await conn.execute("UPDATE outbox SET parked_at = clock_timestamp(), park_reason = $2 WHERE id = $1",
+                                       row_id, reason)
+            for row_id, reason in parked:
+                self.parked += 1
+                log.error("outbox relay for %s parked row %d, which the broker refuses for good: %s",
+                          self._producer, row_id, reason)
+            if failure is not None:
+                raise failure
+            return len(done) + len(parked)
+
+    async def _send_in_order(self, rows: list[asyncpg.Record]) -> list[object]:
+        """Hand every row to the producer in id order (so a key's rows keep their order), then wait for each
+        acknowledgement (acks=all); per row, None or the exception that refused it."""
+        pending: list[object] = []
+        for row in rows:
+            try:
+                pending.append(await self._broker.publish(bytes(row["value"]), row["topic"], key=row["key"].encode(),
+                                                          headers=row["headers"], no_confirm=True))
+            except Exception as exc:  # noqa: BLE001 - judged per row by the caller
+                pending.append(exc)
+        futures = [p for p in pending if not isinstance(p, BaseException)]
+        acked = iter(await asyncio.gather(*futures, return_exceptions=True))
+        outcomes: list[object] = []
+        for handed in pending:
+            if isinstance(handed, BaseException):
+                outcomes.append(handed)
+            else:
+                ack = next(acked)
+                outcomes.append(ack if isinstance(ack, BaseException) else None)
+        return outcomes
+
+    async def _check_term(self, conn: asyncpg.Connection, *, lock: bool = False) -> None:
+        if self.term is None:
+            return
+        current = await conn.fetchval("SELECT term FROM relay_terms WHERE producer = $1"
+                                      + (" FOR SHARE" if lock else ""), self._producer)
+        if current != self.term:
+            self.term = None
+            raise LostLeadership(f"term {current} is another relay's (this one held an earlier term)")
+
+
+async def take_term(conn: asyncpg.Connection, producer: str, holder: str, now: datetime | None = None) -> int:
+    """The producer's next relay term, now ``holder``'s."""
+    return await conn.fetchval(
+        "INSERT INTO relay_terms (producer, term, holder, since) VALUES ($1, 1, $2, coalesce($3, clock_timestamp()))"
+        " ON CONFLICT (producer) DO UPDATE SET term = relay_terms.term + 1, holder = EXCLUDED.holder,"
+        " since = EXCLUDED.since RETURNING term", producer, holder, now)
+
+
+async def parked_rows(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """Outbox rows the broker refused for good, oldest first (for operators)."""
+    return await conn.fetch("SELECT id, producer, topic, key, headers->>'event-type' AS type, octet_length(value) AS bytes,"
+                            " created_at, parked_at, park_reason FROM outbox WHERE parked_at IS NOT NULL ORDER BY id")
+
+
+async def prune(conn: asyncpg.Connection, service: str, *, outbox_before: datetime, inbox_before: datetime,
+                batch: int = 5000) -> tuple[int, int]:
+    """Delete this service's published outbox rows and inbox claims older than the given times, a batch at
+    a time (no long locks); (outbox rows, inbox rows) deleted. The event store is never pruned."""
+    outbox = inbox = 0
+    while True:
+        n = await conn.fetchval(
+            "WITH gone AS (DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE producer = $1"
+            " AND published_at < $2 LIMIT $3) RETURNING 1) SELECT count(*) FROM gone", service, outbox_before, batch)
+        outbox += n
+        if n < batch:
+            break
+    while True:
+        n = await conn.fetchval(
+            "WITH gone AS (DELETE FROM inbox WHERE (consumer, event_id) IN (SELECT consumer, event_id FROM inbox"
+            " WHERE consumer = $1 AND processed_at < $2 LIMIT $3) RETURNING 1) SELECT count(*) FROM gone",
+            service, inbox_before, batch)
+        inbox += n
+        if n < batch:
+            break
+    return outbox, inbox

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +18,7 @@ from gpusched_common import signing
 from gpusched_common.batching import Screen, TxHandler, subscribe_transactional
 from gpusched_common.db import create_pool
 from gpusched_common.messaging import Handler, build_broker, poisoned, subscribe
-from gpusched_common.relay import OutboxRelay
+from gpusched_common.relay import OutboxRelay, prune
 from gpusched_common.settings import Settings
 from gpusched_common.tracing import configure_tracing
 
@@ -77,6 +77,7 @@ async def running(service: str, settings: Settings, setup: Callable[[Runtime], A
         runtime.pool = await _connect_with_retry(settings.database_url)
         runtime.relay = OutboxRelay(runtime.pool, broker, service, poll_interval_s=settings.outbox_poll_interval_s)
         runtime.background.append(runtime.relay.run)
+        runtime.background.append(lambda: retention_loop(runtime))
     tasks: list[asyncio.Task] = []
     try:
         await setup(runtime)
@@ -92,6 +93,25 @@ async def running(service: str, settings: Settings, setup: Callable[[Runtime], A
         await broker.stop()
         if runtime.pool is not None:
             await runtime.pool.close()
+
+
+async def retention_loop(runtime: Runtime) -> None:
+    """Delete this service's published outbox rows and old inbox claims now and then (settings'
+    ``*_retention_s``); an outage only postpones it."""
+    settings, pool = runtime.settings, runtime.pool
+    assert pool is not None
+    while True:
+        try:
+            async with pool.acquire() as conn:
+                now = utcnow()
+                outbox, inbox = await prune(conn, runtime.service,
+                                            outbox_before=now - timedelta(seconds=settings.outbox_retention_s),
+                                            inbox_before=now - timedelta(seconds=settings.inbox_retention_s))
+            if outbox or inbox:
+                log.info("%s: pruned %d published outbox row(s) and %d inbox claim(s)", runtime.service, outbox, inbox)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("%s: retention postponed: %s", runtime.service, exc)
+        await asyncio.sleep(settings.retention_interval_s)
 
 
 async def run_service(service: str, settings: Settings, setup: Callable[[Runtime], Awaitable[None]], *,

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     consumer_batch_wait_ms: int = 5  # how long a fetch may wait to fill a batch
     handler_retry_backoff_s: float = 0.2
     outbox_poll_interval_s: float = 0.05
+    # retention (issue 15): published outbox rows and inbox claims are deleted after these; the event store
+    # is kept. Keep the inbox at least as long as the topics' retention (Kafka's default: 7 days), so a
+    # message redelivered from an old offset is still known
+    outbox_retention_s: float = 86_400.0
+    inbox_retention_s: float = 7 * 86_400.0
+    retention_interval_s: float = 600.0
 
     # how often node agents sample GPUs; the metrics service holds a GPU silent for 3 intervals stale
     telemetry_interval_s: float = 5.0

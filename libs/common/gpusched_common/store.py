@@ -134,3 +134,18 @@ async def claim(conn: asyncpg.Connection, consumer: str, event_id: str) -> bool:
         consumer, event_id,
     )
     return inserted is not None
+
+
+async def claim_dead_lettered(conn: asyncpg.Connection, consumer: str, event_id: str) -> None:
+    """Record that ``consumer`` dead-lettered ``event_id``: a copy of it is a duplicate from now on, until an
+    operator releases the claim to replay it (``release_dead_lettered``)."""
+    await conn.execute("INSERT INTO inbox (consumer, event_id, dead_lettered) VALUES ($1, $2, true)"
+                       " ON CONFLICT DO NOTHING", consumer, event_id)
+
+
+async def release_dead_lettered(conn: asyncpg.Connection, consumer: str, event_id: str) -> bool:
+    """Release a dead-letter claim so the message may be handled once more; False when there is none (the
+    message was handled after all, or was never dead-lettered by that consumer)."""
+    done = await conn.fetchval("DELETE FROM inbox WHERE consumer = $1 AND event_id = $2 AND dead_lettered"
+                               " RETURNING 1", consumer, event_id)
+    return done is not None
