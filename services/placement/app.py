@@ -46,12 +46,14 @@ async def setup(runtime: Runtime) -> None:
         # every node a fresh lease at start rather than declare the whole cluster lost.
         async with runtime.pool.acquire() as conn:
             await store.refresh_leases(conn, utcnow())
-        last_cycle = 0.0
+        loop = asyncio.get_running_loop()
+        last_cycle, checked_at = 0.0, loop.time()
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
-                    lost = await check_leases(conn, utcnow(), policy, cache)
+                    away = loop.time() - checked_at - LEASE_CHECK_INTERVAL_S  # beyond its own sleep
+                    lost = await check_leases(conn, utcnow(), policy, cache, away_s=away)
                     if asyncio.get_running_loop().time() - last_cycle >= settings.reconcile_interval_s:
                         # the bus wakes placement up, the store is its memory: a periodic cycle from the
                         # store alone places whatever a lost or delayed message left waiting
@@ -61,6 +63,7 @@ async def setup(runtime: Runtime) -> None:
                             log.warning("GPUs held for %s were not used within %.0f s; released to everyone",
                                         ", ".join(lapsed), settings.nomination_ttl_s)
                         await run_cycle(conn, utcnow(), policy, cache)
+                checked_at = loop.time()
             except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
                 log.exception("lease check failed; retrying")
                 continue

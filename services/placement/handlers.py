@@ -246,10 +246,21 @@ async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: s
     return True
 
 
+OWN_GAP_S = 3.0  # placement itself did not check leases this long (paused, its database down): not the nodes' fault
+
+
 async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy,
-                       cache: ClusterCache | None = None) -> list[str]:
-    """Declare silent nodes lost, requeue their jobs once, and place again; returns the nodes lost."""
+                       cache: ClusterCache | None = None, *, away_s: float = 0.0) -> list[str]:
+    """Declare silent nodes lost, requeue their jobs once, and place again; returns the nodes lost.
+    ``away_s``: how long placement itself was not checking. A lease is judged by the heartbeats placement
+    received, so time it was not listening (a pause, an outage of its database) is not the nodes'
+    silence: after a gap longer than OWN_GAP_S every node gets a fresh lease first, and the heartbeats
+    waiting for placement in the broker are read before anyone is declared lost (issue 15)."""
     await lock_cycle(conn)
+    if away_s > OWN_GAP_S:
+        await store.refresh_leases(conn, now)
+        log.warning("placement did not check leases for %.0f s; every node gets a fresh lease", away_s)
+        return []
     expired = select_expired(await store.leases(conn), now)
     for lease in expired:
         await store.mark_lost(conn, lease.node_id)

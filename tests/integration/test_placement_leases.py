@@ -242,3 +242,47 @@ async def test_an_impossible_node_is_quarantined_and_every_other_node_goes_on(da
         assert (row["status"], row["quarantine_reasons"]) == ("Ready", None)
     finally:
         await conn.close()
+
+
+async def test_a_job_its_agent_fenced_before_the_node_was_declared_lost_is_requeued_not_failed(database_url):
+    """A broker blip longer than the lease: the agent fences itself and reports `lease_lost` while placement
+    still holds the node's lease. The job did nothing wrong: it goes back in line and runs again."""
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1"), T0)
+            await apply(conn, heartbeat("n1"), T0)
+            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n1")
+        async with conn.transaction():
+            await apply(conn, ev.JobStartReported(job_id="j1", node_id="n1", pid=1, started_at=T0, lease_epoch=1,
+                                                  attempt=1), T0)
+            await apply(conn, ev.JobExitReported(job_id="j1", node_id="n1", exit_code=137, runtime_s=30.0,
+                                                 lease_epoch=1, reason_code="lease_lost", attempt=1),
+                        T0 + timedelta(seconds=31))
+        types = [t for t, _ in await history(conn, "j1")]
+        assert "JobFailed" not in types and types[-2:] == ["JobRequeued", "JobPlaced"], types
+    finally:
+        await conn.close()
+
+
+async def test_placement_that_was_not_listening_declares_nobody_lost_for_its_own_silence(database_url):
+    """Placement paused (or its database was down) for longer than every lease: the nodes were not silent,
+    placement was. Its first check after the gap gives every node a fresh lease; a node that then stays
+    silent for a whole lease is declared lost as ever."""
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1"), T0)
+            await apply(conn, heartbeat("n1"), T0)
+            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        back = T0 + timedelta(seconds=120)
+        async with conn.transaction():
+            assert await check_leases(conn, back, POLICY, away_s=119.0) == []
+        async with conn.transaction():
+            assert await check_leases(conn, back + timedelta(seconds=1), POLICY, away_s=0.0) == []
+        async with conn.transaction():  # still silent a whole lease (30 s + 10 s grace) after placement came back
+            assert await check_leases(conn, back + timedelta(seconds=45), POLICY, away_s=0.0) == ["n1"]
+        assert "JobRequeued" in [t for t, _ in await history(conn, "j1")]
+    finally:
+        await conn.close()

@@ -54,4 +54,7 @@ def other_run(node_ids: tuple[str, ...], runs: int, node_id: str, attempt: int |
 REQUEUE_REASON_CODES = {
     ExitReason.GPU_UNHEALTHY: "its GPU became unhealthy",
     ExitReason.MISSING_AFTER_RESTART: "its node agent restarted and no longer had it",
+    # the agent fenced itself (its heartbeats went unacknowledged for the lease, a broker blip, say) before
+    # placement declared the node lost: no fault of the job's (issue 15)
+    ExitReason.LEASE_LOST: "its node lost its lease and stopped it",
 }
