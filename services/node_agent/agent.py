@@ -41,7 +41,6 @@ from services.node_agent.runner import JobRunner
 from services.node_agent.telemetry import Telemetry
 
 CHECKPOINT_POLL_S = 1.0
-ENROLMENT_ANSWERS = (ev.NodeEnrolled.TYPE, ev.NodeEnrolmentRefused.TYPE)
 LOG_PRUNE_S = 600.0  # how often ended jobs' output past its retention is deleted
 log = logging.getLogger(__name__)
 
@@ -134,10 +133,15 @@ class Agent:
     # --- the parts' entry points (the loops above, the command consumer, tests) -------------------------
 
     async def on_command(self, message: Incoming) -> None:
-        if message.headers.get("event-type") in ENROLMENT_ANSWERS and message.key == self.node_id:
-            _, answer = parse_event(message)
-            if isinstance(answer, (ev.NodeEnrolled, ev.NodeEnrolmentRefused)):
-                self.identity.on_answer(answer)
+        if message.key != self.node_id:
+            return  # commands for other nodes share the topic
+        _, notice = parse_event(message)  # parsed once: the commands' part reads the same result
+        if isinstance(notice, (ev.NodeEnrolled, ev.NodeEnrolmentRefused)):
+            self.identity.on_answer(notice)
+            return
+        if isinstance(notice, ev.NodeLost):
+            if notice.node_id == self.node_id:
+                self.heartbeat.declared_lost(notice)
             return
         await self.commands.on_command(message)
 

@@ -58,6 +58,18 @@ class Heartbeat:
             return
         ctx.lease = leases.renewed(ctx.lease, sent_at)
 
+    def declared_lost(self, told: ev.NodeLost) -> None:
+        """Placement declared this node lost at ``told.lease_epoch``: its jobs run elsewhere now. Still at
+        that epoch, the agent stops them and registers again under a new one (an older notice: ignored)."""
+        ctx = self._ctx
+        if told.lease_epoch != ctx.lease.epoch:
+            return
+        log.error("%s: placement declared the node lost at lease epoch %d (%s); stopping its jobs and registering "
+                  "again", ctx.node_id, told.lease_epoch, told.reason[:200])
+        self._exits.apply(plan_reconcile(ctx.runner.observe(), None, lease_valid=False))
+        ctx.lease = leases.acquire(ctx.runner.next_epoch(), ctx.lease.ttl_s, ctx.monotonic())
+        self.register()
+
     async def check_lease(self) -> None:
         ctx = self._ctx
         ctx.lease, lost = leases.check(ctx.lease, ctx.monotonic())

@@ -265,6 +265,8 @@ async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.P
     for lease in expired:
         await store.mark_lost(conn, lease.node_id)
         silent_s = (now - lease.last_seen_at).total_seconds()
+        await store.send_command(conn, ev.NodeLost(  # told, so an agent that was only slow comes back
+            node_id=lease.node_id, lease_epoch=lease.epoch, reason=f"silent for {silent_s:.0f}s"), lease.node_id, now)
         for job_id in await store.jobs_on(conn, lease.node_id):
             await requeue(conn, job_id, lease.node_id,
                           f"requeued: node {lease.node_id} lost its lease (silent for {silent_s:.0f}s)", now)

@@ -3,6 +3,7 @@ once, its jobs are requeued exactly once and placed elsewhere, and late reports 
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from gpusched_core import lifecycle
@@ -63,6 +64,10 @@ async def test_a_lost_node_has_its_jobs_requeued_once_and_placed_elsewhere(datab
             assert await check_leases(conn, later, POLICY) == ["n1"]
         async with conn.transaction():
             assert await check_leases(conn, later + timedelta(seconds=5), POLICY) == []
+        told = [json.loads(bytes(r["value"])) for r in await conn.fetch(
+            "SELECT value FROM outbox WHERE topic = 'gpusched.nodes.commands' AND key = 'n1' ORDER BY id")]
+        assert [(m["payload"]["lease_epoch"], m["payload"]["reason"]) for m in told if m["type"] == "NodeLost"] == \
+            [(1, "silent for 45s")]  # the node is told once, so an agent that was only slow comes back
         assert [t for t, _ in await history(conn, "j1")][-3:] == ["JobPlaced", "JobRequeued", "JobPlaced"]
         assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n2")
 

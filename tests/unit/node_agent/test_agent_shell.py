@@ -181,3 +181,21 @@ async def test_a_start_placed_for_an_earlier_epoch_waits_for_the_store_s_list_of
     assert [r["job_id"] for r in sent.of("JobStartReported")] == ["kept"]  # the store still means it for here
     assert [r["job_id"] for r in sent.of("JobExitReported")] == ["kept"]  # "moved" runs elsewhere: dropped
     await agent.close()
+
+
+async def test_an_agent_told_its_node_was_declared_lost_stops_its_jobs_and_registers_again(tmp_path):
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    epoch = agent.lease.epoch
+    await agent.on_command(start("j1", "sleep", "30"))
+    await eventually(lambda: agent.runner.running_job_ids())
+    await agent.on_command(command(ev.NodeLost(node_id="n1", lease_epoch=epoch - 1, reason="old news")))
+    assert agent.lease.epoch == epoch and agent.runner.running_job_ids()  # an older epoch's notice: nothing
+    await agent.on_command(command(ev.NodeLost(node_id="n1", lease_epoch=epoch, reason="silent for 41s")))
+    await eventually(lambda: not agent.runner.running_job_ids())  # its jobs run elsewhere now
+    assert agent.lease.epoch == epoch + 1 and agent.lease.valid
+    await asyncio.wait_for(agent.flush(), 10)
+    assert sent.of("NodeRegistered")[-1]["lease_epoch"] == epoch + 1
+    await eventually(lambda: [e for e in sent.of("JobExitReported") if e["job_id"] == "j1"])
+    await agent.close()

@@ -23,7 +23,7 @@ from gpusched_common.events.nodes import (
     StartJob, PreemptJob, JobCheckpointReported, StopJob, MigDeviceInventory, GpuInventory, NodeRegistered,
     NodeHeartbeat, JobStartReported, JobExitReported, GpuProcessSample, GpuSample, GpuTelemetry,
     GpuHealthChanged, ReconcileJobs, ExitReason, CordonNode, NodeCordoned, NodeUncordoned,
-    NodeEnrolmentRequested, NodeEnrolled, NodeEnrolmentRefused,
+    NodeEnrolmentRequested, NodeEnrolled, NodeEnrolmentRefused, NodeLost,
 )
 from gpusched_common.events.scaling import (
     ScaleOutRequested, ScaleInRequested, ReclaimBorrower, ReclaimRequested,
@@ -40,7 +40,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         PreemptionRequested, VictimsSelected, JobCheckpointed, JobPreempted, PreemptJob, JobCheckpointReported,
         StartJob, StopJob, NodeRegistered, NodeHeartbeat, JobStartReported, JobExitReported,
         GpuTelemetry, GpuHealthChanged, ReconcileJobs, CordonNode, NodeCordoned, NodeUncordoned, ScaleOutRequested, ScaleInRequested,
-        ReclaimRequested, TenancyUpdated, NodeEnrolmentRequested, NodeEnrolled, NodeEnrolmentRefused,
+        ReclaimRequested, TenancyUpdated, NodeEnrolmentRequested, NodeEnrolled, NodeEnrolmentRefused, NodeLost,
     )
 }
 

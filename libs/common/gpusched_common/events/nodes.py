@@ -227,6 +227,17 @@ class ReconcileJobs(Payload):
     lease_epoch: int | None = None  # the epoch this answers; an agent ignores an answer to an older epoch
 
 
+class NodeLost(Payload):
+    """Placement to a node it declared lost at ``lease_epoch`` (silent past its lease): the jobs it had are
+    requeued elsewhere. An agent still at that epoch stops them and registers again with a new epoch (until
+    then placement ignores its reports of that epoch), so a node that was only slow comes back."""
+
+    TYPE: ClassVar[str] = "NodeLost"
+    node_id: str
+    lease_epoch: int
+    reason: str
+
+
 class NodeEnrolmentRequested(Payload):
     """A node asks to be enrolled with a key of its own (on ``gpusched.nodes.reports``, signed by that key:
     it holds the private half). An operator's join token vouches for it: ``token_signature`` is the token's
