@@ -272,3 +272,21 @@ def test_bad_enrolment_cli_input_exits_2_with_a_message(database_url, monkeypatc
     monkeypatch.setenv("GPUSCHED_DATABASE_URL", database_url)
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+async def test_an_enrolled_node_resending_its_request_after_the_token_expired_is_still_enrolled(database_url):
+    token = await new_token(database_url, ttl=timedelta(seconds=1))
+    _, key = signing.new_key()
+    request = request_for(token, key)
+    value, headers = envelope_and_headers(request, key)
+    assert isinstance(await enrol(database_url, request, value, headers), node_keys.Enrol)
+    await asyncio.sleep(1.1)  # the token expired; the node missed placement's answer and asks again
+    again = await enrol(database_url, request, value, headers)
+    assert isinstance(again, node_keys.Enrol) and not again.new
+    conn = await asyncpg.connect(database_url)
+    try:
+        await node_keys.revoke_node(conn, "node-n", "test", datetime.now(timezone.utc))
+    finally:
+        await conn.close()
+    refused = await enrol(database_url, request, value, headers)  # a revoked key never comes back
+    assert isinstance(refused, node_keys.RefuseEnrolment)

@@ -195,6 +195,8 @@ def decide_enrolment(request: ev.NodeEnrolmentRequested, headers: dict[str, str]
     if token is None or not _verifies(token.public_key, request.token_signature,
                                       enrolment_message(request.node_id, request.key_id, request.public_key)):
         return RefuseEnrolment("no join token vouches for this request", False)
+    if live is not None and live.key_id == request.key_id and live.public_key == public:
+        return Enrol(live, new=False)  # enrolled already (its answer was missed): so it stays, whatever the token
     at = float(signed_at) if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?", signed_at) else math.nan
     unix_now = now.timestamp()
     if not unix_now - senders.ENROLMENT_WINDOW_S <= at <= unix_now + senders.MAX_SKEW_S:
@@ -205,8 +207,6 @@ def decide_enrolment(request: ev.NodeEnrolmentRequested, headers: dict[str, str]
     if token.expires_at is not None and token.expires_at <= now:
         return RefuseEnrolment(f"join token {token.token_id} expired at {token.expires_at.isoformat()}", True)
     if live is not None:
-        if live.key_id == request.key_id and live.public_key == public:
-            return Enrol(live, new=False)
         return RefuseEnrolment(f"node {request.node_id} is enrolled with another key ({live.key_id}); an operator "
                                f"revokes it first: gpusched node-keys revoke {request.node_id}", True)
     return Enrol(NodeKey(request.key_id, request.node_id, public, token.token_id, now, None), new=True)
