@@ -13,7 +13,7 @@ from gpusched_common.runtime import utcnow
 from gpusched_common.tracing import current_traceparent
 from gpusched_core.agent import reconcile as rc
 from gpusched_common.events import ExitReason
-from gpusched_core.agent.start import OTHER_EPOCH, Ignore, NodeFacts, PreviousRun, Refuse, decide_start
+from gpusched_core.agent.start import DUPLICATE, OTHER_EPOCH, Ignore, NodeFacts, PreviousRun, Refuse, decide_start
 from gpusched_core.agent.stops import Preempt, decide_preempt
 
 from services.node_agent.context import AgentContext
@@ -61,6 +61,8 @@ class Commands:
                 self._held[command.job_id] = command  # the store decides: the next ReconcileJobs says
             log.debug("%s: StartJob %s (attempt %d) ignored: %s", ctx.node_id, command.job_id, command.attempt,
                       decision.reason)
+            if decision.reason == DUPLICATE:
+                self._acknowledge(command)
             return
         if decision.rerun:
             ctx.runner.finish_run(command.job_id)  # a new run of a job that ran here before
@@ -68,6 +70,17 @@ class Commands:
             self._report_not_started(command.job_id, decision.error, decision.reason_code, command.attempt)
             return
         await self._launch(command)
+
+    def _acknowledge(self, command: ev.StartJob) -> None:
+        """A StartJob sent again (placement heard no start): the run it names runs here, so say so again;
+        placement takes a start it knows already as nothing new."""
+        record = self._exits.running.get(command.job_id)
+        if record is None or record.attempt != command.attempt:
+            return
+        ctx = self._ctx
+        ctx.reporter.in_order(ev.JobStartReported(job_id=command.job_id, node_id=ctx.node_id, pid=record.pid,
+                                                  started_at=datetime.fromtimestamp(record.started_at_s, timezone.utc),
+                                                  lease_epoch=record.lease_epoch, attempt=record.attempt))
 
     def _previous_run(self, job_id: str) -> PreviousRun | None:
         runner = self._ctx.runner

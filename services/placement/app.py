@@ -16,7 +16,7 @@ from gpusched_common.topics import (
 )
 
 from gpusched_core import placement as engine
-from services.placement import store
+from services.placement import starts, store
 from services.placement.handlers import check_leases, make_handler, run_cycle
 from services.placement.settings import PlacementSettings
 from services.placement.node_control import make_node_control_handler
@@ -63,6 +63,7 @@ async def setup(runtime: Runtime) -> None:
                             log.warning("GPUs held for %s were not used within %.0f s; released to everyone",
                                         ", ".join(lapsed), settings.nomination_ttl_s)
                         await run_cycle(conn, utcnow(), policy, cache)
+                        await starts.resend_unacknowledged(conn, utcnow(), settings.start_resend_s)
                 checked_at = loop.time()
             except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
                 log.exception("lease check failed; retrying")

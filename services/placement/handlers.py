@@ -27,7 +27,7 @@ from gpusched_core import placement as engine
 from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, run_plan
 from gpusched_core.placement.launch import start_commands
 from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, other_run, select_expired
-from services.placement import store
+from services.placement import starts, store
 from services.placement.store import SERVICE, ClusterCache
 
 _JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
@@ -175,6 +175,7 @@ async def on_gpu_health(conn: asyncpg.Connection, change: ev.GpuHealthChanged, n
 
 async def on_started(conn: asyncpg.Connection, report: ev.JobStartReported, now: datetime) -> bool:
     if not await _stale(conn, report.node_id, report.lease_epoch) and await _this_run(conn, report):
+        await starts.acknowledged(conn, report)
         await _decide(conn, report.job_id, lifecycle.RecordStart(report.node_id, report.pid, report.started_at), now)
     return False
 
@@ -321,6 +322,7 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
                                 hostnames=hostnames, epochs=epochs):
         # the agent continues the job's trace from the JobPlaced event
         await store.send_command(conn, start, start.node_id, now, traceparent=placed.trace_parent)
+        await starts.remember(conn, start, now)  # sent again until the node reports the run started
     return True
 
 

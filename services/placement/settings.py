@@ -12,3 +12,5 @@ class PlacementSettings(Settings):
     # GPUs held for a preemptor go back to everyone when it has not been placed on them this long (a job
     # still waiting for quota, say); its victims have stopped long before (preemption_grace_s)
     nomination_ttl_s: float = 300.0
+    # a StartJob no node acknowledged (a start report) this long is sent again (services/placement/starts.py)
+    start_resend_s: float = 30.0

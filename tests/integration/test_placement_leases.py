@@ -291,3 +291,33 @@ async def test_placement_that_was_not_listening_declares_nobody_lost_for_its_own
         assert "JobRequeued" in [t for t, _ in await history(conn, "j1")]
     finally:
         await conn.close()
+
+
+async def test_a_start_no_node_acknowledged_is_sent_again_until_its_start_is_reported(database_url):
+    from services.placement.starts import resend_unacknowledged
+
+    async def starts_sent() -> list[dict]:
+        rows = await conn.fetch("SELECT value FROM outbox WHERE topic = 'gpusched.nodes.commands' ORDER BY id")
+        return [m["payload"] for m in (json.loads(bytes(r["value"])) for r in rows) if m["type"] == "StartJob"]
+
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1"), T0)
+            await apply(conn, heartbeat("n1"), T0)
+            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        assert len(await starts_sent()) == 1
+        async with conn.transaction():  # not yet: the node may still be starting it
+            assert await resend_unacknowledged(conn, T0 + timedelta(seconds=10), 30.0) == []
+        async with conn.transaction():  # unanswered for longer: sent again, the same run at the node's epoch
+            assert await resend_unacknowledged(conn, T0 + timedelta(seconds=31), 30.0) == ["j1"]
+        sent = await starts_sent()
+        assert len(sent) == 2 and sent[0] == sent[1] and sent[1]["lease_epoch"] == 1
+        async with conn.transaction():
+            await apply(conn, ev.JobStartReported(job_id="j1", node_id="n1", pid=7, started_at=T0, lease_epoch=1,
+                                                  attempt=1), T0 + timedelta(seconds=32))
+            assert await resend_unacknowledged(conn, T0 + timedelta(seconds=120), 30.0) == []
+        assert len(await starts_sent()) == 2
+        assert await conn.fetchval("SELECT count(*) FROM placement_starts") == 0
+    finally:
+        await conn.close()

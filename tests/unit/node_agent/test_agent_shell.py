@@ -67,7 +67,8 @@ async def test_a_restarted_agent_adopts_its_running_job_and_reports_its_exit_onc
     await eventually(lambda: sent.of("JobExitReported"))
     await asyncio.sleep(0.3)
     assert [(e["job_id"], e["exit_code"]) for e in sent.of("JobExitReported")] == [("j1", 3)]
-    assert sent.of("JobStartReported") == []
+    # nothing new started: the repeat is answered with the start of the run the node has
+    assert [s["pid"] for s in sent.of("JobStartReported")] == [first_sent.of("JobStartReported")[0]["pid"]]
     await second.close()
 
 
@@ -198,4 +199,19 @@ async def test_an_agent_told_its_node_was_declared_lost_stops_its_jobs_and_regis
     await asyncio.wait_for(agent.flush(), 10)
     assert sent.of("NodeRegistered")[-1]["lease_epoch"] == epoch + 1
     await eventually(lambda: [e for e in sent.of("JobExitReported") if e["job_id"] == "j1"])
+    await agent.close()
+
+
+async def test_a_start_sent_again_for_the_run_the_node_has_is_answered_with_its_start_again(tmp_path):
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    await agent.on_command(start("j1", "sleep", "30"))
+    await agent.flush()
+    assert len([s for s in sent.of("JobStartReported") if s["job_id"] == "j1"]) == 1
+    await agent.on_command(start("j1", "sleep", "30"))  # placement heard nothing: it sends the run again
+    await agent.flush()
+    starts = [s for s in sent.of("JobStartReported") if s["job_id"] == "j1"]
+    assert len(starts) == 2 and starts[0]["pid"] == starts[1]["pid"]  # the same run, not a second one
+    assert agent.runner.running_job_ids() == ["j1"]
     await agent.close()
