@@ -6,6 +6,7 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
+from gpusched_common.kafka_admin import read_to_end as admin_read_to_end
 
 
 async def read_topic(bootstrap: str, topic: str, *, expect: int, timeout_s: float = 15.0) -> list[ConsumerRecord]:
@@ -41,21 +42,5 @@ async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
 
 async def read_to_end(bootstrap: str, topic: str, timeout_s: float = 15.0) -> list[ConsumerRecord]:
     """Every record on `topic` up to its end offsets as they are now (no waiting for more)."""
-    from aiokafka import TopicPartition
+    return await admin_read_to_end({"bootstrap_servers": bootstrap}, topic, limit_s=timeout_s)
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        parts = [TopicPartition(topic, p) for p in (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or ()]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        records: list[ConsumerRecord] = []
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while [p for p in parts if await consumer.position(p) < ends[p]]:
-            assert asyncio.get_running_loop().time() < deadline, f"could not read {topic} to its end"
-            for recs in (await consumer.getmany(timeout_ms=300)).values():
-                records.extend(r for r in recs if r.offset < ends[TopicPartition(r.topic, r.partition)])
-        return records
-    finally:
-        await consumer.stop()

@@ -20,12 +20,13 @@ import sys
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from gpusched_cli.operator_settings import operator_settings
 from gpusched_cli.tokens import when, with_conn
 from gpusched_common.events import Envelope
+from gpusched_common.kafka_admin import read_to_end
 from gpusched_common.kafka_client import client_options
 from gpusched_common.relay import parked_rows
 from gpusched_common.settings import Settings
@@ -69,27 +70,9 @@ def _where(text: str) -> tuple[int, int] | None:
 
 
 async def read_all(settings: Settings, limit_s: float = 30.0) -> list[Any]:
-    """Every record on the dead-letter topic up to its end now, in partition and offset order."""
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
-    await consumer.start()
-    try:
-        cluster = await consumer._client.fetch_all_metadata()
-        parts = [TopicPartition(DEADLETTER.name, p) for p in sorted(cluster.partitions_for_topic(DEADLETTER.name) or ())]
-        if not parts:
-            return []
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        records: list[Any] = []
-        deadline = asyncio.get_running_loop().time() + limit_s
-        while [p for p in parts if await consumer.position(p) < ends[p]]:
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"could not read {DEADLETTER.name} to its end within {limit_s:.0f} s")
-            for recs in (await consumer.getmany(timeout_ms=300)).values():
-                records.extend(r for r in recs if r.offset < ends[TopicPartition(r.topic, r.partition)])
-        return sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset))
-    finally:
-        await consumer.stop()
+    """Every record on the dead-letter topic up to its end now, oldest first."""
+    records = await read_to_end(client_options(settings), DEADLETTER.name, limit_s=limit_s)
+    return sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset))
 
 
 def _headers(record: Any) -> dict[str, str]:

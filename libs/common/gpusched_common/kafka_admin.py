@@ -57,3 +57,31 @@ async def create_topics(bootstrap: str, partitions: int, replication: int = 1, *
         return missing
     finally:
         await admin.close()
+
+
+async def read_to_end(options: dict, topic: str, *, limit_s: float = 30.0) -> list:
+    """Every record on ``topic`` up to its end offsets as they are when called (no group, no waiting for
+    more), in partition and offset order; TimeoutError when it cannot be read to its end within ``limit_s``.
+    (Asks the cluster's metadata itself: Apache Kafka sends none for topics a client is not subscribed to.)"""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(**options, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        cluster = await consumer._client.fetch_all_metadata()
+        parts = [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
+        if not parts:
+            return []
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        records: list = []
+        deadline = asyncio.get_running_loop().time() + limit_s
+        while [p for p in parts if await consumer.position(p) < ends[p]]:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"could not read {topic} to its end within {limit_s:.0f} s")
+            for recs in (await consumer.getmany(timeout_ms=300)).values():
+                records.extend(r for r in recs if r.offset < ends[TopicPartition(r.topic, r.partition)])
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        await consumer.stop()
