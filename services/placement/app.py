@@ -50,9 +50,11 @@ async def setup(runtime: Runtime) -> None:
         last_cycle, checked_at = 0.0, loop.time()
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
+            # how long placement was not checking beyond its own sleep (the last check's own work aside):
+            # a pause, a stalled event loop, a database that did not answer
+            away = loop.time() - checked_at - LEASE_CHECK_INTERVAL_S
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
-                    away = loop.time() - checked_at - LEASE_CHECK_INTERVAL_S  # beyond its own sleep
                     lost = await check_leases(conn, utcnow(), policy, cache, away_s=away)
                     if asyncio.get_running_loop().time() - last_cycle >= settings.reconcile_interval_s:
                         # the bus wakes placement up, the store is its memory: a periodic cycle from the

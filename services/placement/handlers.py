@@ -247,7 +247,7 @@ async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: s
     return True
 
 
-OWN_GAP_S = 3.0  # placement itself did not check leases this long (paused, its database down): not the nodes' fault
+OWN_GAP_S = 5.0  # placement itself did not check leases this long (paused, its database down): not the nodes' fault
 
 
 async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy,
