@@ -4,6 +4,11 @@ reclaim requests, preempts borrowers' jobs to give a tenant under its nominal qu
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
+import asyncpg
+
 from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_common.topics import GROUP_PREEMPTION, GROUP_PREEMPTION_RECLAIMS, JOBS_EVENTS, QUOTA_RECLAIMS
@@ -11,6 +16,10 @@ from gpusched_common.topics import GROUP_PREEMPTION, GROUP_PREEMPTION_RECLAIMS, 
 from services.preemption.handlers import make_handler, make_reclaim_handler
 from services.preemption.settings import PreemptionSettings
 from services.preemption.store import SERVICE
+from services.preemption.stuck import StuckPreemptions
+
+log = logging.getLogger(__name__)
+CHECK_INTERVAL_S = 15.0
 
 
 async def setup(runtime: Runtime) -> None:
@@ -20,6 +29,23 @@ async def setup(runtime: Runtime) -> None:
     # one group per topic: each subscription is its own consumer (the job events keep their old group)
     runtime.subscribe_transactional(QUOTA_RECLAIMS.name, GROUP_PREEMPTION_RECLAIMS,
                                     make_reclaim_handler(policy, utcnow, tenancies))
+    stuck = StuckPreemptions()
+
+    async def ask_again_loop() -> None:
+        """Victims no exit was reported for, well past their grace, are asked again (services/preemption/stuck.py)."""
+        assert runtime.pool is not None
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL_S)
+            try:
+                async with runtime.pool.acquire() as conn, conn.transaction():
+                    asked = await stuck.ask_again(conn, utcnow(), policy.grace_s)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("preemption: stuck preemptions not checked (%s); next time", exc)
+                continue
+            if asked:
+                runtime.wake_relay()
+
+    runtime.background.append(ask_again_loop)
 
 
 async def main(settings: PreemptionSettings | None = None) -> None:
