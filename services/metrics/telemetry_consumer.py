@@ -17,8 +17,7 @@ from aiokafka.errors import KafkaError
 
 import asyncpg
 
-from gpusched_common import events as ev
-from gpusched_common import node_keys, senders
+from gpusched_common import node_keys
 from gpusched_common.kafka_client import client_options
 from gpusched_common.messaging import Incoming, PoisonMessage, to_incoming
 from gpusched_common.senders import RefusalCounts
@@ -68,7 +67,8 @@ class TelemetryConsumer:
                 payload = parse_telemetry(record.value)
                 if payload is None:
                     continue
-                refusal = self._refusal(record, payload, now)
+                refusal = node_keys.verdict(self._keys, record, payload.TYPE, payload.node_id, now=now,
+                                            accept_unsigned=self._settings.accept_unsigned_node_reports)
                 if refusal is not None:
                     self.refused.note(record.topic, refusal.code, refusal.sender, refusal.detail)
                     continue
@@ -81,16 +81,6 @@ class TelemetryConsumer:
                     self._last_warning = now_m
                     log.warning("skipping unreadable telemetry (%d so far): %s", self.rejected, exc)
         return samples
-
-    def _refusal(self, record: Incoming, payload: ev.GpuTelemetry, now: float) -> node_keys.Refused | None:
-        key_id = record.headers.get(SENDER_HEADER)
-        if self._settings.accept_unsigned_node_reports and not key_id:
-            return None
-        rule = senders.rule_for(record.topic, payload.TYPE)
-        max_age = rule.max_age_s if rule is not None else None
-        return node_keys.judge(record.topic, record.value, record.headers, payload.node_id,
-                               self._keys.get(key_id or ""), now=now, max_age_s=max_age,
-                               max_skew_s=senders.MAX_SKEW_S)
 
     async def _load_keys(self, records: list[Incoming]) -> None:
         if self._pool is None:

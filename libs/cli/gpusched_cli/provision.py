@@ -23,17 +23,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
-from gpusched_common import db_roles, producers, signing
+from gpusched_common import db_roles, producers
 from gpusched_common.db_roles import GATEWAY_ROLE
 from gpusched_common.files import write_public
 from gpusched_common.identity import OPERATOR
 from gpusched_common import senders
-from gpusched_common.topics import NODES_COMMANDS
 
 from gpusched_cli.tokens import issuer, with_conn
 
 GATEWAY_PRODUCER = "gateway"
-COMMAND_SENDERS = senders.senders_of(NODES_COMMANDS.name)  # the services whose node commands agents run
 
 
 @dataclass(frozen=True)
@@ -112,11 +110,9 @@ def cmd_gateway_init(args: argparse.Namespace) -> int:
             return _fail(f"the public key file {str(args.public_key_file)!r}: {exc}", 1)
     if getattr(args, "service_keys_dir", None) is not None:
         try:
-            keys = [signing.ensure_key_file(args.service_keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
-            for name in senders.SIGNING_SERVICES:  # metrics signs its scale decisions too
-                signing.ensure_key_file(args.service_keys_dir / f"{name}.key")
+            entries = senders.provision_service_keys(args.service_keys_dir)
             if args.command_keys_file is not None:
-                write_public_key(args.command_keys_file, ",".join(signing.trusted_entry(k, name) for k, name in zip(keys, COMMAND_SENDERS)))
+                write_public_key(args.command_keys_file, entries)
         except (OSError, ValueError) as exc:
             return _fail(f"service keys in {str(args.service_keys_dir)!r}: {exc}", 1)
         if not args.json:

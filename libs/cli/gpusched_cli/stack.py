@@ -23,7 +23,7 @@ import yaml
 
 from gpusched import config as client_config
 from gpusched.config import write_config
-from gpusched_common import db_roles, node_keys, producers, signing, tokens
+from gpusched_common import db_roles, node_keys, producers, tokens
 from gpusched_common.files import write_private
 from gpusched_common.credentials import TenantKey, write_keys
 from gpusched_common.identity import OPERATOR
@@ -35,11 +35,9 @@ from gpusched_common.kafka_admin import create_topics
 from gpusched_common.settings import Settings
 from gpusched_common.stores import cluster
 from gpusched_common import senders
-from gpusched_common.topics import NODES_COMMANDS
 
 from gpusched_cli.teardown import stop_stack_jobs
 
-COMMAND_SENDERS = senders.senders_of(NODES_COMMANDS.name)  # the services whose node commands agents run
 SERVICES = ("admission", "quota", "placement", "preemption", "metrics")
 
 
@@ -161,15 +159,12 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     await create_topics(bootstrap, partitions)
     progress(f"topics     created with {partitions} partitions")
     metrics_port = free_port()
-    keys_dir = home / "service-keys"  # placement's and preemption's keys: agents run only what they sign
-    command_keys = [signing.ensure_key_file(keys_dir / f"{name}.key") for name in COMMAND_SENDERS]
-    for name in senders.SIGNING_SERVICES:  # metrics signs its scale decisions too
-        signing.ensure_key_file(keys_dir / f"{name}.key")
+    keys_dir = home / "service-keys"  # the signing services' keys: agents run only what placement/preemption sign
+    command_keys = senders.provision_service_keys(keys_dir)
     join_token = await make_join_token(url, home / "join-token")  # each agent enrols its own node key with it
     env = {"GPUSCHED_AGENT_WORK_DIR": str(home / "agents"), "GPUSCHED_METRICS_PORT": str(metrics_port),
            "GPUSCHED_SERVICE_KEYS_DIR": str(keys_dir), "GPUSCHED_AGENT_JOIN_TOKEN_FILE": str(join_token),
-           "GPUSCHED_AGENT_COMMAND_KEYS": ",".join(signing.trusted_entry(k, name)
-                                                    for k, name in zip(command_keys, COMMAND_SENDERS)),
+           "GPUSCHED_AGENT_COMMAND_KEYS": command_keys,
            "GPUSCHED_TENANT_KEYS_FILE": str(make_local_keys(home)), **(extra_env or {})}
     if "GPUSCHED_TENANTS_FILE" not in env and "GPUSCHED_TENANTS_FILE" not in os.environ:
         env["GPUSCHED_TENANTS_FILE"] = str(make_local_tenancy(home, node_specs(nodes, gpu_models, gpus_per_node)))

@@ -21,7 +21,6 @@ signed it (migration 024).
 from __future__ import annotations
 
 import binascii
-import math
 import re
 import secrets
 import time
@@ -197,9 +196,7 @@ def decide_enrolment(request: ev.NodeEnrolmentRequested, headers: dict[str, str]
         return RefuseEnrolment("no join token vouches for this request", False)
     if live is not None and live.key_id == request.key_id and live.public_key == public:
         return Enrol(live, new=False)  # enrolled already (its answer was missed): so it stays, whatever the token
-    at = float(signed_at) if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?", signed_at) else math.nan
-    unix_now = now.timestamp()
-    if not unix_now - senders.ENROLMENT_WINDOW_S <= at <= unix_now + senders.MAX_SKEW_S:
+    if not senders.within_window(signed_at, now.timestamp(), senders.ENROLMENT_WINDOW_S):
         return RefuseEnrolment(f"the request was signed at {signed_at[:20]}, not within {senders.ENROLMENT_WINDOW_S:.0f} s "
                                "of now (a replay, or the node's clock is off)", True)
     if token.revoked_at is not None:
@@ -306,29 +303,31 @@ def judge(topic: str, value: bytes, headers: dict[str, str], node_id: str | None
     if node_id != record.node_id:
         return Refused(OTHER_NODE, f"node {record.node_id} signed a message about node {str(node_id)[:40]!r}",
                        record.node_id)
-    try:
-        signed_at = float(at)
-    except ValueError:
-        signed_at = math.nan
-    if not math.isfinite(signed_at):
-        return Refused(STALE, f"signed at {at[:20]!r}, no time", record.node_id)
-    if signed_at > now + max_skew_s or (max_age_s is not None and signed_at < now - max_age_s):
-        return Refused(STALE, f"signed at {signed_at:.0f}, outside the window of {max_age_s or 0:.0f} s before "
-                              f"and {max_skew_s:.0f} s after {now:.0f}", record.node_id)
+    if not senders.within_window(at, now, max_age_s):
+        return Refused(STALE, f"signed at {at[:20]}, outside the window of {max_age_s or 0:.0f} s before and "
+                              f"{max_skew_s:.0f} s after {now:.0f}", record.node_id)
     return None
 
 
-async def check(conn: asyncpg.Connection, keys: NodeKeys, message: Incoming, event_type: str, node_id: str | None,
-                *, accept_unsigned: bool = False, now: float | None = None) -> Refused | None:
-    """Whether a node's message is believed, under its topic's rule (``gpusched_common.senders``): a type
-    the topic does not carry from nodes is refused; the rest as ``judge`` says, with the keys from the store."""
+def verdict(keys: NodeKeys, message: Incoming, event_type: str, node_id: str | None, *,
+            accept_unsigned: bool = False, now: float | None = None) -> Refused | None:
+    """Whether a node's message is believed, under its topic's rule (``gpusched_common.senders``), with the
+    keys ``keys`` holds now (load its sender's first: ``check``, or ``NodeKeys.load`` for a batch): a type the
+    topic does not carry from nodes is refused; the rest as ``judge`` says."""
     rule = senders.rule_for(message.topic, event_type)
     if rule is None or rule.proof != senders.NODE_SIGNATURE:
         return Refused(NOT_ALLOWED, f"nodes do not send {event_type[:40]} on {message.topic}")
     key_id = message.headers.get(SENDER_HEADER)
     if accept_unsigned and not key_id:
         return None
-    if key_id:
-        await keys.load(conn, [key_id])
     return judge(message.topic, message.value, message.headers, node_id, keys.get(key_id or ""),
                  now=time.time() if now is None else now, max_age_s=rule.max_age_s, max_skew_s=senders.MAX_SKEW_S)
+
+
+async def check(conn: asyncpg.Connection, keys: NodeKeys, message: Incoming, event_type: str, node_id: str | None,
+                *, accept_unsigned: bool = False, now: float | None = None) -> Refused | None:
+    """``verdict``, with the sender's key read from the store first (where not cached)."""
+    key_id = message.headers.get(SENDER_HEADER)
+    if key_id:
+        await keys.load(conn, [key_id])
+    return verdict(keys, message, event_type, node_id, accept_unsigned=accept_unsigned, now=now)

@@ -154,12 +154,12 @@ class OutboxRelay:
             raise LostLeadership(f"term {current} is another relay's (this one held an earlier term)")
 
 
-async def take_term(conn: asyncpg.Connection, producer: str, holder: str, now: datetime | None = None) -> int:
+async def take_term(conn: asyncpg.Connection, producer: str, holder: str) -> int:
     """The producer's next relay term, now ``holder``'s."""
     return await conn.fetchval(
-        "INSERT INTO relay_terms (producer, term, holder, since) VALUES ($1, 1, $2, coalesce($3, clock_timestamp()))"
+        "INSERT INTO relay_terms (producer, term, holder, since) VALUES ($1, 1, $2, clock_timestamp())"
         " ON CONFLICT (producer) DO UPDATE SET term = relay_terms.term + 1, holder = EXCLUDED.holder,"
-        " since = EXCLUDED.since RETURNING term", producer, holder, now)
+        " since = EXCLUDED.since RETURNING term", producer, holder)
 
 
 async def parked_rows(conn: asyncpg.Connection) -> list[asyncpg.Record]:

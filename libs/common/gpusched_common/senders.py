@@ -24,13 +24,16 @@ How a receiver knows who sent a message (``proof``):
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 import asyncpg
 
 from gpusched_common import events as ev
+from gpusched_common import signing
 from gpusched_common.topics import (
     CLUSTER_SCALING,
     JOBS_CONTROL,
@@ -142,7 +145,14 @@ def within_window(signed_at: str | None, now: float, max_age_s: float | None) ->
         at = float(signed_at or "nan")
     except ValueError:
         return False
-    return at == at and at <= now + MAX_SKEW_S and (max_age_s is None or at >= now - max_age_s)
+    return math.isfinite(at) and at <= now + MAX_SKEW_S and (max_age_s is None or at >= now - max_age_s)
+
+
+def provision_service_keys(directory: Path) -> str:
+    """Make (or keep) the key of every service that signs (``<directory>/<service>.key``, mode 0600) and
+    return what agents are told to trust: the command senders' ``<sender>=<key id>:<public key>`` entries."""
+    keys = {name: signing.ensure_key_file(directory / f"{name}.key") for name in SIGNING_SERVICES}
+    return ",".join(signing.trusted_entry(keys[name], name) for name in senders_of(NODES_COMMANDS.name))
 
 
 def may_send(topic: str, event_type: str, sender: str) -> bool:
