@@ -41,6 +41,14 @@ async def queue_job(conn, job_id: str, gpus: int) -> ev.QuotaReserved:
     return events[0]
 
 
+async def place_j1_on_n1(conn) -> None:
+    """One node, n1, with its lease; a two-GPU job j1 reserved and placed there."""
+    async with conn.transaction():
+        await apply(conn, registered("n1"), T0)
+        await apply(conn, heartbeat("n1"), T0)
+        await apply(conn, await queue_job(conn, "j1", 2), T0)
+
+
 async def history(conn, job_id: str) -> list[tuple[str, str | None]]:
     rows = await conn.fetch("SELECT type, payload->>'node_id' AS node FROM events WHERE stream_id = $1"
                             " ORDER BY version", f"job-{job_id}")
@@ -200,10 +208,7 @@ async def test_a_forged_job_event_frees_no_gpu_and_places_nothing(database_url):
 
     conn = await connect(database_url)
     try:
-        async with conn.transaction():
-            await apply(conn, registered("n1"), T0)
-            await apply(conn, heartbeat("n1"), T0)
-            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        await place_j1_on_n1(conn)
         assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n1")
         await forge(ev.JobCancelled(job_id="j1", reason="forged"), "j1")
         assert await conn.fetchval("SELECT count(*) FROM gpu_allocations WHERE job_id = 'j1'") == 2
@@ -254,10 +259,7 @@ async def test_a_job_its_agent_fenced_before_the_node_was_declared_lost_is_reque
     still holds the node's lease. The job did nothing wrong: it goes back in line and runs again."""
     conn = await connect(database_url)
     try:
-        async with conn.transaction():
-            await apply(conn, registered("n1"), T0)
-            await apply(conn, heartbeat("n1"), T0)
-            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        await place_j1_on_n1(conn)
         assert (await history(conn, "j1"))[-1] == ("JobPlaced", "n1")
         async with conn.transaction():
             await apply(conn, ev.JobStartReported(job_id="j1", node_id="n1", pid=1, started_at=T0, lease_epoch=1,
@@ -277,10 +279,7 @@ async def test_placement_that_was_not_listening_declares_nobody_lost_for_its_own
     silent for a whole lease is declared lost as ever."""
     conn = await connect(database_url)
     try:
-        async with conn.transaction():
-            await apply(conn, registered("n1"), T0)
-            await apply(conn, heartbeat("n1"), T0)
-            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        await place_j1_on_n1(conn)
         back = T0 + timedelta(seconds=120)
         async with conn.transaction():
             assert await check_leases(conn, back, POLICY, away_s=119.0) == []
@@ -302,10 +301,7 @@ async def test_a_start_no_node_acknowledged_is_sent_again_until_its_start_is_rep
 
     conn = await connect(database_url)
     try:
-        async with conn.transaction():
-            await apply(conn, registered("n1"), T0)
-            await apply(conn, heartbeat("n1"), T0)
-            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        await place_j1_on_n1(conn)
         assert len(await starts_sent()) == 1
         async with conn.transaction():  # not yet: the node may still be starting it
             assert await resend_unacknowledged(conn, T0 + timedelta(seconds=10), 30.0) == []
