@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
 BROKER  ?= both
 
-.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 bench-e2e bench-gateway bench-placement bench-telemetry bench-quota schemas clean
+.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 chaos bench-e2e bench-gateway bench-placement bench-telemetry bench-quota schemas clean
 
 install: $(STAMP)
 
@@ -61,6 +61,11 @@ bench-e2e: install
 
 ## bench-gateway: jobs/s the gateway accepts (single and batch) and read p50/p99 under load, beside a bare
 ## uvicorn floor; starts its own broker, PostgreSQL and gateway; writes bench-results/gateway.json
+## chaos: the fault campaign (issue 15): a stack of its own, JOBS jobs of every shape, FAULTS faults of ten
+## kinds from SEED's schedule, then the invariants checked; writes bench-results/chaos.json, fails if any breaks
+chaos: install
+	$(BIN)/gpusched chaos --jobs $${JOBS:-2000} --faults $${FAULTS:-40} --seed $${SEED:-1} --broker $${CHAOS_BROKER:-tansu}
+
 bench-gateway: install
 	$(BIN)/python -m gpusched_cli.bench_gateway --broker $${BENCH_BROKER:-tansu} --duration $${DURATION:-6}
 

@@ -22,7 +22,7 @@ from gpusched_common.producers import read_key_file
 from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
-from services.gateway import control, handlers, logs, submissions
+from services.gateway import control, handlers, logs, store, submissions
 from services.gateway.auth import AuthFailures, Problem, problem_response
 from services.gateway.publisher import SubmissionPublisher
 from services.gateway.ratelimit import PrincipalLimiter
@@ -48,7 +48,8 @@ def _publisher(settings: GatewaySettings) -> SubmissionPublisher:
                              "create one with `gpusched gateway-init` or `gpusched producers create --attests`")
     else:
         log.warning("GPUSCHED_GATEWAY_PRODUCER_KEY_FILE is not set: submissions are answered with 503")
-    return SubmissionPublisher(settings, key, timeout_s=settings.gateway_publish_timeout_s)
+    return SubmissionPublisher(settings, key, timeout_s=settings.gateway_publish_timeout_s,
+                               republish_s=settings.outbox_republish_s)
 
 
 async def open_resources(app: FastAPI) -> None:
@@ -60,6 +61,7 @@ async def open_resources(app: FastAPI) -> None:
     app.state.tenancy = TenancyReader()
     app.state.pool = await create_pool(settings.gateway_database_url or settings.database_url, min_size=0,
                                        max_size=settings.gateway_pool_max_size)
+    app.state.publisher.recorded = lambda job_ids: store.recorded_job_ids(app.state.pool, job_ids)
 
 
 async def close_resources(app: FastAPI) -> None:

@@ -1,24 +1,35 @@
 """The gateway's door onto the bus: it publishes submissions on ``gpusched.jobs.submitted`` as a credentialed
 producer (``gpusched_common.producers``), each message signed with its own key, so admission knows the
 gateway sent it and believes the principal it attests. A response is given only once the broker has
-acknowledged the message (``acks=all``): an accepted job is never lost."""
+acknowledged the message (``acks=all``): an accepted job is never lost.
+
+The broker's acknowledgement is the gateway's proof, so a broker that loses acknowledged data (Tansu
+restarted; a Kafka log wiped) would lose what admission had not read yet: the gateway keeps what it
+published for ``republish_s`` (at most ``REPUBLISH_MAX`` records) and, when an acknowledgement comes at an
+offset below one before on that partition (``gpusched_common.ack_offsets``), publishes them again;
+admission takes a submission it has as a duplicate. (Kept in memory: a gateway that dies with the broker's
+data loses that window; production runs Apache Kafka with replication, which keeps what it acknowledged.)"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from gpusched_common import events as ev
+from gpusched_common.ack_offsets import AckOffsets
 from gpusched_common.kafka_client import client_options
 from gpusched_common.producers import ProducerKey
 from gpusched_common.settings import Settings
 from gpusched_common.topics import JOBS_SUBMITTED
 
 log = logging.getLogger(__name__)
+REPUBLISH_MAX = 100_000  # records kept to publish again after a broker lost its data
 
 
 class NotPublished(RuntimeError):
@@ -28,10 +39,18 @@ class NotPublished(RuntimeError):
 class SubmissionPublisher:
     """Started lazily and restarted after a failure, so the gateway serves reads while the broker is away."""
 
-    def __init__(self, settings: Settings, key: ProducerKey | None, *, timeout_s: float) -> None:
+    def __init__(self, settings: Settings, key: ProducerKey | None, *, timeout_s: float,
+                 republish_s: float = 900.0) -> None:
         self._settings, self.key, self._timeout_s = settings, key, timeout_s
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
+        self._republish_s = republish_s
+        self._offsets = AckOffsets()
+        self._recent: deque[tuple[float, str, bytes, bytes, list[tuple[str, bytes]]]] = deque(maxlen=REPUBLISH_MAX)
+        self.losses = 0  # how often the broker was found to have lost data
+        # the job ids among these the store has recorded (set by the gateway once its pool is open): their
+        # submissions are not published again, the store has them and the services' passes do the rest
+        self.recorded: Callable[[list[str]], Awaitable[set[str]]] | None = None
 
     async def _started(self) -> AIOKafkaProducer:
         async with self._lock:
@@ -56,16 +75,43 @@ class SubmissionPublisher:
         if self.key is None:
             raise NotPublished("this gateway has no producer credential (GPUSCHED_GATEWAY_PRODUCER_KEY_FILE)")
         producer = await self._started()
+        outgoing = [(topic, job_id.encode(), value, self._headers(value, traceparent, event_type))
+                    for job_id, value, traceparent in records]
         try:
             async with asyncio.timeout(self._timeout_s):
-                sent = [await producer.send(topic, value, key=job_id.encode(),
-                                            headers=self._headers(value, traceparent, event_type))
-                        for job_id, value, traceparent in records]
-                await asyncio.gather(*sent)
+                acks = await self._send(producer, outgoing)
+                lost = self._offsets.note(acks)
+                if lost:
+                    await self._republish(producer, lost)
         except (KafkaError, OSError, TimeoutError) as exc:
             log.warning("publishing %d submission(s) failed: %s", len(records), type(exc).__name__)
             await self._reset()
             raise NotPublished(f"the broker did not acknowledge the submission ({type(exc).__name__})") from None
+        now = time.monotonic()
+        self._recent.extend((now, topic, key, value, headers) for topic, key, value, headers in outgoing)
+        while self._recent and self._recent[0][0] < now - self._republish_s:
+            self._recent.popleft()
+
+    @staticmethod
+    async def _send(producer: AIOKafkaProducer, outgoing: list) -> list:
+        sent = [await producer.send(topic, value, key=key, headers=headers) for topic, key, value, headers in outgoing]
+        return list(await asyncio.gather(*sent))
+
+    async def _republish(self, producer: AIOKafkaProducer, lost: list[str]) -> None:
+        """The broker lost its data: what was published before this batch goes again (signed as it was)."""
+        again = [(topic, key, value, headers) for _, topic, key, value, headers in self._recent]
+        self.losses += 1
+        known: set[str] = set()
+        if self.recorded is not None:
+            try:
+                known = await self.recorded([key.decode() for topic, key, *_ in again if topic == JOBS_SUBMITTED.name])
+            except Exception as exc:  # noqa: BLE001 - the store is away too: publish them all, consumers dedupe
+                log.warning("could not read which submissions the store has (%s): publishing all again", exc)
+        again = [r for r in again if not (r[0] == JOBS_SUBMITTED.name and r[1].decode() in known)]
+        log.error("the broker lost data (%s); publishing again the %d submission(s) and request(s) of the last %.0f s "
+                  "the store has not recorded (%d it has are left out)", "; ".join(lost[:3]), len(again),
+                  self._republish_s, len(known))
+        self._offsets.note(await self._send(producer, again))
 
     def _headers(self, value: bytes, traceparent: str | None, event_type: str) -> list[tuple[str, bytes]]:
         assert self.key is not None

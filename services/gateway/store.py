@@ -76,3 +76,10 @@ async def waiting_jobs(conn: asyncpg.Connection, tenant: str | None, now: dateti
                     "ahead_higher_priority": w.ahead_higher_priority, "reason": w.reason})
     return out
 
+
+
+async def recorded_job_ids(pool: asyncpg.Pool, job_ids: list[str]) -> set[str]:
+    """Which of these jobs the store has recorded (admitted or rejected): a submission the broker lost after
+    that needs no publishing again."""
+    rows = await pool.fetch("SELECT job_id FROM jobs WHERE job_id = ANY($1::text[])", job_ids)
+    return {r["job_id"] for r in rows}

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from gpusched_common.db import DATABASE_AWAY
 from gpusched_common.runtime import Runtime, utcnow
 
 from gpusched_common import events as ev
@@ -75,7 +76,7 @@ class MetricsService:
                  c.gpus_allocated, c.gpus_busy, c.mean_utilization * 100,
                  {b.model: b.pending_gpus for b in views.backlog} or "empty")
         async with pool.acquire() as conn:
-            await record_utilization(conn, now, c)
+            await record_utilization(conn, now, c, keep_s=self.settings.metrics_history_retention_s)
             if self.telemetry is not None:
                 await self.telemetry.refused.flush(conn, now)  # telemetry no enrolled node signed
         return views
@@ -95,7 +96,7 @@ class MetricsService:
                 try:
                     await self.evaluate(runtime.pool)
                     runtime.wake_relay()
-                except (OSError, asyncpg.PostgresError) as exc:
+                except DATABASE_AWAY as exc:
                     log.warning("metrics evaluation failed (%s); next interval retries", exc)
 
         runtime.background.append(evaluate_loop)

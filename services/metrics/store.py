@@ -5,7 +5,7 @@ record scale decisions with their outbox rows in one transaction."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -44,11 +44,18 @@ async def load_snapshot(conn: asyncpg.Connection, pool_label: str) -> ClusterSna
     )
 
 
-async def record_utilization(conn: asyncpg.Connection, at: datetime, cluster: GroupView) -> None:
+async def record_utilization(conn: asyncpg.Connection, at: datetime, cluster: GroupView, *,
+                             keep_s: float | None = None) -> None:
+    """One utilization sample; samples older than ``keep_s`` are deleted (a day at a time per call, so a
+    long backlog is worked off without one long lock)."""
     await conn.execute(
         "INSERT INTO cluster_utilization (sampled_at, gpus_reporting, gpus_busy, mean_utilization)"
         " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
         at, cluster.gpus_reporting, cluster.gpus_busy, cluster.mean_utilization)
+    if keep_s is not None:
+        await conn.execute(
+            "DELETE FROM cluster_utilization WHERE sampled_at IN (SELECT sampled_at FROM cluster_utilization"
+            " WHERE sampled_at < $1 ORDER BY sampled_at LIMIT 10000)", at - timedelta(seconds=keep_s))
 
 
 # --- scaler state ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaError
 import asyncpg
 
 from gpusched_common import node_keys
+from gpusched_common.db import DATABASE_AWAY
 from gpusched_common.kafka_client import client_options
 from gpusched_common.messaging import Incoming, PoisonMessage, to_incoming
 from gpusched_common.senders import RefusalCounts
@@ -108,8 +109,11 @@ class TelemetryConsumer:
                         self.ingest_batch(incoming)
                     await asyncio.sleep(0)
                 return
-            except (OSError, ConnectionError, KafkaError) as exc:
-                log.warning("telemetry consumer lost the broker (%s); reconnecting in %.1fs", exc, delay)
+            except (ConnectionError, KafkaError, *DATABASE_AWAY) as exc:
+                # the broker, or the database it reads node keys from (a PostgreSQL restart: "the database
+                # system is starting up"), is away: the service waits for it instead of dying
+                log.warning("telemetry consumer lost the broker or the database (%s); reconnecting in %.1fs", exc,
+                            delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             finally:

@@ -97,6 +97,7 @@ class Agent:
     async def start(self) -> None:
         """Take a new lease epoch, register, adopt what still runs from the last life; wait until sent."""
         self.ctx.lease = leases.acquire(self.runner.next_epoch(), self.config.lease_ttl_s, self.ctx.monotonic())
+        self.heartbeat.publish_lease()
         if self.identity.request is not None:  # first, on the partition its reports share: enrolled before read
             self.report_in_order(self.identity.request)
         self.register()

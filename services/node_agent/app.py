@@ -3,6 +3,7 @@ GPUSCHED_SIMULATED_NODES > 1, a fleet of simulated agents `<node_id>-001..N` in 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -19,6 +20,7 @@ from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.signing import SIGNED_AT_HEADER, TrustedKeys
 from gpusched_common.topics import NODES_COMMANDS, agent_group
 
+from services.node_agent import watchdog
 from services.node_agent.agent import Agent
 from services.node_agent.cgroups import JobCgroups, Support, detect
 from services.node_agent.config import AgentConfig
@@ -150,8 +152,26 @@ def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[
         group = agent_group(settings.node_id if settings.simulated_nodes <= 1 else f"fleet-{settings.node_id}")
         runtime.subscribe(NODES_COMMANDS.name, group, signed_only(trusted, fleet.on_command))
         runtime.background.append(fleet.run)
+        if settings.agent_watchdog:
+            dirs = [settings.agent_work_dir / node_id for node_id in node_ids]
+            runtime.background.append(lambda: keep_watchdog(dirs))
 
     return setup, built
+
+
+async def keep_watchdog(dirs: list) -> None:
+    """Keep a watchdog watching the nodes' directories (one left by the agent's last life will do)."""
+    while True:
+        try:
+            started = watchdog.ensure(dirs)
+            if started is not None:
+                log.info("watchdog started (pid %d) for %d node(s)", started.pid, len(dirs))
+        except OSError as exc:
+            log.error("cannot start the watchdog: %s", exc)
+        await asyncio.sleep(WATCHDOG_CHECK_S)
+
+
+WATCHDOG_CHECK_S = 5.0
 
 
 async def main(settings: AgentSettings | None = None) -> None:

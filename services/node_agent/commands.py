@@ -14,6 +14,7 @@ from gpusched_common.tracing import current_traceparent
 from gpusched_core.agent import reconcile as rc
 from gpusched_common.events import ExitReason
 from gpusched_core.agent.start import DUPLICATE, OTHER_EPOCH, Ignore, NodeFacts, PreviousRun, Refuse, decide_start
+from gpusched_core.agent.seen import SeenCommands
 from gpusched_core.agent.stops import Preempt, decide_preempt
 
 from services.node_agent.context import AgentContext
@@ -32,13 +33,22 @@ class Commands:
         self._ctx = ctx
         self._exits = exits
         # StartJobs placed for an earlier lease epoch of this node (before the agent restarted or regained its
-        # lease): run only if the ReconcileJobs of the current epoch still lists them, else dropped
+        # lease), or for the current one before the store confirmed it: run only if the ReconcileJobs of the
+        # current epoch lists them, else dropped
         self._held: dict[str, ev.StartJob] = {}
+        # the epoch the store confirmed (its ReconcileJobs answered the registration): an agent whose
+        # directory was wiped counts from 1 again, and old commands of that epoch must not run (issue 15)
+        self._confirmed_epoch: int | None = None
+        self._seen = SeenCommands()  # a command published again (the broker lost its data) is not run twice
 
     async def on_command(self, message: Incoming) -> None:
         if message.key != self._ctx.node_id:
             return  # commands for other nodes share the topic
-        _, payload = parse_event(message)
+        envelope, payload = parse_event(message)
+        if not self._seen.first_time(envelope.event_id, self._ctx.monotonic()):
+            log.info("%s: %s %s seen before (published again): not carried out twice", self._ctx.node_id,
+                     envelope.type, envelope.event_id)
+            return
         if isinstance(payload, ev.StartJob):
             await self.start_job(payload)
         elif isinstance(payload, ev.StopJob):
@@ -51,6 +61,10 @@ class Commands:
 
     async def start_job(self, command: ev.StartJob) -> None:
         ctx = self._ctx
+        if command.lease_epoch is not None and command.lease_epoch == ctx.lease.epoch \
+                and self._confirmed_epoch != ctx.lease.epoch and len(self._held) < MAX_HELD_STARTS:
+            self._held[command.job_id] = command  # the store has not answered this epoch yet: it decides
+            return
         decision = decide_start(attempt=command.attempt, gpu_indices=command.gpu_indices,
                                 previous=self._previous_run(command.job_id), lease_epoch=command.lease_epoch,
                                 node=NodeFacts(ctx.node_id, ctx.lease.valid, frozenset(ctx.unhealthy_gpus()),
@@ -105,7 +119,8 @@ class Commands:
                                   share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
                                   mps_pipe_dir=self._mps_dir())
         result = await ctx.runner.start(command.job_id, command.command, tuple(command.gpu_indices), command.env,
-                                        owned={**job_env.env, **mig_env(command)}, tenant=command.tenant,
+                                        owned={**job_env.env, **mig_env(command), **run_env(ctx.node_id, command)},
+                                        tenant=command.tenant,
                                         lease_epoch=ctx.lease.epoch,
                                         share_milli=command.gpu_share_milli, memory_mib=command.gpu_memory_mib,
                                         attempt=command.attempt, time_limit_s=command.time_limit_s,
@@ -156,6 +171,7 @@ class Commands:
         ctx = self._ctx
         if not rc.answers_epoch(command.lease_epoch, ctx.lease.epoch):
             return
+        self._confirmed_epoch = ctx.lease.epoch
         held, self._held = self._held, {}
         starting = [held[job_id] for job_id in command.job_ids if job_id in held]
         # reconcile what ran before first, then start the held ones (watched from their start: a plan made
@@ -171,3 +187,9 @@ def mig_env(command: ev.StartJob) -> dict[str, str]:
     if command.mig_profile is None:
         return {}
     return {"GPUSCHED_MIG_PROFILE": command.mig_profile, "GPUSCHED_MIG_START": str(command.mig_start or 0)}
+
+
+def run_env(node_id: str, command: ev.StartJob) -> dict[str, str]:
+    """Which run of the job this is, and where: a job that resumes after a preemption or a requeue knows it
+    is not its first (as SLURM_RESTART_COUNT and torchrun's restart count tell)."""
+    return {"GPUSCHED_NODE_ID": node_id, "GPUSCHED_JOB_ATTEMPT": str(command.attempt)}

@@ -53,8 +53,10 @@ class JobExits:
 
     def stop(self, job_id: str, reason_code: str, grace_s: float | None = None) -> None:
         """Stop the job (SIGTERM, SIGKILL after `grace_s`, by default half the fencing grace); its exit is
-        reported with the first reason it was stopped for."""
-        self._stop_reasons.setdefault(job_id, reason_code)
+        reported with the first reason it was stopped for, by this agent or one before it (kept beside its
+        record: ``JobRunner.note_stop``)."""
+        self._stop_reasons.setdefault(job_id, self._ctx.runner.stop_reason(job_id) or reason_code)  # the first
+        self._ctx.runner.note_stop(job_id, reason_code)
         if job_id not in self.running:
             record = self._ctx.runner.record(job_id)
             if record is not None:  # not watched (e.g. found at restart): watch it so its end is handled
@@ -63,7 +65,8 @@ class JobExits:
         self._ctx.spawn(self._ctx.runner.stop(job_id, grace_s=grace_s), f"stop-{job_id}")
 
     def report_exit(self, payload: ev.JobExitReported) -> None:
-        self._ctx.reporter.in_order(payload, lambda: self._ctx.runner.mark_reported(payload.job_id))
+        report = payload.model_dump_json()
+        self._ctx.reporter.in_order(payload, lambda: self._ctx.runner.mark_reported(payload.job_id, report))
 
     def apply(self, actions: tuple[rc.Action, ...]) -> None:
         """Carry out a reconcile plan."""
@@ -79,12 +82,14 @@ class JobExits:
                         log.info("%s: adopted job %s (pid %d)", ctx.node_id, job_id, record.pid)
                 case rc.Stop(job_id=job_id, reason_code=code):
                     self.stop(job_id, code)
-                case rc.ReportExit(job_id=job_id, exit_code=code):
+                case rc.ReportExit(job_id=job_id, exit_code=code, reason_code=reason):
                     record = ctx.runner.record(job_id)
-                    runtime = max(0.0, time.time() - record.started_at_s) if record else 0.0
-                    self.report_exit(ev.JobExitReported(
-                        job_id=job_id, node_id=ctx.node_id, exit_code=code, runtime_s=round(runtime, 3),
-                        lease_epoch=record.lease_epoch if record else None, attempt=record.attempt if record else None))
+                    if record is None:
+                        continue
+                    self.report_exit(self._exit_report(record, code, max(0.0, time.time() - record.started_at_s),
+                                                       reason))
+                case rc.ResendExit(job_id=job_id):
+                    self._resend_exit(job_id)
                 case rc.Forget(job_id=job_id):
                     ctx.runner.mark_reported(job_id)
                 case rc.ReportMissing(job_id=job_id):
@@ -92,6 +97,27 @@ class JobExits:
                         job_id=job_id, node_id=ctx.node_id, exit_code=137, runtime_s=0.0,
                         error=f"job was not running on {ctx.node_id} when the agent reconciled",
                         lease_epoch=ctx.lease.epoch, reason_code=ev.ExitReason.MISSING_AFTER_RESTART))
+
+    def _resend_exit(self, job_id: str) -> None:
+        """The store still expects a job whose end this agent reported: that report was lost (a broker that
+        lost its data); send the same report again (placement takes a report of a run it has ended as
+        nothing new)."""
+        kept = self._ctx.runner.reported_exit(job_id)
+        try:
+            payload = ev.JobExitReported.model_validate_json(kept) if kept else None
+        except ValueError:
+            payload = None
+        if payload is None:  # reported by an agent that kept no report: its code, if it left one
+            record = self._ctx.runner.record(job_id)
+            observed = next((o for o in self._ctx.runner.observe() if o.job_id == job_id), None)
+            code = observed.exit_code if observed and observed.exit_code is not None else 137
+            if record is None:
+                payload = ev.JobExitReported(job_id=job_id, node_id=self._ctx.node_id, exit_code=code, runtime_s=0.0)
+            else:  # with the reason an agent stopped it for, as its first report would have had
+                payload = self._exit_report(record, code, 0.0, self._ctx.runner.stop_reason(job_id))
+        log.warning("%s: the store still expects job %s, whose exit was reported: reporting it again",
+                    self._ctx.node_id, job_id)
+        self.report_exit(payload)
 
     async def _wait_and_report(self, record: JobRecord, traceparent: str | None) -> None:
         ctx = self._ctx
@@ -102,18 +128,23 @@ class JobExits:
         ctx.backend.detach(record.job_id)
         self._checkpoints.report(record.job_id)  # one written just before exiting is reported before the exit
         self._checkpoints.forget(record.job_id)
-        reason = self._stop_reasons.pop(record.job_id, None)
+        reason = self._stop_reasons.pop(record.job_id, None) or ctx.runner.stop_reason(record.job_id)
         if reason == ev.ExitReason.NOT_ASSIGNED:
             ctx.runner.mark_reported(record.job_id)
             return
+        with tracer().start_as_current_span(f"{SERVICE} job exited", context=context_from_traceparent(traceparent),
+                                            attributes={"gpusched.job_id": record.job_id,
+                                                        "gpusched.exit_code": result.exit_code}):
+            self.report_exit(self._exit_report(record, result.exit_code, result.runtime_s, reason))
+
+    def _exit_report(self, record: JobRecord, exit_code: int, runtime_s: float,
+                     reason: str | None) -> ev.JobExitReported:
+        """The report of a run's end; ``reason``: the ExitReason the agent stopped it for, if it did."""
+        ctx = self._ctx
         error = stop_error(reason, node_id=ctx.node_id, gpu_indices=record.gpu_indices,
                            lease_epoch=record.lease_epoch,
                            unhealthy_reasons={i: h.reasons for i, h in ctx.health.items() if not h.healthy},
                            time_limit_s=record.time_limit_s)
-        with tracer().start_as_current_span(f"{SERVICE} job exited", context=context_from_traceparent(traceparent),
-                                            attributes={"gpusched.job_id": record.job_id,
-                                                        "gpusched.exit_code": result.exit_code}):
-            self.report_exit(ev.JobExitReported(
-                job_id=record.job_id, node_id=ctx.node_id, exit_code=result.exit_code,
-                runtime_s=round(result.runtime_s, 3), lease_epoch=record.lease_epoch, reason_code=reason,
-                error=error, attempt=record.attempt))
+        return ev.JobExitReported(job_id=record.job_id, node_id=ctx.node_id, exit_code=exit_code,
+                                  runtime_s=round(runtime_s, 3), lease_epoch=record.lease_epoch, reason_code=reason,
+                                  error=error, attempt=record.attempt)

@@ -15,6 +15,7 @@ from gpusched_core.agent import lease as leases
 from gpusched_core.agent.reconcile import plan_reconcile
 
 from services.node_agent.context import AgentContext
+from services.node_agent import watchdog
 from services.node_agent.exits import JobExits
 
 log = logging.getLogger(__name__)
@@ -54,20 +55,30 @@ class Heartbeat:
         if ctx.lease.fenced:  # contact is back: a new epoch, so reports of the old one are told apart
             ctx.lease = leases.acquire(ctx.runner.next_epoch(), ctx.lease.ttl_s, sent_at)
             log.warning("%s: contact is back; re-registering with lease epoch %d", ctx.node_id, ctx.lease.epoch)
+            self.publish_lease()
             self.register()
             return
         ctx.lease = leases.renewed(ctx.lease, sent_at)
+        self.publish_lease()
+
+    def publish_lease(self) -> None:
+        """Tell the node's watchdog until when its jobs may run (services/node_agent/watchdog.py)."""
+        ctx = self._ctx
+        watchdog.publish_lease(ctx.runner.work_dir, ctx.lease, ctx.config.fence_grace_s, ctx.monotonic())
 
     def declared_lost(self, told: ev.NodeLost) -> None:
-        """Placement declared this node lost at ``told.lease_epoch``: its jobs run elsewhere now. Still at
-        that epoch, the agent stops them and registers again under a new one (an older notice: ignored)."""
+        """Placement declared this node lost at ``told.lease_epoch`` (or refused that epoch as used before):
+        its jobs run elsewhere now. Still at that epoch, the agent stops them and registers again under a new
+        one, at least the store's ``next_epoch`` (an older notice: ignored)."""
         ctx = self._ctx
         if told.lease_epoch != ctx.lease.epoch:
             return
         log.error("%s: placement declared the node lost at lease epoch %d (%s); stopping its jobs and registering "
                   "again", ctx.node_id, told.lease_epoch, told.reason[:200])
         self._exits.apply(plan_reconcile(ctx.runner.observe(), None, lease_valid=False))
-        ctx.lease = leases.acquire(ctx.runner.next_epoch(), ctx.lease.ttl_s, ctx.monotonic())
+        ctx.lease = leases.acquire(ctx.runner.next_epoch(at_least=told.next_epoch or 0), ctx.lease.ttl_s,
+                                   ctx.monotonic())
+        self.publish_lease()
         self.register()
 
     async def check_lease(self) -> None:

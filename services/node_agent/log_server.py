@@ -69,7 +69,9 @@ class LogServer:
         self._socket = socket.create_server((host, port))
         bound = self._socket.getsockname()[1]
         self.url = advertised or f"http://{host}:{bound}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        # no lifespan: the app has no start-up or shut-down of its own, and uvicorn's lifespan task would print
+        # a traceback when the agent's stop cancels the server
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
 
     async def run(self) -> None:
         log.info("serving job logs for the gateway at %s", self.url)

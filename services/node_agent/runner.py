@@ -42,7 +42,7 @@ from gpusched_core.jobenv import job_environment
 
 __all__ = ["JobExit", "JobRecord", "JobRunner"]
 log = logging.getLogger(__name__)
-RUN_FILES = ("json", "reported")  # a run's own files beside the job directories, set aside when it ended
+RUN_FILES = ("json", "reported", "stopped")  # a run's own files beside the job directories, set aside when it ended
 JOB_RUN_FILES = ("exit", "preempt-notice")  # and in the job's directory
 LEGACY_RUN_FILES = ("exit", "preempt")  # where an agent before job directories kept them (``<job>.exit``)
 
@@ -159,7 +159,7 @@ class JobRunner:
         for r in self.records():
             runs = self.is_alive(r)
             out.append(ObservedJob(r.job_id, r.pid, runs, None if runs else self._read_exit(r.job_id),
-                                   self.reported(r.job_id)))
+                                   self.reported(r.job_id), self.stop_reason(r.job_id)))
         return out
 
     def finish_run(self, job_id: str) -> None:
@@ -180,8 +180,31 @@ class JobRunner:
     def reported(self, job_id: str) -> bool:
         return (self._dir / f"{job_id}.reported").exists()
 
-    def mark_reported(self, job_id: str) -> None:
-        write_private(self._dir / f"{job_id}.reported", "")
+    def mark_reported(self, job_id: str, report: str = "") -> None:
+        """The job's end was reported (``report``: the exit report as sent, kept to send again should the
+        store still expect the job here: the report was lost after the broker took it)."""
+        write_private(self._dir / f"{job_id}.reported", report)
+
+    def note_stop(self, job_id: str, reason_code: str) -> None:
+        """The agent is stopping the run for ``reason_code`` (an ExitReason): kept beside the record, so an
+        agent started again meanwhile reports its end with that reason (a run fenced for a lost lease is
+        requeued, not failed with the SIGTERM's 143)."""
+        if record_path(self._dir, job_id).exists() and self.stop_reason(job_id) is None:
+            write_private(self._dir / f"{job_id}.stopped", reason_code)
+
+    def stop_reason(self, job_id: str) -> str | None:
+        """Why the agent stopped the run (None: it did not)."""
+        try:
+            return (self._dir / f"{job_id}.stopped").read_text().strip() or None
+        except OSError:
+            return None
+
+    def reported_exit(self, job_id: str) -> str | None:
+        """The exit report sent for the job's run (None: none kept, or nothing reported)."""
+        try:
+            return (self._dir / f"{job_id}.reported").read_text() or None
+        except OSError:
+            return None
 
     def log_path(self, job_id: str) -> Path:
         return self._dir / f"{job_id}.log"
@@ -214,14 +237,15 @@ class JobRunner:
         """Session (= process group) leader pid -> job id, for live jobs."""
         return {r.pid: r.job_id for r in self.records() if self.is_alive(r)}
 
-    def next_epoch(self) -> int:
-        """A lease epoch larger than any this node used before (kept on disk across restarts)."""
+    def next_epoch(self, at_least: int = 0) -> int:
+        """A lease epoch larger than any this node used before (kept on disk across restarts), and at least
+        ``at_least`` (the store's floor, told by placement: a wiped directory forgot the node's epochs)."""
         path = self._dir / "lease_epoch"
         try:
             previous = int(path.read_text().strip())
         except (OSError, ValueError):
             previous = 0
-        epoch = previous + 1
+        epoch = max(previous + 1, at_least)
         write_private(path, str(epoch))
         return epoch
 

@@ -22,6 +22,9 @@ class AgentSettings(Settings):
     node_labels: str = ""
     lease_ttl_s: float = 30.0
     fence_grace_s: float = 10.0  # SIGTERM -> SIGKILL grace when the agent stops jobs
+    # a watchdog process beside the agent kills the node's jobs once its lease lapsed, also when the agent
+    # cannot (paused, hung, dead): services/node_agent/watchdog.py
+    agent_watchdog: bool = True
     health_interval_s: float = 2.0
     gpu_fault_policy: Literal["stop", "keep"] = "stop"
     health_ignored_xids: str = "13,31,43,45,68,109"  # application errors, not GPU faults

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpusched_common.runtime import Runtime, run_service, utcnow
+from gpusched_common import kafka_admin
+from gpusched_common.db import DATABASE_AWAY
+from gpusched_common.kafka_client import client_options
+from gpusched_common.runtime import Runtime, StoreClock, run_service
 from gpusched_common.topics import (
     GROUP_PLACEMENT_CONTROL,
     GROUP_PLACEMENT_JOBS,
@@ -16,7 +19,8 @@ from gpusched_common.topics import (
 )
 
 from gpusched_core import placement as engine
-from services.placement import starts, store
+from gpusched_core.placement.leases import caught_up
+from services.placement import recovery, starts, store
 from services.placement.handlers import check_leases, make_handler, run_cycle
 from services.placement.settings import PlacementSettings
 from services.placement.node_control import make_node_control_handler
@@ -31,6 +35,9 @@ async def setup(runtime: Runtime) -> None:
     policy = engine.make_policy(settings.placement_policy)
     log.info("placement policy: %s", policy.name)
     cache = ClusterCache()  # one per placement process
+    # leases are judged by the store's clock (synced every lease check): replicas with skewed clocks agree
+    clock = StoreClock()
+    utcnow = clock.now
     if settings.accept_unsigned_node_reports:
         log.warning("GPUSCHED_ACCEPT_UNSIGNED_NODE_REPORTS=true: anyone who can write to the broker speaks for any "
                     "node (development only)")
@@ -41,12 +48,45 @@ async def setup(runtime: Runtime) -> None:
     runtime.subscribe_transactional(JOBS_CONTROL.name, GROUP_PLACEMENT_CONTROL,
                                     make_node_control_handler(utcnow, policy, cache))
 
+    barrier: dict[int, int] = {}  # the reports topic's end offsets when leases were first seen to lapse
+    asked = [0.0]  # when listening() was last asked (a barrier older than a few checks is from another lapse)
+
+    async def listening() -> bool:
+        """Whether placement has read every node report that was in the broker when a lease was first seen
+        to lapse (else a heartbeat may wait in that backlog: placement is behind, the node is not silent)."""
+        now = asyncio.get_running_loop().time()
+        if now - asked[0] > 3 * LEASE_CHECK_INTERVAL_S:
+            barrier.clear()
+        asked[0] = now
+        try:
+            ends, committed = await kafka_admin.group_backlog(client_options(settings), NODES_REPORTS.name,
+                                                              GROUP_PLACEMENT_NODES, timeout_s=3.0)
+        except Exception as exc:  # noqa: BLE001 - a broker that does not answer: placement cannot listen either
+            log.warning("leases lapsed, but the backlog of node reports cannot be read (%s); waiting",
+                        type(exc).__name__)
+            return False
+        if not barrier:
+            barrier.update(ends)
+        if caught_up(barrier, committed):
+            barrier.clear()
+            return True
+        log.warning("leases lapsed while placement is behind on node reports; reading them first")
+        return False
+
     async def lease_loop() -> None:
         # Heartbeats that arrived while placement was down are still in Kafka, not yet in the table: give
         # every node a fresh lease at start rather than declare the whole cluster lost.
-        async with runtime.pool.acquire() as conn:
-            await store.refresh_leases(conn, utcnow())
+        while True:  # a database still starting up (it was just restarted) is waited for, not died of
+            try:
+                async with runtime.pool.acquire() as conn:
+                    await clock.sync(conn)
+                    await store.refresh_leases(conn, utcnow())
+                break
+            except DATABASE_AWAY as exc:
+                log.warning("placement: leases not refreshed yet (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(1.0)
         loop = asyncio.get_running_loop()
+        stops_sent: dict = {}  # when each cancelled job was last told to stop again (recovery)
         last_cycle, checked_at = 0.0, loop.time()
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
@@ -55,7 +95,8 @@ async def setup(runtime: Runtime) -> None:
             away = loop.time() - checked_at - LEASE_CHECK_INTERVAL_S
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
-                    lost = await check_leases(conn, utcnow(), policy, cache, away_s=away)
+                    await clock.sync(conn)
+                    lost = await check_leases(conn, utcnow(), policy, cache, away_s=away, listening=listening)
                     if asyncio.get_running_loop().time() - last_cycle >= settings.reconcile_interval_s:
                         # the bus wakes placement up, the store is its memory: a periodic cycle from the
                         # store alone places whatever a lost or delayed message left waiting
@@ -64,6 +105,12 @@ async def setup(runtime: Runtime) -> None:
                         if lapsed:
                             log.warning("GPUs held for %s were not used within %.0f s; released to everyone",
                                         ", ".join(lapsed), settings.nomination_ttl_s)
+                        recovered = await recovery.recover(conn, utcnow(), resend_s=settings.start_resend_s,
+                                                           stops_sent=stops_sent)
+                        if recovered.cluster_changed:
+                            cache.forget()
+                        if summary := recovered.summary():
+                            log.warning("placement recovered from the store: %s", summary)
                         await run_cycle(conn, utcnow(), policy, cache)
                         await starts.resend_unacknowledged(conn, utcnow(), settings.start_resend_s)
                 checked_at = loop.time()

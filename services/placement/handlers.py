@@ -6,7 +6,7 @@ job's events with the outbox, in the consumer's transaction."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 import asyncpg
@@ -119,15 +119,16 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
 
 
 async def on_reserved(conn: asyncpg.Connection, reserved: ev.QuotaReserved, now: datetime) -> bool:
+    if (await load_job(conn, reserved.job_id)).status is not lifecycle.JobStatus.QUEUED:
+        return False  # placed already (the store's pass queued it before this message came), or gone
     await store.queue_for_placement(conn, reserved.job_id, bound_to_charge(reserved.spec, reserved.gpu_model))
     return True
 
 
 async def on_cancelled(conn: asyncpg.Connection, cancelled: ev.JobCancelled, now: datetime) -> bool:
     await store.forget_pending(conn, cancelled.job_id)
-    for node_id in await store.release_gpus(conn, cancelled.job_id):
-        stop = ev.StopJob(job_id=cancelled.job_id, node_id=node_id, reason=cancelled.reason)
-        await store.send_command(conn, stop, node_id, now)
+    await store.stop_on(conn, cancelled.job_id, await store.release_gpus(conn, cancelled.job_id), cancelled.reason,
+                        now)
     return True
 
 
@@ -139,16 +140,25 @@ async def on_held(conn: asyncpg.Connection, held: ev.JobHeld, now: datetime) -> 
 async def on_cancel_requested(conn: asyncpg.Connection, asked: ev.JobCancelRequested, now: datetime) -> bool:
     """Tell every node the job runs on to stop it; its GPUs stay held until each reports the process gone
     (``on_exited``: the job then ends Cancelled)."""
-    for node_id in await store.nodes_of(conn, asked.job_id):
-        await store.send_command(conn, ev.StopJob(job_id=asked.job_id, node_id=node_id,
-                                                  reason=f"cancelled: {asked.reason}"), node_id, now)
+    await store.stop_on(conn, asked.job_id, await store.nodes_of(conn, asked.job_id), f"cancelled: {asked.reason}", now)
     return False
 
 
 async def on_registered(conn: asyncpg.Connection, node: ev.NodeRegistered, now: datetime) -> bool:
     """Record the node's inventory and new lease, then tell the agent which jobs should run there. Under
     the cycle lock, the list holds every placement committed so far, and any later one commits (and so is
-    published) after this answer: the agent never sees a StartJob its ReconcileJobs denies."""
+    published) after this answer: the agent never sees a StartJob its ReconcileJobs denies.
+
+    Epochs are the store's: a registration at an epoch the node used before (an agent whose directory was
+    wiped counts from 1 again) is refused with the lowest epoch accepted now (``NodeLost.next_epoch``), and
+    the agent registers again above it, so a fenced run's reports can never pass for the new one's."""
+    floor = await store.epoch_floor(conn, node.node_id)
+    if floor is not None and not floor.accepts(node.lease_epoch):
+        await store.send_command(conn, ev.NodeLost(
+            node_id=node.node_id, lease_epoch=node.lease_epoch, next_epoch=floor.next_epoch,
+            reason=f"lease epoch {node.lease_epoch} was used by this node before: register at {floor.next_epoch}"),
+            node.node_id, now)
+        return False
     await store.upsert_node(conn, node, now)
     expected = await store.jobs_on(conn, node.node_id)
     reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=expected, lease_epoch=node.lease_epoch)
@@ -156,8 +166,7 @@ async def on_registered(conn: asyncpg.Connection, node: ev.NodeRegistered, now: 
     for job_id in expected:  # asked to stop while the agent was away: it stops them now, and reports
         asked = (await load_job(conn, job_id)).cancel
         if asked is not None:
-            await store.send_command(conn, ev.StopJob(job_id=job_id, node_id=node.node_id,
-                                                      reason=f"cancelled: {asked.reason}"), node.node_id, now)
+            await store.stop_on(conn, job_id, [node.node_id], f"cancelled: {asked.reason}", now)
     return True
 
 
@@ -251,18 +260,22 @@ OWN_GAP_S = 5.0  # placement itself did not check leases this long (paused, its 
 
 
 async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy,
-                       cache: ClusterCache | None = None, *, away_s: float = 0.0) -> list[str]:
+                       cache: ClusterCache | None = None, *, away_s: float = 0.0,
+                       listening: Callable[[], Awaitable[bool]] | None = None) -> list[str]:
     """Declare silent nodes lost, requeue their jobs once, and place again; returns the nodes lost.
     ``away_s``: how long placement itself was not checking. A lease is judged by the heartbeats placement
     received, so time it was not listening (a pause, an outage of its database) is not the nodes'
-    silence: after a gap longer than OWN_GAP_S every node gets a fresh lease first, and the heartbeats
-    waiting for placement in the broker are read before anyone is declared lost (issue 15)."""
+    silence: after a gap longer than OWN_GAP_S every node gets a fresh lease first; and ``listening``
+    (when given) says whether placement has read the heartbeats waiting for it in the broker: until it
+    has, nobody is declared lost (consumer lag is placement not listening, issue 15)."""
     await lock_cycle(conn)
     if away_s > OWN_GAP_S:
         await store.refresh_leases(conn, now)
         log.warning("placement did not check leases for %.0f s; every node gets a fresh lease", away_s)
         return []
     expired = select_expired(await store.leases(conn), now)
+    if expired and listening is not None and not await listening():
+        return []
     for lease in expired:
         await store.mark_lost(conn, lease.node_id)
         silent_s = (now - lease.last_seen_at).total_seconds()
@@ -334,10 +347,8 @@ async def _decide(conn: asyncpg.Connection, job_id: str, command: lifecycle.Comm
 async def _stop_members(conn: asyncpg.Connection, state: lifecycle.JobState, except_node: str, reason: str,
                         now: datetime) -> None:
     """Stop the job's gang members still running on nodes other than ``except_node``."""
-    for node_id in state.node_ids:
-        if node_id != except_node and node_id not in state.exited_nodes:
-            await store.send_command(conn, ev.StopJob(job_id=state.job_id, node_id=node_id, reason=reason), node_id,
-                                     now)
+    running = [n for n in state.node_ids if n != except_node and n not in state.exited_nodes]
+    await store.stop_on(conn, state.job_id, running, reason, now)
 
 
 OTHER_RUN = Ignored("reports of another run or node than the job's")

@@ -1,9 +1,10 @@
 """StartJobs re-sent until acknowledged (issue 15): placement keeps each StartJob it sends
 (``placement_starts``, migration 027) until the node reports that run started; a periodic pass sends again
-those of jobs still Placed whose node is Ready and that went unanswered for ``resend_after_s`` (the command
-was lost: a broker restart that lost its data, an agent that missed it). The agent runs a run once however
-often it is told (``gpusched_core.agent.start``: a repeat is a duplicate) and answers a repeat of the run it
-has with its start again, so a lost report is healed the same way."""
+those of jobs still Placed (or a gang Running whose member on that node never started) whose node is Ready
+and that went unanswered for ``resend_after_s`` (the command was lost: a broker restart that lost its data,
+an agent that missed it). The agent runs a run once however often it is told (``gpusched_core.agent.start``:
+a repeat is a duplicate) and answers a repeat of the run it has with its start again, so a lost report is
+healed the same way."""
 
 from __future__ import annotations
 
@@ -34,12 +35,12 @@ async def acknowledged(conn: asyncpg.Connection, report: ev.JobStartReported) ->
 
 
 async def resend_unacknowledged(conn: asyncpg.Connection, now: datetime, resend_after_s: float) -> list[str]:
-    """Send again the StartJobs unanswered for ``resend_after_s`` of jobs still Placed on Ready nodes (each
+    """Send again the StartJobs unanswered for ``resend_after_s`` of jobs still placed on Ready nodes (each
     with its node's current epoch: a node that re-registered since runs it under the new one only if its
     ReconcileJobs lists it); forget those of jobs that moved on. Returns the jobs re-sent."""
     await conn.execute(
         "DELETE FROM placement_starts s WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = s.job_id"
-        " AND j.status = 'Placed')")
+        " AND j.status IN ('Placed', 'Running'))")  # a gang runs once one member started
     rows = await conn.fetch(
         "SELECT s.job_id, s.node_id, s.payload, n.lease_epoch FROM placement_starts s"
         " JOIN nodes n ON n.node_id = s.node_id AND n.status = 'Ready'"

@@ -6,6 +6,7 @@ way)."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -131,9 +132,13 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
         " SET hostname = EXCLUDED.hostname, labels = EXCLUDED.labels, cpu_milli = EXCLUDED.cpu_milli,"
         " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
         " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready',"
-        " log_url = EXCLUDED.log_url, quarantine_reasons = NULL, isolation = EXCLUDED.isolation",
+        " log_url = EXCLUDED.log_url, quarantine_reasons = NULL, isolation = EXCLUDED.isolation,"
+        " reported_jobs = NULL",
         node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
         node.lease_epoch, node.log_url, {k[:32]: v[:200] for k, v in node.isolation.items()})
+    # its registration was answered with a ReconcileJobs: no drift, and none needed again before long
+    await conn.execute("INSERT INTO node_drift (node_id, drift_since, reconciled_at) VALUES ($1, NULL, $2)"
+                       " ON CONFLICT (node_id) DO UPDATE SET drift_since = NULL, reconciled_at = $2", node.node_id, now)
     await conn.executemany(
         "INSERT INTO gpus (node_id, gpu_index, uuid, model, memory_mib, healthy, mig_enabled, nvlink_domain)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
@@ -142,6 +147,10 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
         " nvlink_domain = EXCLUDED.nvlink_domain",
         [(node.node_id, g.index, g.uuid, g.model, g.memory_mib, g.healthy, g.mig_enabled, g.nvlink_domain)
          for g in node.gpus])
+    # a GPU the node no longer has (it came back with fewer) is out of service: nothing is placed on it (its
+    # row stays for the allocations and history that name it; registered with it again, it serves again)
+    await conn.execute("UPDATE gpus SET healthy = false WHERE node_id = $1 AND NOT (gpu_index = ANY($2::int[]))",
+                       node.node_id, [g.index for g in node.gpus])
 
 
 async def quarantine_node(conn: asyncpg.Connection, node: ev.NodeRegistered, reasons: list[str], now: datetime) -> None:
@@ -156,16 +165,38 @@ async def quarantine_node(conn: asyncpg.Connection, node: ev.NodeRegistered, rea
 
 
 async def record_heartbeat(conn: asyncpg.Connection, beat: ev.NodeHeartbeat, now: datetime) -> None:
-    """Renew the node's lease, unless the epoch was declared lost."""
+    """Renew the node's lease, unless the epoch was declared lost or is older than the node's registered one."""
     await conn.execute(
-        "UPDATE nodes SET last_seen_at = $2, lease_epoch = $3, lease_ttl_s = $4, fence_grace_s = $5"
-        " WHERE node_id = $1 AND (lost_epoch IS NULL OR lost_epoch < $3)",
-        beat.node_id, now, beat.lease_epoch, beat.lease_ttl_s, beat.fence_grace_s)
+        "UPDATE nodes SET last_seen_at = $2, lease_epoch = $3, lease_ttl_s = $4, fence_grace_s = $5,"
+        " reported_jobs = $6 WHERE node_id = $1 AND lease_epoch <= $3 AND (lost_epoch IS NULL OR lost_epoch < $3)",
+        beat.node_id, now, beat.lease_epoch, beat.lease_ttl_s, beat.fence_grace_s, beat.running_jobs)
 
 
 async def set_gpu_health(conn: asyncpg.Connection, node_id: str, gpu_index: int, healthy: bool) -> None:
     await conn.execute("UPDATE gpus SET healthy = $3 WHERE node_id = $1 AND gpu_index = $2", node_id, gpu_index,
                        healthy)
+
+
+@dataclass(frozen=True)
+class EpochFloor:
+    """The epochs a node has used, as the store knows them: its lease's, and the last one declared lost."""
+    lease_epoch: int
+    lost_epoch: int | None
+
+    def accepts(self, epoch: int) -> bool:
+        """Only an epoch above every one the node used: an agent registers once per epoch, so a second
+        registration at one it had is an agent that forgot it (its directory wiped), and the commands of
+        that epoch in the broker must not pass for its."""
+        return epoch > self.lease_epoch and (self.lost_epoch is None or epoch > self.lost_epoch)
+
+    @property
+    def next_epoch(self) -> int:
+        return max(self.lease_epoch, self.lost_epoch or 0) + 1
+
+
+async def epoch_floor(conn: asyncpg.Connection, node_id: str) -> EpochFloor | None:
+    row = await conn.fetchrow("SELECT lease_epoch, lost_epoch FROM nodes WHERE node_id = $1", node_id)
+    return None if row is None else EpochFloor(row["lease_epoch"], row["lost_epoch"])
 
 
 async def lost_epoch(conn: asyncpg.Connection, node_id: str) -> int | None:
@@ -195,6 +226,12 @@ async def send_command(conn: asyncpg.Connection, payload: ev.Payload, node_id: s
     envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{node_id}", occurred_at=now,
                                 producer=SERVICE, traceparent=traceparent or current_traceparent())
     await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=node_id, envelopes=[envelope])
+
+
+async def stop_on(conn: asyncpg.Connection, job_id: str, node_ids, reason: str, now: datetime) -> None:
+    """A StopJob of ``job_id`` to each of ``node_ids``."""
+    for node_id in node_ids:
+        await send_command(conn, ev.StopJob(job_id=job_id, node_id=node_id, reason=reason), node_id, now)
 
 
 class ClusterCache:

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import asyncpg
-
+from gpusched_common.db import DATABASE_AWAY
 from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_common.topics import GROUP_PREEMPTION, GROUP_PREEMPTION_RECLAIMS, JOBS_EVENTS, QUOTA_RECLAIMS
@@ -39,7 +38,7 @@ async def setup(runtime: Runtime) -> None:
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
                     asked = await stuck.ask_again(conn, utcnow(), policy.grace_s)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except DATABASE_AWAY as exc:
                 log.warning("preemption: stuck preemptions not checked (%s); next time", exc)
                 continue
             if asked:

@@ -30,6 +30,7 @@ from services.quota.handlers import (
     reconcile,
     reserve_everywhere,
 )
+from services.quota import recovery
 from services.quota.settings import QuotaSettings
 from services.quota.store import install, lock_revisions
 
@@ -60,12 +61,17 @@ async def start_tenancy(pool: asyncpg.Pool, tenants_file: Path | None, tenancies
 
 async def reconcile_loop(runtime: Runtime, tenancies: TenancyStore, options: CycleOptions,
                          interval_s: float) -> None:
-    """Every few seconds, a cycle for each cohort with waiting work, from the store alone."""
+    """Every few seconds, what lost messages left undone (``recovery``), then a cycle for each cohort with
+    waiting work, from the store alone."""
     assert runtime.pool is not None
     while True:
         await asyncio.sleep(interval_s)
         try:
+            async with runtime.pool.acquire() as conn, conn.transaction():
+                recovered = await recovery.recover(conn, tenancies, utcnow())
             cycles = await reconcile(runtime.pool, tenancies, utcnow(), options)
+            if any(recovered.values()):
+                runtime.wake_relay()
         except Exception:  # noqa: BLE001 - a database outage must not end the reconciliation
             log.exception("quota reconciliation failed; retrying")
             continue

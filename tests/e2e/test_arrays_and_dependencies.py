@@ -16,7 +16,7 @@ import pytest
 from gpusched import ApiError, Client
 from gpusched_cli.workload import wait_until_finished
 from tests.e2e.test_gateway import cli
-from tests.e2e.test_job_control import token_for, wait_state
+from tests.e2e.test_job_control import first_running, token_for, wait_state
 
 STACK_NODES = 2
 STACK_GPU_MODELS = ["H100-80GB"]
@@ -69,7 +69,8 @@ async def test_cancelling_an_array_ends_every_task(local_stack):
     outsider = await token_for(local_stack, "user", "platform", "array-outsider")
     with Client(local_stack.gateway, token) as client:
         array_id = client.submit({"gpus": 1, "command": ["sleep", "600"]}, array="0-5%2")["array_id"]
-        await wait_state(client, f"{array_id}.0", "Running")
+        # the tasks reach admission on different partitions, so any two may be the first to run
+        await first_running(client, [f"{array_id}.{i}" for i in range(6)])
         with Client(local_stack.gateway, outsider) as other, pytest.raises(ApiError) as hidden:
             other.cancel(array_id)
         assert hidden.value.status == 404

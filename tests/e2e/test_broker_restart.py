@@ -2,8 +2,10 @@
 
 Apache Kafka keeps its logs and committed offsets across a restart: every event published before it is
 still on its topic afterwards, and every job finishes exactly once. Tansu keeps nothing (it lives in
-memory): the operator recreates the topics (`gpusched create-topics`) and the services should converge
-from PostgreSQL, the truth, all the same; they do not yet (BROKER_SKIP), so that run is skipped with why.
+memory): the operator recreates the topics (`gpusched create-topics`) and the services converge from
+PostgreSQL, the truth, all the same: what the lost messages would have done is done by each service's
+periodic pass over the store (placement's and quota's recovery, StartJobs re-sent, nodes whose account
+drifted from the store reconciled, lost exit reports sent again).
 """
 
 from __future__ import annotations
@@ -22,12 +24,6 @@ from tests.builders import a_job
 from tests.integration.kafka_helpers import read_topic
 
 STACK_NODES = 2
-# Seen here: after Tansu loses everything, jobs stay Running (their exit report was lost with the broker)
-# or Queued (a StartJob lost), and a consumer whose in-memory position outlived the broker's data skips
-# records published before it rejoins its group. Converging needs commands and reports re-sent until
-# acknowledged and consumers that restart from the store: the fault-campaign issue (15), which removes this.
-BROKER_SKIP = {"tansu": "a Tansu restart does not converge yet: lost StartJob/exit reports are never re-sent "
-                        "and a stale consumer position skips new records (issue 15)"}
 BROKER_BEHAVIOUR = True  # what the broker keeps across a restart: its Apache Kafka run is part of `make test`
 
 
@@ -61,11 +57,29 @@ async def test_a_broker_restart_mid_workload_loses_no_job_and_runs_none_twice(lo
         await create_topics(broker.bootstrap, partitions=6)
     async with Client(stack_settings) as client:
         ids += [await client.submit(spec) for spec in specs[24:]]
-    counts = await wait_until_finished(local_stack.database_url, ids, timeout_s=180, interval_s=0.5)
-    assert counts == {"Succeeded": 40}
+    try:
+        counts = await wait_until_finished(local_stack.database_url, ids, timeout_s=180, interval_s=0.5)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{await _stories_of_the_odd(local_stack.database_url, ids)}") from None
+    assert counts == {"Succeeded": 40}, await _stories_of_the_odd(local_stack.database_url, ids)
     await _assert_each_job_ran_once(local_stack.database_url, ids)
     if broker.keeps_data_across_restart:
         await _assert_every_job_event_is_on_the_topic(local_stack.database_url, broker.bootstrap, ids)
+
+
+async def _stories_of_the_odd(database_url: str, ids: list[str]) -> str:
+    """Every event of each job that did not succeed exactly once (what a failure message should show)."""
+    conn = await connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT e.stream_id, e.type, e.payload, e.recorded_at FROM events e WHERE e.stream_id IN ("
+            " SELECT 'job-' || job_id FROM jobs WHERE job_id = ANY($1::text[]) AND status <> 'Succeeded'"
+            " UNION SELECT stream_id FROM events WHERE type IN ('JobPlaced', 'JobSucceeded')"
+            " AND stream_id = ANY($2::text[]) GROUP BY stream_id, type HAVING count(*) > 1)"
+            " ORDER BY e.stream_id, e.version", ids, [f"job-{i}" for i in ids])
+    finally:
+        await conn.close()
+    return "\n".join(f"{r['stream_id']} {r['recorded_at']:%H:%M:%S.%f} {r['type']} {r['payload']}" for r in rows)
 
 
 async def _assert_each_job_ran_once(database_url: str, ids: list[str]) -> None:
@@ -75,7 +89,7 @@ async def _assert_each_job_ran_once(database_url: str, ids: list[str]) -> None:
         twice = await conn.fetchval(
             "SELECT count(*) FROM (SELECT stream_id, type FROM events WHERE type IN ('JobPlaced', 'JobSucceeded')"
             " AND stream_id = ANY($1::text[]) GROUP BY stream_id, type HAVING count(*) > 1) t", streams)
-        assert twice == 0
+        assert twice == 0, await _stories_of_the_odd(database_url, ids)
         assert await conn.fetchval("SELECT count(*) FROM gpu_allocations") == 0
     finally:
         await conn.close()

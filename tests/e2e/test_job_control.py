@@ -50,8 +50,61 @@ async def wait_state(client: Client, job_id: str, state: str | tuple[str, ...], 
         if job["state"] in wanted and (job["state"] not in ("Admitted", "Queued") or job["reasons"]):
             return job
         if time.monotonic() > deadline:
-            raise AssertionError(f"{job_id} is {job['state']}, not {state}, after {timeout_s}s: {job['reasons']}")
+            raise AssertionError(f"{job_id} is {job['state']}, not {state}, after {timeout_s}s: {job['reasons']}"
+                                 f"\n{await _holders()}")
         await asyncio.sleep(0.2)
+
+
+_DATABASE: list[str] = []  # the module's stack's database, for what a failed wait shows
+
+
+@pytest.fixture(autouse=True)
+def _remember_database(local_stack):
+    _DATABASE[:] = [local_stack.database_url]
+
+
+async def _holders() -> str:
+    """Every job holding GPUs, with its events: what a job that waited in vain waited behind."""
+    if not _DATABASE:
+        return ""
+    conn = await connect(_DATABASE[0])
+    try:
+        rows = await conn.fetch(
+            "SELECT e.stream_id, e.type, e.recorded_at, e.payload FROM events e WHERE e.stream_id IN"
+            " (SELECT DISTINCT 'job-' || job_id FROM gpu_allocations) ORDER BY e.global_position")
+    finally:
+        await conn.close()
+    return "GPUs held by:\n" + "\n".join(f"{r['stream_id']} {r['recorded_at']:%H:%M:%S.%f} {r['type']} {r['payload']}"
+                                         for r in rows)
+
+
+async def _state(client: Client, job_id: str) -> str:
+    try:
+        return (await asyncio.to_thread(client.job, job_id))["state"]
+    except ApiError as exc:
+        if exc.status != 404:  # not recorded by admission yet
+            raise
+        return "Submitted"
+
+
+async def first_running(client: Client, job_ids: list[str], timeout_s: float = 60) -> str:
+    """The first of ``job_ids`` seen Running (jobs that reach admission on different partitions run in
+    either order)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = {j: await _state(client, j) for j in job_ids}
+        running = [j for j in job_ids if states[j] == "Running"]
+        if running:
+            return running[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"none of {job_ids} runs after {timeout_s}s: {states}\n{await _holders()}")
+        await asyncio.sleep(0.2)
+
+
+async def _one_running(client: Client, job_ids: list[str], timeout_s: float = 60) -> tuple[str, str]:
+    """(the one of two jobs that runs, the other)."""
+    running = await first_running(client, job_ids, timeout_s)
+    return running, next(j for j in job_ids if j != running)
 
 
 async def allocations(local_stack, job_id: str) -> int:
@@ -196,8 +249,10 @@ async def test_cordon_keeps_new_work_off_a_node_until_uncordoned(local_stack):
             admin.cordon("node-99")
         assert unknown.value.status == 404
         with Client(local_stack.gateway, user) as client:
-            first = client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"]
-            second = client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"]
+            submitted = [client.submit({"gpus": 4, "command": ["sleep", "600"]})["job_id"] for _ in range(2)]
+            # the two reach admission on different partitions, in either order: whichever is placed first
+            # takes node-2, the other waits for the cordoned node
+            first, second = await _one_running(client, submitted)
             running = await wait_state(client, first, "Running")
             assert running["node_id"] == "node-2"
             table = await asyncio.to_thread(cli, local_stack, operator, "nodes")

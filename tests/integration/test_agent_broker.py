@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import datetime, timezone
 
 from gpusched_common import events as ev
@@ -21,7 +22,8 @@ async def send_command(settings, payload: ev.Payload, node_id: str) -> None:
     broker = build_broker(settings, "test-placement")
     await broker.connect()
     try:
-        envelope = ev.make_envelope(payload, event_id=f"cmd-{payload.job_id}", stream_id=f"node-{node_id}",
+        envelope = ev.make_envelope(payload, event_id=f"cmd-{getattr(payload, 'job_id', payload.TYPE)}-{uuid.uuid4()}",
+                                    stream_id=f"node-{node_id}",
                                     occurred_at=datetime.now(timezone.utc), producer="test")
         await publish(broker, NODES_COMMANDS.name, node_id, envelope.model_dump_json().encode(),
                       {"event-type": payload.TYPE})
@@ -104,3 +106,22 @@ async def test_one_process_runs_a_fleet_of_simulated_nodes(settings, make_agent_
     assert sorted(r["node_id"] for r in of(found, "NodeRegistered")) == [f"sim-{i:03d}" for i in range(1, 21)]
     assert of(found, "JobExitReported", "on-17")[0]["node_id"] == "sim-017"
     assert len(built[0].agents) == 20
+
+
+async def test_an_exit_report_the_store_never_got_is_sent_again_when_the_node_is_reconciled(settings,
+                                                                                          make_agent_settings):
+    agent_settings = make_agent_settings(node_id="node-r", heartbeat_interval_s=0.5, telemetry_interval_s=60.0)
+    setup, _ = agent_setup(agent_settings)
+    async with running("node-agent-r", agent_settings, setup, uses_database=False):
+        found = await reports(settings, 1, until=lambda f: of(f, "NodeRegistered"))
+        epoch = of(found, "NodeRegistered")[0]["lease_epoch"]
+        await send_command(settings, start_job("short", "node-r", "sh", "-c", "exit 5"), "node-r")
+        found = await reports(settings, 3, until=lambda f: of(f, "JobExitReported", "short"))
+        # the report was taken by the broker (the agent marked it sent), then lost with the broker's data:
+        # the store still has the job running there, and placement reconciles the node
+        await send_command(settings, ev.ReconcileJobs(node_id="node-r", job_ids=["short"], lease_epoch=epoch),
+                           "node-r")
+        found = await reports(settings, 4, until=lambda f: len(of(f, "JobExitReported", "short")) == 2)
+    first, again = of(found, "JobExitReported", "short")
+    assert (again["exit_code"], again["attempt"], again["lease_epoch"]) == (5, 1, epoch)
+    assert again == first  # the same report, sent again (placement takes a report of an ended run as nothing new)

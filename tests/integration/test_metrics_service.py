@@ -8,12 +8,18 @@ import asyncio
 import json
 from datetime import datetime, timezone
 
-from gpusched_common.db import create_pool
+from aiokafka import AIOKafkaProducer
+
+from gpusched_common import events as ev
+from gpusched_common.db import connect, create_pool
 from gpusched_common.runtime import running
-from gpusched_common.topics import CLUSTER_SCALING
+from gpusched_common.signing import SENDER_HEADER
+from gpusched_common.topics import CLUSTER_SCALING, NODES_TELEMETRY
 
 from services.metrics.handlers import MetricsService
 from services.metrics.settings import MetricsSettings
+from services.metrics.telemetry_consumer import TelemetryConsumer
+from services.metrics.tracker import TelemetryTracker
 from services.node_agent.app import agent_setup
 from tests.integration.kafka_helpers import read_topic
 from tests.integration.test_agent_broker import send_command, start_job
@@ -114,3 +120,71 @@ async def _scale_rows(database_url: str) -> list[tuple]:
         return [tuple(r) for r in rows]
     finally:
         await pool.close()
+
+
+async def test_utilization_samples_older_than_the_retention_are_deleted(database_url):
+    from datetime import timedelta
+
+    from gpusched_common.db import connect
+    from gpusched_core.metrics.views import GroupView
+    from services.metrics.store import record_utilization
+
+    conn = await connect(database_url)
+    try:
+        now = datetime(2026, 12, 2, tzinfo=timezone.utc)
+        view = GroupView("cluster", gpus_total=8, gpus_reporting=8, gpus_busy=4, utilization_sum_pct=400.0)
+        for days_ago in (40, 31, 29, 1):
+            await record_utilization(conn, now - timedelta(days=days_ago), view)
+        await record_utilization(conn, now, view, keep_s=30 * 86_400)
+        kept = [r["sampled_at"] for r in await conn.fetch("SELECT sampled_at FROM cluster_utilization ORDER BY 1")]
+        assert kept == [now - timedelta(days=29), now - timedelta(days=1), now]
+    finally:
+        await conn.close()
+
+
+async def test_the_telemetry_consumer_waits_out_a_database_that_refuses_connections(settings, caplog):
+    """A PostgreSQL restart ends the pool's connections, and for a while the server refuses new ones ("the
+    database system is starting up"; here the database refuses them, which asyncpg raises the same way): the
+    telemetry consumer, which reads node keys from the store, waits and goes on instead of dying."""
+    topic = NODES_TELEMETRY.name
+    database = settings.database_url.rsplit("/", 1)[1]
+    pool = await create_pool(settings.database_url)
+    admin = await connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
+    consumer = TelemetryConsumer(settings, TelemetryTracker(), group_id=None, topic=topic, pool=pool)
+    task = asyncio.create_task(consumer.run())
+    try:
+        await _send_telemetry(settings.kafka_bootstrap, topic, "00000000000000a1")
+        await _until(task, lambda: consumer.refused.total() >= 1)  # read, its sender's key looked up, refused
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", database)
+        await _send_telemetry(settings.kafka_bootstrap, topic, "00000000000000b2")
+        await _until(task, lambda: any("lost the broker or the database" in r.getMessage() for r in caplog.records))
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await _until(task, lambda: consumer.refused.total() >= 2)  # read again from the start, both refused
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        await admin.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pool.close()
+
+
+async def _send_telemetry(bootstrap: str, topic: str, key_id: str) -> None:
+    now = datetime.now(timezone.utc)
+    value = ev.make_envelope(ev.GpuTelemetry(node_id="node-t", sampled_at=now, samples=[]), event_id=key_id,
+                             stream_id="node-node-t", occurred_at=now, producer="node-agent").model_dump_json().encode()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value, key=b"node-t", headers=[(SENDER_HEADER, key_id.encode())])
+    finally:
+        await producer.stop()
+
+
+async def _until(task: asyncio.Task, condition, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if task.done():
+            raise AssertionError(f"the telemetry consumer ended: {task.exception()!r}")
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.1)

@@ -1,19 +1,22 @@
 """The outbox relay on the real broker and PostgreSQL (issue 15): leadership fenced by a term (a relay whose
 term was taken publishes nothing more), a row the broker refuses for good parked with its error while the
-rows after it go out, retention of published rows and old claims (never of the event store), and the
-dead-letter claims an operator may release."""
+rows after it go out, retention of published rows and old claims (never of the event store), the
+dead-letter claims an operator may release, and what the relay publishes again after the broker lost its
+data."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from gpusched_common.db import create_pool
+from gpusched_common.infra.brokers import restart_broker
 from gpusched_common.messaging import build_broker
 from gpusched_common.relay import LostLeadership, OutboxRelay, parked_rows, prune, take_term
 from gpusched_common.store import claim, claim_dead_lettered, release_dead_lettered
-from tests.integration.kafka_helpers import create_topic, read_topic
+from tests.integration.kafka_helpers import create_topic, read_to_end, read_topic
 
 TOPIC = "gpusched.test.relay"
 
@@ -145,3 +148,188 @@ async def test_an_operator_lists_shows_and_replays_a_dead_lettered_message(setti
     assert handled == ["e-dl"]
     assert await asyncio.to_thread(main, ["deadletter", "show", "nonsense"]) == 2
     assert await asyncio.to_thread(main, ["outbox", "parked"]) == 0
+
+
+async def publish_when_back(relay: OutboxRelay, timeout_s: float = 60.0) -> int:
+    """Publish the pending rows once the restarted broker takes them (the producer reconnects by itself)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await relay.publish_pending()
+        except Exception:  # noqa: BLE001 - the broker is still coming back
+            assert asyncio.get_running_loop().time() < deadline, "the broker did not come back"
+            await asyncio.sleep(0.5)
+
+
+async def test_after_the_broker_lost_its_data_the_relay_publishes_again_what_it_had_published(
+        relay_env, settings, running_broker):
+    pool, broker = relay_env
+    relay = OutboxRelay(pool, broker, "svc", poll_interval_s=0.05, republish_s=900)
+    async with pool.acquire() as conn:
+        relay.term = await take_term(conn, "svc", relay.holder)
+    await add_rows(pool, [b"a", b"b", b"c"])
+    assert await relay.publish_pending() == 3
+    restart_broker(running_broker)
+    if not running_broker.keeps_data_across_restart:  # Tansu keeps nothing: the operator recreates the topics
+        await create_topic(settings.kafka_bootstrap, TOPIC)
+    await add_rows(pool, [b"d"])
+    assert await publish_when_back(relay) == 1
+    if running_broker.keeps_data_across_restart:  # Apache Kafka kept its log: nothing to publish again
+        assert relay.losses == 0
+        values = [r.value for r in await read_topic(settings.kafka_bootstrap, TOPIC, expect=4)]
+        assert values == [b"a", b"b", b"c", b"d"]
+        return
+    assert relay.losses == 1  # d was acknowledged at offset 0, where c had been at 2
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 3
+    assert await relay.publish_pending() == 3
+    values = [r.value for r in await read_topic(settings.kafka_bootstrap, TOPIC, expect=4)]
+    assert values == [b"d", b"a", b"b", b"c"]
+    async with pool.acquire() as conn:  # a relay taking over knows the offsets acknowledged so far
+        successor = OutboxRelay(pool, broker, "svc", poll_interval_s=0.05)
+        successor.term = await take_term(conn, "svc", "successor")
+    assert await pool.fetchval("SELECT high_offsets->>'gpusched.test.relay:0' FROM relay_terms") == "3"
+
+
+async def test_after_the_broker_lost_its_data_the_gateway_publishes_again_what_it_had_published(
+        settings, running_broker):
+    """What the store has not recorded yet: a submission admission has (a row in `jobs`) goes no more (the
+    seed-1 campaign's gateway sent 1,096 again after a Tansu restart, and the probe waited 30 s behind them)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from gpusched_common.db import create_pool
+    from gpusched_common.producers import ProducerKey
+    from gpusched_common.topics import JOBS_SUBMITTED
+    from services.gateway.publisher import SubmissionPublisher
+    from services.gateway.store import recorded_job_ids
+
+    publisher = SubmissionPublisher(settings, ProducerKey("0123456789abcdef", Ed25519PrivateKey.generate()),
+                                    timeout_s=10.0)
+    pool = await create_pool(settings.database_url, min_size=0, max_size=2)
+    publisher.recorded = lambda job_ids: recorded_job_ids(pool, job_ids)
+    try:
+        await publisher.publish([("j-1", b"one", None), ("j-2", b"two", None), ("j-0", b"zero", None)])
+        await pool.execute("INSERT INTO jobs (job_id, status, version, updated_at) VALUES ('j-0', 'Admitted', 2, now())")
+        restart_broker(running_broker)
+        if not running_broker.keeps_data_across_restart:
+            await create_topic(settings.kafka_bootstrap, JOBS_SUBMITTED.name, partitions=3)
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            try:
+                await publisher.publish([("j-1", b"three", None)])  # the same key: the same partition as "one"
+                break
+            except Exception:  # noqa: BLE001 - the broker is still coming back
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.5)
+        if running_broker.keeps_data_across_restart:
+            records = await read_topic(settings.kafka_bootstrap, JOBS_SUBMITTED.name, expect=4)
+            assert publisher.losses == 0 and sorted(r.value for r in records) == [b"one", b"three", b"two", b"zero"]
+        else:  # "three" was acknowledged at offset 0, where "one" had been: those before it the store lacks go again
+            await publisher.publish([("j-0", b"after", None)])  # behind anything sent again on j-0's partition
+            deadline = asyncio.get_running_loop().time() + 30
+            while b"after" not in (values := sorted(r.value for r in await read_to_end(settings.kafka_bootstrap,
+                                                                                     JOBS_SUBMITTED.name))):
+                assert asyncio.get_running_loop().time() < deadline, values
+                await asyncio.sleep(0.1)
+            assert publisher.losses == 1 and values == [b"after", b"one", b"three", b"two"]
+    finally:
+        await publisher.stop()
+        await pool.close()
+
+
+async def test_a_consumer_whose_position_outlived_the_broker_s_data_reads_the_new_log_from_its_start(
+        settings, running_broker):
+    """Its group is gone with the broker's data, but the offset of a batch in flight at the restart reaches
+    the new broker as the group's: the consumer rejoins at offset 8 of a log of two records, and Tansu
+    answers it with nothing (Apache Kafka, which keeps its data, needs none of this)."""
+    from aiokafka import AIOKafkaProducer
+
+    from gpusched_common.runtime import running
+
+    seen: list[bytes] = []
+
+    async def setup(runtime) -> None:
+        async def handler(message) -> None:
+            seen.append(message.value)
+        runtime.subscribe(TOPIC, "position-guard-test", handler)
+
+    async def produce(values: list[bytes]) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+        await producer.start()
+        try:
+            for value in values:
+                await producer.send_and_wait(TOPIC, value, key=b"k")
+        finally:
+            await producer.stop()
+
+    async def wait_for(values: list[bytes], timeout_s: float = 60.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not set(values) <= set(seen):
+            assert asyncio.get_running_loop().time() < deadline, f"never read {values}: {seen}"
+            await asyncio.sleep(0.1)
+
+    await create_topic(settings.kafka_bootstrap, TOPIC)
+    async with running("guard-test", settings, setup, uses_database=False):
+        await produce([f"old-{i}".encode() for i in range(8)])
+        await wait_for([f"old-{i}".encode() for i in range(8)])  # the consumer's position: 8
+        restart_broker(running_broker)
+        if not running_broker.keeps_data_across_restart:
+            await create_topic(settings.kafka_bootstrap, TOPIC)
+            # the batch in flight at the restart has its offset committed to the new broker from memory
+            await commit_offset(settings.kafka_bootstrap, "position-guard-test", 8)
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            try:
+                await produce([b"new-0", b"new-1"])  # offsets 0 and 1 of the new log (Tansu)
+                break
+            except Exception:  # noqa: BLE001 - the broker is still coming back
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.5)
+        await wait_for([b"new-0", b"new-1"])  # not skipped: the log never reaches offset 8 again here
+
+
+async def commit_offset(bootstrap: str, group: str, offset: int) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        try:
+            await consumer.start()
+            consumer.assign([TopicPartition(TOPIC, 0)])
+            await consumer.commit({TopicPartition(TOPIC, 0): offset})
+            return
+        except Exception:  # noqa: BLE001 - the broker is still coming back
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.5)
+        finally:
+            await consumer.stop()
+
+
+async def test_what_every_reader_of_its_topic_applied_is_not_published_again(database_url):
+    """After a broker lost its data the relay sends again only what some reader has not claimed in its inbox;
+    the agents' commands, read without an inbox, and rows whose event cannot be read always go again."""
+    from gpusched_common.relay import applied_by_every_reader
+    from gpusched_common.topics import JOBS_EVENTS, NODES_COMMANDS, QUOTA_RECLAIMS
+
+    def row(row_id: int, topic: str, event_id: str | None) -> dict:
+        return {"id": row_id, "topic": topic, "value": b"not json" if event_id is None else
+                f'{{"event_id": "{event_id}", "type": "T"}}'.encode()}
+
+    rows = [row(1, JOBS_EVENTS.name, "e-all"), row(2, JOBS_EVENTS.name, "e-two"), row(3, NODES_COMMANDS.name, "e-cmd"),
+            row(4, QUOTA_RECLAIMS.name, "e-reclaim"), row(5, JOBS_EVENTS.name, None), row(6, JOBS_EVENTS.name, "e-dl")]
+    pool = await create_pool(database_url)
+    try:
+        async with pool.acquire() as conn:
+            for consumer in ("quota", "placement", "preemption"):
+                await claim(conn, consumer, "e-all")
+                await claim(conn, consumer, "e-cmd")  # claimed or not, the agents keep no inbox
+            for consumer in ("quota", "placement"):
+                await claim(conn, consumer, "e-two")  # preemption has not applied it yet
+            await claim(conn, "quota", "e-reclaim")  # not its reader
+            await claim(conn, "quota", "e-dl")
+            await claim(conn, "placement", "e-dl")
+            await claim_dead_lettered(conn, "preemption", "e-dl")  # a copy would be a duplicate to it as well
+            assert await applied_by_every_reader(conn, rows) == {1, 6}
+            assert await applied_by_every_reader(conn, []) == set()
+    finally:
+        await pool.close()

@@ -78,7 +78,7 @@ TABLE_OWNERS = {
     "quota": {"quota_job_dependencies", "quota_policy_history", "quota_policy_pending", "quota_policy_reservations", "quota_policy_usage",
               "quota_reclaims", "quota_tenancy_rejections", "quota_tenancy_revisions"},
     "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version",
-                  "join_tokens", "node_keys", "placement_starts"},  # the keys: through gpusched_common.node_keys (operators issue tokens)
+                  "join_tokens", "node_keys", "placement_starts", "node_drift"},  # the keys: through gpusched_common.node_keys (operators issue tokens)
     "preemption": {"preemption_evaluations", "reclaim_victims"},
     "metrics": {"cluster_utilization", "metrics_scaler_state", "scale_decisions"},
     "gateway": {"api_tokens"},  # through gpusched_common.tokens; its own SQL reads only the shared tables

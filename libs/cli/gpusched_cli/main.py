@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from gpusched_cli.agent_check import add_agent_parser
+from gpusched_cli.chaos.campaign import add_chaos_parser
 from gpusched_cli.deadletter import add_deadletter_parsers
 from gpusched_cli.enrolment import add_enrolment_parsers
 from gpusched_cli.job_commands import add_job_parsers
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_producers_parser(sub)
     add_enrolment_parsers(sub)
     add_deadletter_parsers(sub)
+    add_chaos_parser(sub)
     add_provision_parsers(sub)
     add_simulate_queue_parser(sub)
     add_simulate_preemption_parser(sub)

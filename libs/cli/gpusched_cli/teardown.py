@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from gpusched_common.infra.processes import alive, stop_pid
 from gpusched_common.job_records import JobRecord, read_records, stop_job_groups
 
 Progress = Callable[[str], None]
+WATCHDOG_PID_FILE = "watchdog.pid"  # services/node_agent/watchdog.py PID_FILE (no service is imported here)
 JOB_GRACE_S = 5.0  # how long a job has after SIGTERM before its process group is killed
 
 
@@ -44,8 +46,36 @@ def stop_stack_jobs(home: str | Path, env: dict[str, str], progress: Progress = 
                     grace_s: float = JOB_GRACE_S) -> int:
     """Stop every job of the stack in `home` that still runs (its agents must be stopped already, or they
     would start more); reports and returns how many were stopped."""
-    records = job_records(agents_dir(home, env), progress)
+    root = agents_dir(home, env)
+    records = job_records(root, progress)
     stopped, killed = stop_job_groups(records, grace_s)
     note = f" ({killed} killed after a {grace_s:g}s grace)" if killed else ""
     progress(f"stopped    {stopped} job process(es){note}")
+    watchdogs = stop_watchdogs(root)
+    if watchdogs:
+        progress(f"stopped    {watchdogs} node watchdog(s)")
     return stopped
+
+
+def stop_watchdogs(root: Path) -> int:
+    """Stop the agents' watchdogs (each names its pid in ``watchdog.pid`` of the directories it watches;
+    services/node_agent/watchdog.py): with the jobs stopped nothing is left for them to watch."""
+    pids = set()
+    for pid_file in root.glob(f"*/{WATCHDOG_PID_FILE}") if root.is_dir() else []:
+        try:
+            pids.add(int(pid_file.read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    stopped = 0
+    for pid in sorted(pids):
+        if alive(pid) and _is_watchdog(pid):  # a pid file outlives its process: never stop a stranger
+            stop_pid(pid)
+            stopped += 1
+    return stopped
+
+
+def _is_watchdog(pid: int) -> bool:
+    try:
+        return b"services.node_agent.watchdog" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 from faststream.kafka import KafkaBroker
 
+from gpusched_common.db import DATABASE_AWAY
 from gpusched_common.messaging import (
     Incoming,
     consumer_options,
@@ -25,6 +26,7 @@ from gpusched_common.messaging import (
     parse_event,
     poisoned,
     to_incoming,
+    track,
 )
 from gpusched_common.store import claim_dead_lettered
 from gpusched_common.settings import Settings
@@ -72,8 +74,12 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
     async def one(message: Incoming) -> None:
         await apply_batch(pool, service, [message], handler)
 
-    @broker.subscriber(topic, batch=True, max_records=settings.consumer_batch_max,
-                       batch_timeout_ms=settings.consumer_batch_wait_ms, **consumer_options(settings, group_id))
+    subscriber = broker.subscriber(topic, batch=True, max_records=settings.consumer_batch_max,
+                                   batch_timeout_ms=settings.consumer_batch_wait_ms,
+                                   **consumer_options(settings, group_id))
+    track(broker, subscriber)
+
+    @subscriber
     async def on_batch(msg):  # noqa: ANN001 - the decoder hands over the batch's KafkaMessage
         records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         messages = []
@@ -105,7 +111,7 @@ async def remember_dead_lettered(pool: asyncpg.Pool, service: str, message: Inco
     try:
         async with pool.acquire() as conn:
             await claim_dead_lettered(conn, service, envelope.event_id)
-    except (OSError, asyncpg.PostgresError) as exc:
+    except DATABASE_AWAY as exc:
         log.warning("%s: could not remember dead-lettered %s: %s", service, envelope.event_id, exc)
 
 

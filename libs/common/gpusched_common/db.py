@@ -10,6 +10,10 @@ import asyncpg
 MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "deploy" / "migrations"
 _MIGRATION_LOCK = 727_001  # advisory lock id: one migrator at a time
 
+# What a loop that reads the store meets while PostgreSQL is away or restarting (refused or broken
+# connections, "the database system is starting up", a connection ended mid-query): it waits and retries.
+DATABASE_AWAY: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")

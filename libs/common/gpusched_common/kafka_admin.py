@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    CoordinatorLoadInProgressError,
+    GroupCoordinatorNotAvailableError,
+    KafkaConnectionError,
+    TopicAlreadyExistsError,
+    for_code,
+)
 
 from gpusched_common.topics import ALL_TOPICS
 
@@ -85,3 +91,32 @@ async def read_to_end(options: dict, topic: str, *, limit_s: float = 30.0) -> li
         return sorted(records, key=lambda r: (r.partition, r.offset))
     finally:
         await consumer.stop()
+
+
+async def group_backlog(options: dict, topic: str, group: str, *, timeout_s: float = 10.0,
+                        ) -> tuple[dict[int, int], dict[int, int]]:
+    """``topic``'s end offsets and ``group``'s committed offsets there, by partition (a partition the group
+    never committed on is absent from the second), as they are when called."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async with asyncio.timeout(timeout_s):
+        consumer = AIOKafkaConsumer(**options, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            cluster = await consumer._client.fetch_all_metadata()
+            parts = [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
+            ends = await consumer.end_offsets(parts) if parts else {}
+        finally:
+            await consumer.stop()
+        admin = await _connect(options, timeout_s)
+        try:
+            while True:
+                try:
+                    committed = await admin.list_consumer_group_offsets(group, partitions=parts)
+                    break
+                except (GroupCoordinatorNotAvailableError, CoordinatorLoadInProgressError):
+                    await asyncio.sleep(0.2)  # a broker still electing the group's coordinator: soon
+        finally:
+            await admin.close()
+    return ({tp.partition: offset for tp, offset in ends.items()},
+            {tp.partition: meta.offset for tp, meta in committed.items() if meta is not None and meta.offset >= 0})

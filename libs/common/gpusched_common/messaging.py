@@ -21,6 +21,7 @@ from faststream.kafka import KafkaBroker, KafkaMessage
 from opentelemetry import trace
 
 from gpusched_common.events import Envelope, Payload, parse_payload
+from gpusched_common.incarnation import Incarnation, cluster_id
 from gpusched_common.kafka_client import broker_security
 from gpusched_common.settings import Settings
 from gpusched_common.store import ConcurrencyError
@@ -130,11 +131,73 @@ def consumer_options(settings: Settings, group_id: str) -> dict:
     )
 
 
+def track(broker: KafkaBroker, subscriber: object) -> None:
+    """Remember a subscriber of ``broker`` for ``guard_positions``."""
+    subscribers = getattr(broker, "_gpusched_subscribers", None)
+    if subscribers is None:
+        subscribers = []
+        broker._gpusched_subscribers = subscribers  # type: ignore[attr-defined]
+    subscribers.append(subscriber)
+
+
+async def guard_positions(broker: KafkaBroker, interval_s: float = 2.0, seen: Incarnation | None = None) -> None:
+    """Move a consumer back to the start of a partition whose log is not the one its position was in
+    (issue 15).
+
+    A broker that lost its data starts every partition again at offset 0, and a consumer may carry its old
+    position into the new log: it rejoins and finds the offset it committed from memory just after the
+    restart (a batch in flight), or it never lost its assignment. Apache Kafka answers a fetch beyond the
+    log's end with OFFSET_OUT_OF_RANGE (the consumer resets itself); Tansu answers it with no records and a
+    high watermark below the position, so the consumer would wait there and skip everything written before
+    the log reached it again, and once the new log has passed the old position nothing in the offsets tells
+    the two apart. So the guard asks the broker's cluster id each time (`gpusched_common.incarnation`): when
+    it changed, every partition assigned now or within the next minute is read from its start (what the
+    consumer had already is a duplicate). A position above the partition's high watermark (never so while
+    the log lives) does the same for one partition."""
+    seen = Incarnation() if seen is None else seen  # the broker this process knew (a test passes its own)
+    reset: set[tuple[int, object]] = set()  # (consumer, partition) read from the start since the last change
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval_s)
+        consumers = [c for s in list(getattr(broker, "_gpusched_subscribers", ()))
+                     if (c := getattr(s, "consumer", None)) is not None]
+        if not consumers:
+            continue
+        try:
+            if seen.note(await cluster_id(consumers[0]._client), loop.time()):
+                log.error("the broker is a new cluster (id %s): it lost its data; reading every partition from "
+                          "its start", seen.known)
+                reset.clear()
+        except Exception as exc:  # noqa: BLE001 - an outage: ask again next time
+            log.debug("position guard: cluster id: %s", exc)
+        now = loop.time()
+        for consumer in consumers:
+            try:
+                for tp in consumer.assignment():
+                    if seen.resetting(now) and (id(consumer), tp) not in reset:
+                        await consumer.seek_to_beginning(tp)
+                        reset.add((id(consumer), tp))
+                        continue
+                    high = consumer.highwater(tp)
+                    if high is None:
+                        continue
+                    position = await asyncio.wait_for(consumer.position(tp), 1.0)
+                    if position > high:
+                        log.error("%s[%d]: position %d is beyond the log's end %d (the broker lost its data): "
+                                  "reading the partition from its start", tp.topic, tp.partition, position, high)
+                        await consumer.seek_to_beginning(tp)
+            except Exception as exc:  # noqa: BLE001 - a rebalance or an outage: look again next time
+                log.debug("position guard: %s", exc)
+
+
 def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, settings: Settings,
               handler: Handler) -> None:
     """Register `handler` for `topic` under the delivery contract in this module's docstring."""
 
-    @broker.subscriber(topic, **consumer_options(settings, group_id))
+    subscriber = broker.subscriber(topic, **consumer_options(settings, group_id))
+    track(broker, subscriber)
+
+    @subscriber
     async def on_message(msg):  # noqa: ANN001 - the decoder hands over the KafkaMessage itself
         incoming = to_incoming(msg.raw_message)
         await handle_with_retries(broker, incoming, service=service, settings=settings, handler=handler)

@@ -7,6 +7,13 @@ whose lock went with a broken connection, without it noticing, stops at its next
 publishing beside its successor. A crash between publishing and marking republishes those rows: consumers
 dedupe by event id (the inbox), so at-least-once publishing yields effectively-once effects.
 
+A broker that lost its data (Tansu restarted: it keeps nothing; a Kafka log wiped) is noticed when it
+acknowledges a row at an offset below one it acknowledged before on that partition (the highest per
+partition is kept with the term, migration 029): the relay then publishes again the rows it published
+within ``republish_s`` that some reader has not applied yet (every reader of the topic claimed the others in
+its inbox; a topic read without one, such as the agents' commands, goes again whole), so messages no consumer
+had read are not lost with the broker (consumers dedupe by event id, agents by run and epoch).
+
 A row the broker refuses for good (too large, an invalid topic, bytes it cannot take) is *parked* with its
 error (``parked_at``, ``park_reason``; ``gpusched outbox parked``) and the rows after it go on; any other
 failure publishes nothing more of the batch after the failed row (a key's rows stay in order) and is
@@ -16,6 +23,7 @@ retried.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -25,6 +33,9 @@ from datetime import datetime
 import asyncpg
 from aiokafka.errors import InvalidTopicError, MessageSizeTooLargeError, RecordTooLargeError
 from faststream.kafka import KafkaBroker
+
+from gpusched_common.ack_offsets import AckOffsets
+from gpusched_common.topics import INBOX_READERS
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +49,7 @@ class LostLeadership(RuntimeError):
 
 class OutboxRelay:
     def __init__(self, pool: asyncpg.Pool, broker: KafkaBroker, producer: str, *, poll_interval_s: float,
-                 holder: str | None = None) -> None:
+                 holder: str | None = None, republish_s: float = 900.0) -> None:
         self._pool = pool
         self._broker = broker
         self._producer = producer
@@ -48,6 +59,9 @@ class OutboxRelay:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         self.term: int | None = None  # the term this relay publishes under (None: it is not the active one)
         self.parked = 0
+        self._republish_s = republish_s
+        self._offsets = AckOffsets()  # the highest offset the broker acknowledged, per partition
+        self.losses = 0  # how often the broker was found to have lost data
 
     def wake(self) -> None:
         """Called after a transaction that wrote outbox rows commits, to publish without polling delay."""
@@ -62,6 +76,8 @@ class OutboxRelay:
                         continue
                     try:
                         self.term = await take_term(lock_conn, self._producer, self.holder)
+                        self._offsets = AckOffsets(json.loads(await lock_conn.fetchval(
+                            "SELECT high_offsets::text FROM relay_terms WHERE producer = $1", self._producer)))
                         log.info("outbox relay for %s active (term %d)", self._producer, self.term)
                         await self._pump()
                     finally:
@@ -99,7 +115,7 @@ class OutboxRelay:
             if not rows:
                 return 0
             outcomes = await self._send_in_order(rows)
-            done, parked, failure = [], [], None
+            done, parked, failure, acks = [], [], None, []
             for row, outcome in zip(rows, outcomes, strict=True):
                 if isinstance(outcome, _REFUSED_FOR_GOOD):
                     parked.append((row["id"], f"{type(outcome).__name__}: {outcome}"[:2000]))
@@ -108,10 +124,17 @@ class OutboxRelay:
                     break
                 else:
                     done.append(row["id"])
+                    acks.append(outcome)
+            regressed = self._offsets.note(acks)
             async with conn.transaction():
                 await self._check_term(conn, lock=True)
                 await conn.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])",
                                    done)
+                if regressed:
+                    await self._republish(conn, regressed, done)
+                if acks and self.term is not None:
+                    await conn.execute("UPDATE relay_terms SET high_offsets = $2::jsonb WHERE producer = $1",
+                                       self._producer, self._offsets.high)
                 for row_id, reason in parked:
                     await conn.execute("UPDATE outbox SET parked_at = clock_timestamp(), park_reason = $2 WHERE id = $1",
                                        row_id, reason)
@@ -123,9 +146,23 @@ class OutboxRelay:
                 raise failure
             return len(done) + len(parked)
 
+    async def _republish(self, conn: asyncpg.Connection, regressed: list[str], done: list[int]) -> None:
+        recent = await conn.fetch(
+            "SELECT id, topic, value FROM outbox WHERE producer = $1 AND published_at IS NOT NULL"
+            " AND published_at > clock_timestamp() - make_interval(secs => $2) AND NOT (id = ANY($3::bigint[]))",
+            self._producer, self._republish_s, done)
+        applied = await applied_by_every_reader(conn, recent)
+        again = [r["id"] for r in recent if r["id"] not in applied]
+        await conn.execute("UPDATE outbox SET published_at = NULL WHERE id = ANY($1::bigint[])", again)
+        self.losses += 1
+        log.error("outbox relay for %s: the broker lost data (%s); publishing again %d of the %d row(s) published"
+                  " in the last %.0f s (every reader had applied the rest)", self._producer,
+                  "; ".join(regressed[:3]), len(again), len(recent), self._republish_s)
+
     async def _send_in_order(self, rows: list[asyncpg.Record]) -> list[object]:
         """Hand every row to the producer in id order (so a key's rows keep their order), then wait for each
-        acknowledgement (acks=all); per row, None or the exception that refused it."""
+        acknowledgement (acks=all); per row, its acknowledgement (record metadata) or the exception that
+        refused it."""
         pending: list[object] = []
         for row in rows:
             try:
@@ -140,8 +177,7 @@ class OutboxRelay:
             if isinstance(handed, BaseException):
                 outcomes.append(handed)
             else:
-                ack = next(acked)
-                outcomes.append(ack if isinstance(ack, BaseException) else None)
+                outcomes.append(next(acked))
         return outcomes
 
     async def _check_term(self, conn: asyncpg.Connection, *, lock: bool = False) -> None:
@@ -189,3 +225,29 @@ async def prune(conn: asyncpg.Connection, service: str, *, outbox_before: dateti
         if n < batch:
             break
     return outbox, inbox
+
+
+async def applied_by_every_reader(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> set[int]:
+    """The outbox rows (``id``, ``topic``, ``value``) whose event every reader of their topic has claimed in
+    its inbox (``topics.INBOX_READERS``): those need not go to a broker that lost them. A row of a topic read
+    without an inbox, or whose event id cannot be read, is never among them."""
+    events: dict[int, tuple[str, str]] = {}
+    for row in rows:
+        if row["topic"] not in INBOX_READERS:
+            continue
+        try:
+            event_id = json.loads(bytes(row["value"]))["event_id"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        if isinstance(event_id, str):
+            events[row["id"]] = (row["topic"], event_id)
+    if not events:
+        return set()
+    readers = sorted({r for topic, _ in events.values() for r in INBOX_READERS[topic]})
+    claims = await conn.fetch("SELECT consumer, event_id FROM inbox WHERE consumer = ANY($1::text[])"
+                              " AND event_id = ANY($2::text[])", readers, sorted({e for _, e in events.values()}))
+    claimed: dict[str, set[str]] = {}
+    for claim in claims:
+        claimed.setdefault(claim["event_id"], set()).add(claim["consumer"])
+    return {row_id for row_id, (topic, event_id) in events.items()
+            if claimed.get(event_id, set()) >= set(INBOX_READERS[topic])}

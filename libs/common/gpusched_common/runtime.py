@@ -16,8 +16,8 @@ from faststream.kafka import KafkaBroker
 
 from gpusched_common import signing
 from gpusched_common.batching import Screen, TxHandler, subscribe_transactional
-from gpusched_common.db import create_pool
-from gpusched_common.messaging import Handler, build_broker, poisoned, subscribe
+from gpusched_common.db import DATABASE_AWAY, create_pool
+from gpusched_common.messaging import Handler, build_broker, guard_positions, poisoned, subscribe
 from gpusched_common.relay import OutboxRelay, prune
 from gpusched_common.settings import Settings
 from gpusched_common.tracing import configure_tracing
@@ -28,6 +28,24 @@ log = logging.getLogger(__name__)
 def utcnow() -> datetime:
     """The clock every service shell passes to its handlers (pure cores never read it)."""
     return datetime.now(timezone.utc)
+
+
+class StoreClock:
+    """The database server's clock, read through the process's own (issue 15): replicas whose clocks
+    disagree (skew, a wrong NTP) still judge one lease by one clock, the store's. ``sync`` measures the
+    offset (half the query's round trip allowed for); ``now`` is the process clock plus the last offset."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc) + self.offset
+
+    async def sync(self, conn: asyncpg.Connection) -> None:
+        before = datetime.now(timezone.utc)
+        server = await conn.fetchval("SELECT clock_timestamp()")
+        after = datetime.now(timezone.utc)
+        self.offset = server - (before + (after - before) / 2)
 
 
 @dataclass
@@ -75,10 +93,12 @@ async def running(service: str, settings: Settings, setup: Callable[[Runtime], A
     runtime = Runtime(service=service, settings=settings, broker=broker)
     if uses_database:
         runtime.pool = await _connect_with_retry(settings.database_url)
-        runtime.relay = OutboxRelay(runtime.pool, broker, service, poll_interval_s=settings.outbox_poll_interval_s)
+        runtime.relay = OutboxRelay(runtime.pool, broker, service, poll_interval_s=settings.outbox_poll_interval_s,
+                                    republish_s=settings.outbox_republish_s)
         runtime.background.append(runtime.relay.run)
         runtime.background.append(lambda: retention_loop(runtime))
     tasks: list[asyncio.Task] = []
+    runtime.background.append(lambda: guard_positions(broker))  # a broker that lost its data: see there
     try:
         await setup(runtime)
         await _start_with_retry(broker)
@@ -109,7 +129,7 @@ async def retention_loop(runtime: Runtime) -> None:
                                             inbox_before=now - timedelta(seconds=settings.inbox_retention_s))
             if outbox or inbox:
                 log.info("%s: pruned %d published outbox row(s) and %d inbox claim(s)", runtime.service, outbox, inbox)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DATABASE_AWAY as exc:
             log.warning("%s: retention postponed: %s", runtime.service, exc)
         await asyncio.sleep(settings.retention_interval_s)
 
@@ -143,7 +163,7 @@ async def _connect_with_retry(database_url: str) -> asyncpg.Pool:
     while True:
         try:
             return await create_pool(database_url)
-        except (OSError, asyncpg.PostgresError) as exc:
+        except DATABASE_AWAY as exc:
             log.warning("database not reachable (%s); retrying in %.1fs", exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     outbox_retention_s: float = 86_400.0
     inbox_retention_s: float = 7 * 86_400.0
     retention_interval_s: float = 600.0
+    # after the broker lost its data (an offset acknowledged below one acknowledged before), each relay
+    # publishes again what it published within this long (the node commands' signature window)
+    outbox_republish_s: float = 900.0
 
     # how often node agents sample GPUs; the metrics service holds a GPU silent for 3 intervals stale
     telemetry_interval_s: float = 5.0

@@ -53,3 +53,18 @@ GROUP_METRICS = "gpusched-metrics"
 
 def agent_group(node_id: str) -> str:
     return f"gpusched-agent-{node_id}"
+
+
+# The services that read each topic in a transaction and claim what they applied in their inbox under their
+# name (``gpusched_common.store.claim``): a message every reader of its topic has claimed needs no second
+# delivery, so the outbox relay does not publish it again to a broker that lost its data. A topic with a
+# reader that keeps no inbox (the agents' commands, an autoscaler's decisions) is not named: its messages
+# always go again. tests/unit/test_topics.py checks every service's subscriptions against this table.
+INBOX_READERS: dict[str, tuple[str, ...]] = {
+    JOBS_SUBMITTED.name: ("admission",),
+    JOBS_EVENTS.name: ("quota", "placement", "preemption"),
+    JOBS_CONTROL.name: ("admission", "placement"),
+    NODES_REPORTS.name: ("placement",),
+    QUOTA_RECLAIMS.name: ("preemption",),
+    TENANCY_UPDATES.name: ("quota",),
+}

@@ -4,6 +4,7 @@ tests/integration/test_agent_broker.py)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +35,7 @@ def an_agent(tmp: Path, sent: Recorder, **config) -> Agent:
 
 
 def command(payload: ev.Payload) -> Incoming:
-    envelope = ev.make_envelope(payload, event_id="e", stream_id="node-n1", occurred_at=datetime.now(timezone.utc),
+    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id="node-n1", occurred_at=datetime.now(timezone.utc),
                                 producer="test")
     return Incoming("gpusched.nodes.commands", 0, 0, "n1", envelope.model_dump_json().encode(), {})
 
@@ -125,6 +126,32 @@ async def test_an_agent_that_loses_its_lease_stops_its_jobs_and_returns_with_a_n
     await agent.close()
 
 
+async def test_a_job_fenced_by_an_agent_that_died_before_it_ended_is_reported_fenced_by_the_next(tmp_path):
+    """The reason a job was stopped for outlives the agent that stopped it: a run fenced for a lost lease
+    whose agent is restarted before the run ends is requeued, not failed with its SIGTERM's 143."""
+    clock = [0.0]
+    first = Agent(AgentConfig("n1", lease_ttl_s=5.0, fence_grace_s=20.0, heartbeat_interval_s=1.0), Recorder(),
+                  SimulatedNvml("n1", "H100-80GB:2"), JobRunner(tmp_path / "n1"), monotonic=lambda: clock[0])
+    await first.start()
+    epoch = first.lease.epoch
+    await first.on_command(start("j1", "sh", "-c", "trap 'sleep 0.5; exit 143' TERM; sleep 30 & wait"))
+    first.set_partitioned(True)
+    clock[0] = 5.5
+    await first.check_lease()  # fenced: SIGTERM, and the job takes its time to go
+    await eventually(lambda: first.runner.stop_reason("j1") == "lease_lost")
+    await first.close()  # the agent dies before the job ended (perhaps before it was signalled)
+
+    sent = Recorder()
+    second = an_agent(tmp_path, sent)
+    await second.start()
+    await eventually(lambda: sent.of("JobExitReported"), timeout_s=10)  # stopped again if it was not signalled
+    report = sent.of("JobExitReported")[0]
+    assert (report["job_id"], report["exit_code"], report["reason_code"], report["lease_epoch"]) == \
+        ("j1", 143, "lease_lost", epoch)
+    assert "lease (epoch" in report["error"]
+    await second.close()
+
+
 async def test_telemetry_maps_gpu_processes_to_jobs(tmp_path):
     sent = Recorder()
     agent = an_agent(tmp_path, sent)
@@ -181,6 +208,28 @@ async def test_a_start_placed_for_an_earlier_epoch_waits_for_the_store_s_list_of
     await agent.flush()
     assert [r["job_id"] for r in sent.of("JobStartReported")] == ["kept"]  # the store still means it for here
     assert [r["job_id"] for r in sent.of("JobExitReported")] == ["kept"]  # "moved" runs elsewhere: dropped
+    await agent.close()
+
+
+async def test_a_reconcile_published_again_after_the_broker_lost_its_data_stops_nothing_started_since(tmp_path):
+    """Found by the broker-restart test on Tansu: the relay published the registration's ReconcileJobs
+    again (the same envelope), the agent read it a second time and stopped, as not assigned, every job
+    started since; they ended Failed 143. A command seen before is not carried out twice; a new one is."""
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    epoch = agent.lease.epoch
+    registration_answer = command(ev.ReconcileJobs(node_id="n1", job_ids=[], lease_epoch=epoch))
+    await agent.on_command(registration_answer)
+    await agent.on_command(start_at("later", epoch))  # a StartJob of the confirmed epoch runs at once
+    await agent.on_command(start("long", "sleep", "30", gpus=(1,)))
+    await eventually(lambda: {r["job_id"] for r in sent.of("JobStartReported")} == {"later", "long"})
+    await agent.on_command(registration_answer)  # published again: the same event
+    await agent.flush()
+    assert agent.runner.stop_reason("long") is None and "long" in agent.runner.running_job_ids()
+    await agent.on_command(command(ev.ReconcileJobs(node_id="n1", job_ids=["later"], lease_epoch=epoch)))
+    await eventually(lambda: "long" not in agent.runner.running_job_ids())  # a new list: obeyed
+    assert agent.runner.stop_reason("long") == "not_assigned"
     await agent.close()
 
 

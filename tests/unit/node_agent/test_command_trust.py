@@ -4,6 +4,8 @@ command; an unnamed trusted key (an older keys file) for any command."""
 
 from __future__ import annotations
 
+import uuid
+
 import time
 from datetime import datetime, timezone
 
@@ -30,7 +32,7 @@ HEARTBEAT = ev.NodeHeartbeat(node_id="n1", running_jobs=[])
 
 
 def message(payload: ev.Payload, key, at: float = NOW) -> Incoming:
-    value = ev.make_envelope(payload, event_id="e", stream_id="node-n1", occurred_at=datetime.now(timezone.utc),
+    value = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id="node-n1", occurred_at=datetime.now(timezone.utc),
                              producer="x").model_dump_json().encode()
     return Incoming(NODES_COMMANDS.name, 0, 0, "n1", value, signing.Signer(key).headers(NODES_COMMANDS.name, value, at))
 

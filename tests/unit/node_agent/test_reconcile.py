@@ -9,27 +9,38 @@ from hypothesis import strategies as st
 from gpusched_common.events import ExitReason
 
 from gpusched_core.agent.reconcile import (
-    Adopt, Forget, ObservedJob, ReportExit, ReportMissing, Stop, plan_reconcile,
+    Adopt, Forget, ObservedJob, ReportExit, ReportMissing, ResendExit, Stop, plan_reconcile,
 )
 
 
-def running(job_id: str) -> ObservedJob:
-    return ObservedJob(job_id, pid=100, alive=True)
+def running(job_id: str, stopped: str | None = None) -> ObservedJob:
+    return ObservedJob(job_id, pid=100, alive=True, stop_reason=stopped)
 
 
-def ended(job_id: str, code: int | None = 0, reported: bool = False) -> ObservedJob:
-    return ObservedJob(job_id, pid=100, alive=False, exit_code=code, reported=reported)
+def ended(job_id: str, code: int | None = 0, reported: bool = False, stopped: str | None = None) -> ObservedJob:
+    return ObservedJob(job_id, pid=100, alive=False, exit_code=code, reported=reported, stop_reason=stopped)
 
 
 @pytest.mark.parametrize("observed, wanted, lease_valid, expected", [
     pytest.param([running("j1")], None, True, (Adopt("j1"),), id="a running job is adopted when the store is unknown"),
     pytest.param([running("j1")], {"j1"}, True, (Adopt("j1"),), id="a running job the store wants is adopted"),
     pytest.param([running("j1")], set(), True, (Stop("j1", ExitReason.NOT_ASSIGNED),), id="a running job nobody wants is stopped"),
+    pytest.param([running("j1", stopped=ExitReason.STOPPED)], {"j1"}, True, (Stop("j1", ExitReason.STOPPED),),
+                 id="a job an earlier agent began to stop is stopped for that reason"),
     pytest.param([ended("j1", 3)], None, True, (ReportExit("j1", 3),),
                  id="a job that ended while the agent was down has its exit reported"),
     pytest.param([ended("j1", None)], {"j1"}, True, (ReportExit("j1", 137),),
                  id="a job that vanished without an exit code is reported killed"),
+    pytest.param([ended("j1", 143, stopped=ExitReason.LEASE_LOST)], {"j1"}, True,
+                 (ReportExit("j1", 143, ExitReason.LEASE_LOST),),
+                 id="a job an earlier agent stopped is reported with the reason it was stopped for"),
+    pytest.param([ended("j1", 143, stopped=ExitReason.NOT_ASSIGNED)], None, True, (Forget("j1"),),
+                 id="a job an earlier agent stopped because the store did not want it is forgotten"),
     pytest.param([ended("j1", 0, reported=True)], None, True, (), id="a reported job is left alone"),
+    pytest.param([ended("j1", 0, reported=True)], set(), True, (), id="a reported job the store forgot is left alone"),
+    pytest.param([ended("j1", 0, reported=True)], {"j1"}, True, (ResendExit("j1"),),
+                 id="a reported job the store still expects has its report sent again (it was lost)"),
+    pytest.param([ended("j1", 0, reported=True)], {"j1"}, False, (), id="a lost lease resends nothing"),
     pytest.param([ended("j1", 0)], set(), True, (Forget("j1"),), id="an unwanted ended job is forgotten"),
     pytest.param([], {"j9"}, True, (ReportMissing("j9"),), id="a wanted job the agent never ran is reported missing"),
     pytest.param([running("j1"), running("j2")], {"j1", "j2"}, False, (Stop("j1", ExitReason.LEASE_LOST), Stop("j2", ExitReason.LEASE_LOST)),
@@ -47,7 +58,8 @@ def test_missing_uses_the_reason_code_placement_requeues_on():
 
 jobs = st.lists(st.builds(ObservedJob, job_id=st.sampled_from(["a", "b", "c", "d"]), pid=st.integers(1, 9),
                           alive=st.booleans(), exit_code=st.one_of(st.none(), st.integers(0, 255)),
-                          reported=st.booleans()), unique_by=lambda j: j.job_id)
+                          reported=st.booleans(), stop_reason=st.one_of(st.none(), st.sampled_from(list(ExitReason)))),
+                  unique_by=lambda j: j.job_id)
 wanted_sets = st.one_of(st.none(), st.frozensets(st.sampled_from(["a", "b", "c", "d", "e"])))
 
 
@@ -66,3 +78,23 @@ def test_no_job_is_both_kept_and_stopped_and_the_plan_is_deterministic(observed,
     if not lease_valid:
         assert {a.job_id for a in plan if isinstance(a, Stop)} == alive
         assert all(isinstance(a, Stop | Forget) for a in plan)
+
+
+def test_the_next_epoch_is_above_every_one_used_and_at_least_the_store_s_floor(tmp_path):
+    from services.node_agent.runner import JobRunner
+    runner = JobRunner(tmp_path)
+    assert runner.next_epoch() == 1
+    assert runner.next_epoch(at_least=7) == 7
+    assert runner.next_epoch() == 8
+    assert runner.next_epoch(at_least=3) == 9
+
+
+def test_a_command_is_carried_out_once_within_the_window_and_forgotten_after_it():
+    from gpusched_core.agent.seen import SeenCommands
+
+    seen = SeenCommands(window_s=10.0, limit=3)
+    assert seen.first_time("a", 0.0) and not seen.first_time("a", 5.0)
+    assert seen.first_time("b", 6.0) and seen.first_time("a", 10.5)  # "a" aged out of the window
+    for i, event in enumerate("cdef"):
+        assert seen.first_time(event, 11.0 + i)
+    assert seen.first_time("b", 16.0)  # over the limit: the oldest are forgotten first

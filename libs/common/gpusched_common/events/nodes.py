@@ -236,6 +236,10 @@ class NodeLost(Payload):
     node_id: str
     lease_epoch: int
     reason: str
+    # the lowest epoch the store accepts from the node now: epochs are the control plane's, kept in the
+    # store, so an agent whose directory was wiped (it would count from 1 again) registers above every
+    # epoch its node used before (None: any epoch above lease_epoch)
+    next_epoch: int | None = Field(None, ge=1)
 
 
 class NodeEnrolmentRequested(Payload):

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -69,9 +70,12 @@ class RunningBroker:
 
 
 def _start_tansu(home: Path, port: int) -> int:
+    """Start Tansu as a new cluster: it keeps nothing across a restart, so each start gets its own cluster id
+    (what tells consumers their positions belong to a log that is gone: `gpusched_common.incarnation`)."""
     url = f"tcp://127.0.0.1:{port}"
     pid = spawn("tansu", [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                          "--storage-engine", "memory://tansu/"], home, dict(os.environ))
+                          "--storage-engine", "memory://tansu/", "--cluster-id", f"tansu-{secrets.token_hex(8)}"],
+                home, dict(os.environ))
     wait_for_port(port, pid=pid, log=home / "tansu.log")
     return pid
 

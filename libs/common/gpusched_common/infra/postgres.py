@@ -169,14 +169,15 @@ def _running_port(bindir: Path, data_dir: Path, user: str | None) -> int | None:
     return int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
 
 
-def stop_private(server: PrivatePostgres | dict) -> None:
-    """Stop a server started by `start_private` (fast shutdown: sessions are disconnected)."""
+def stop_private(server: PrivatePostgres | dict, *, mode: Literal["fast", "immediate"] = "fast") -> None:
+    """Stop a server started by `start_private` (fast shutdown: sessions are disconnected; immediate: no
+    shutdown checkpoint, as a crash would, the fault campaign's)."""
     if isinstance(server, dict):
         server = PrivatePostgres(**server)
     pg_ctl = Path(server.bindir) / "pg_ctl"
     if not (Path(server.data_dir) / "postmaster.pid").exists():
         return
-    subprocess.run([str(pg_ctl), "-D", server.data_dir, "-m", "fast", "-w", "stop"], stdout=subprocess.DEVNULL,
+    subprocess.run([str(pg_ctl), "-D", server.data_dir, "-m", mode, "-w", "stop"], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, user=server.os_user, check=False)
 
 

@@ -6,11 +6,16 @@ if it ended, its exit code) and the set of jobs the store says should run here (
 which case the agent's own records are trusted). Rules, applied to each job in job id order:
 
 1. lease lost: stop every live job (fencing: it may already be requeued elsewhere); report nothing now.
-2. alive and wanted (or wanted unknown): adopt it (watch it and report its exit later).
-3. alive and not wanted: stop it, report nothing (the store no longer expects it here).
-4. ended, exit unreported, and wanted (or unknown): report its exit.
-5. ended, exit unreported, not wanted: forget it (mark it reported).
-6. wanted but unknown to the agent: report it missing, so it can be requeued.
+2. alive and an agent began to stop it (the reason is kept in the work directory; that agent may have died
+   before the job ended, or even before it signalled it): stop it for that reason.
+3. alive and wanted (or wanted unknown): adopt it (watch it and report its exit later).
+4. alive and not wanted: stop it, report nothing (the store no longer expects it here).
+5. ended, exit unreported, and wanted (or unknown): report its exit, with the reason an agent stopped it
+   for (kept in the work directory: the agent that stopped it may have been restarted since).
+6. ended, exit unreported, not wanted (or stopped because it was not): forget it (mark it reported).
+7. wanted but unknown to the agent: report it missing, so it can be requeued.
+8. ended, exit reported, and still wanted (a known list, not None): the report was lost after the broker
+   took it (a broker that lost its data): send the same report again.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from dataclasses import dataclass
 
 from gpusched_common.events import ExitReason
 
-__all__ = ["Action", "Adopt", "Forget", "ObservedJob", "ReportExit", "ReportMissing", "Stop", "answers_epoch",
-           "plan_reconcile"]
+__all__ = ["Action", "Adopt", "Forget", "ObservedJob", "ReportExit", "ReportMissing", "ResendExit", "Stop",
+           "answers_epoch", "plan_reconcile"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class ObservedJob:
     alive: bool
     exit_code: int | None = None  # set when it ended with a recorded code
     reported: bool = False
+    stop_reason: str | None = None  # the ExitReason an agent stopped it for (kept in its work directory)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,12 @@ class Stop:
 class ReportExit:
     job_id: str
     exit_code: int
+    reason_code: str | None = None  # why an agent stopped it, when one did
+
+
+@dataclass(frozen=True)
+class ResendExit:
+    job_id: str
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,7 @@ class ReportMissing:
     job_id: str
 
 
-Action = Adopt | Stop | ReportExit | Forget | ReportMissing
+Action = Adopt | Stop | ReportExit | ResendExit | Forget | ReportMissing
 
 
 def plan_reconcile(observed: Iterable[ObservedJob], wanted: frozenset[str] | None, *,
@@ -70,18 +82,23 @@ def plan_reconcile(observed: Iterable[ObservedJob], wanted: frozenset[str] | Non
     for job in sorted(observed, key=lambda j: j.job_id):
         known.add(job.job_id)
         if job.reported and not job.alive:
+            if wanted is not None and job.job_id in wanted and lease_valid:
+                actions.append(ResendExit(job.job_id))
             continue
         expected = wanted is None or job.job_id in wanted
         if job.alive:
             if not lease_valid:
                 actions.append(Stop(job.job_id, ExitReason.LEASE_LOST))
+            elif job.stop_reason is not None:  # an earlier agent began to stop it: the stop goes on
+                actions.append(Stop(job.job_id, job.stop_reason))
             elif expected:
                 actions.append(Adopt(job.job_id))
             else:
                 actions.append(Stop(job.job_id, ExitReason.NOT_ASSIGNED))
-        elif expected and lease_valid:
-            actions.append(ReportExit(job.job_id, job.exit_code if job.exit_code is not None else 137))
-        elif not expected:
+        elif expected and lease_valid and job.stop_reason != ExitReason.NOT_ASSIGNED:
+            actions.append(ReportExit(job.job_id, job.exit_code if job.exit_code is not None else 137,
+                                      job.stop_reason))
+        elif not expected or job.stop_reason == ExitReason.NOT_ASSIGNED:
             actions.append(Forget(job.job_id))
     if wanted is not None and lease_valid:
         actions.extend(ReportMissing(job_id) for job_id in sorted(wanted - known))

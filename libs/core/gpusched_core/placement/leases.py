@@ -58,3 +58,11 @@ REQUEUE_REASON_CODES = {
     # placement declared the node lost: no fault of the job's (issue 15)
     ExitReason.LEASE_LOST: "its node lost its lease and stopped it",
 }
+
+
+def caught_up(barrier: dict[int, int], committed: dict[int, int]) -> bool:
+    """Whether a consumer group has read everything that was in the log when ``barrier`` (the end offsets
+    per partition) was taken: its committed offsets reach the barrier on every partition that had data.
+    The owner of leases declares no node lost before: a heartbeat may be waiting in that backlog (consumer
+    lag is the owner not listening, not the node being silent)."""
+    return all(committed.get(partition, 0) >= end for partition, end in barrier.items() if end > 0)

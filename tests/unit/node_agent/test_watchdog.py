@@ -1,0 +1,64 @@
+"""The node's dead-man switch (services/node_agent/watchdog.py): jobs of a node whose agent's lease lapsed
+are killed by a process of its own, also when the agent itself is paused or dead."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from gpusched_core.agent.lease import acquire
+
+from services.node_agent import watchdog
+from services.node_agent.runner import JobRunner
+
+
+async def start_sleeper(runner: JobRunner, job_id: str):
+    return await runner.start(job_id, ["sleep", "60"], (0,), {})
+
+
+def wait_until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.05)
+
+
+async def test_the_lease_published_is_the_wall_clock_end_plus_half_the_grace(tmp_path):
+    now = time.monotonic()
+    watchdog.publish_lease(tmp_path, acquire(3, 30.0, now - 10), fence_grace_s=10.0, monotonic_now=now)
+    assert abs(watchdog.lease_until(tmp_path) - (time.time() + 20 + 5)) < 0.5
+    watchdog.publish_lease(tmp_path, acquire(3, 0.0, now), fence_grace_s=10.0, monotonic_now=now)
+    assert watchdog.lease_until(tmp_path) == float("inf")  # no lease held: nothing lapses
+
+
+async def test_a_job_of_a_node_whose_lease_lapsed_is_killed_and_one_whose_lease_holds_is_not(tmp_path):
+    runner = JobRunner(tmp_path)
+    record = await start_sleeper(runner, "j-1")
+    now = time.monotonic()
+    watchdog.publish_lease(tmp_path, acquire(1, 30.0, now), fence_grace_s=10.0, monotonic_now=now)
+    assert watchdog.fence_lapsed(tmp_path, runner, time.time()) == ([], True)
+    assert runner.is_alive(record)
+    assert watchdog.fence_lapsed(tmp_path, runner, time.time() + 36) == (["j-1"], True)
+    wait_until(lambda: not runner.is_alive(record))
+
+
+async def test_the_watchdog_process_kills_the_jobs_of_a_paused_agent_and_a_second_one_stands_aside(tmp_path):
+    runner = JobRunner(tmp_path)
+    record = await start_sleeper(runner, "j-1")
+    now = time.monotonic()
+    watchdog.publish_lease(tmp_path, acquire(1, 1.0, now), fence_grace_s=0.4, monotonic_now=now)
+    first = watchdog.ensure([tmp_path])
+    assert first is not None
+    try:
+        wait_until(lambda: watchdog._watched(tmp_path))
+        assert watchdog.ensure([tmp_path]) is None  # watched already
+        second = subprocess.run([sys.executable, "-m", "services.node_agent.watchdog", str(tmp_path)], timeout=30)
+        assert second.returncode == 0  # the lock is the first one's: it exits at once
+        # nobody renews the lease (the agent is paused): past it, the job is killed
+        wait_until(lambda: not runner.is_alive(record))
+    finally:
+        first.kill()
+        first.wait()
+    assert os.path.exists(tmp_path / watchdog.PID_FILE)

@@ -1,0 +1,67 @@
+"""Drift between a node's own account of its jobs and the store's (gpusched_core.placement.drift)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched_core.placement.drift import DRIFT_WINDOW_S, NodeAccount, judge_drift
+
+NOW = datetime(2026, 12, 2, tzinfo=timezone.utc)
+LONG_AGO = NOW - timedelta(seconds=DRIFT_WINDOW_S + 1)
+RECENTLY = NOW - timedelta(seconds=1)
+
+
+def account(reported=(), expected=(), started=None, since=None, reconciled=None) -> NodeAccount:
+    return NodeAccount("n1", frozenset(reported), frozenset(expected),
+                       frozenset(expected if started is None else started), since, reconciled)
+
+
+@pytest.mark.parametrize("given_account, drifting, reconcile, unexpected, missing", [
+    pytest.param(account(["a"], ["a"]), False, False, (), (), id="the node runs what the store expects"),
+    pytest.param(account([], ["a"], started=[]), False, False, (), (),
+                 id="a job whose start is not acknowledged is not missing (its StartJob is re-sent)"),
+    pytest.param(account(["a", "b"], ["a"]), True, False, ("b",), (), id="a job run unexpectedly: drift, first seen"),
+    pytest.param(account(["a", "b"], ["a"], since=RECENTLY), True, False, ("b",), (),
+                 id="drift younger than the window waits (reports overtake heartbeats)"),
+    pytest.param(account(["a", "b"], ["a"], since=LONG_AGO), True, True, ("b",), (),
+                 id="drift older than the window: reconcile (a StopJob was lost)"),
+    pytest.param(account([], ["a"], since=LONG_AGO), True, True, (), ("a",),
+                 id="a started job the node no longer runs: reconcile (its exit report was lost)"),
+    pytest.param(account([], ["a"], since=LONG_AGO, reconciled=RECENTLY), True, False, (), ("a",),
+                 id="reconciled recently: not again before the resend interval"),
+    pytest.param(account([], ["a"], since=LONG_AGO, reconciled=NOW - timedelta(seconds=31)), True, True, (), ("a",),
+                 id="reconciled long ago: again"),
+])
+def test_drift_table(given_account, drifting, reconcile, unexpected, missing):
+    verdict = judge_drift(given_account, NOW, resend_s=30)
+    assert (verdict.drifting, verdict.reconcile, verdict.unexpected, verdict.missing) == (
+        drifting, reconcile, unexpected, missing)
+
+
+ids = st.frozensets(st.sampled_from("abcdef"))
+
+
+@given(ids, ids, ids, st.none() | st.integers(0, 60), st.none() | st.integers(0, 60))
+def test_reconcile_only_on_lasting_drift_and_never_twice_within_the_interval(reported, expected, started, since, last):
+    since_at = None if since is None else NOW - timedelta(seconds=since)
+    last_at = None if last is None else NOW - timedelta(seconds=last)
+    verdict = judge_drift(NodeAccount("n", reported, expected, started & expected, since_at, last_at), NOW, 30)
+    assert verdict.drifting == bool(reported - expected or (started & expected) - reported)
+    if verdict.reconcile:
+        assert verdict.drifting and since is not None and since >= DRIFT_WINDOW_S and (last is None or last >= 30)
+
+
+@pytest.mark.parametrize("barrier, committed, expected", [
+    pytest.param({0: 10, 1: 5}, {0: 10, 1: 5}, True, id="everything in the log at the barrier was read"),
+    pytest.param({0: 10, 1: 5}, {0: 12, 1: 7}, True, id="read beyond it"),
+    pytest.param({0: 10, 1: 5}, {0: 9, 1: 5}, False, id="a partition behind: a heartbeat may wait there"),
+    pytest.param({0: 10, 1: 0}, {0: 10}, True, id="an empty partition needs no offset"),
+    pytest.param({0: 3}, {}, False, id="nothing committed yet"),
+])
+def test_placement_is_listening_once_caught_up_with_the_backlog(barrier, committed, expected):
+    from gpusched_core.placement.leases import caught_up
+    assert caught_up(barrier, committed) is expected

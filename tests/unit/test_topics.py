@@ -1,0 +1,40 @@
+"""The table of inbox readers the outbox relay trusts (``topics.INBOX_READERS``) against what the services
+subscribe to: a reader left out of it would miss the messages a broker lost, so every transactional
+subscription must be in it, and no topic read without an inbox may be."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpusched_common import topics
+
+SERVICES = Path(__file__).resolve().parents[2] / "services"
+_SUBSCRIPTION = re.compile(r"\bsubscribe(_transactional)?\(\s*(\w+)\.name")
+
+
+def _subscriptions() -> set[tuple[str, str, bool]]:
+    """(service, topic, transactional) for every subscription in the services' sources."""
+    found = set()
+    for source in SERVICES.glob("*/*.py"):
+        for transactional, constant in _SUBSCRIPTION.findall(source.read_text()):
+            found.add((source.parent.name, getattr(topics, constant).name, bool(transactional)))
+    return found
+
+
+def _service_name(directory: str) -> str:
+    names = {m for source in (SERVICES / directory).glob("*.py")
+             for m in re.findall(r'^SERVICE = "([^"]+)"', source.read_text(), re.M)}
+    assert len(names) == 1, (directory, names)
+    return names.pop()
+
+
+def test_every_transactional_reader_is_named_and_no_reader_without_an_inbox():
+    subscriptions = _subscriptions()
+    assert ("admission", topics.JOBS_SUBMITTED.name, True) in subscriptions  # the scan finds what it should
+    assert ("node_agent", topics.NODES_COMMANDS.name, False) in subscriptions
+    named = {(reader, topic) for topic, readers in topics.INBOX_READERS.items() for reader in readers}
+    transactional = {(_service_name(s), t) for s, t, tx in subscriptions if tx}
+    assert transactional == named
+    without_inbox = {t for s, t, tx in subscriptions if not tx}
+    assert not without_inbox & set(topics.INBOX_READERS)
