@@ -327,12 +327,13 @@ class JobRunner:
         record = self.record(job_id)
         if record is None or not alive(record.pid, record.proc_start_ticks):
             return False
-        if grace_s > 0:
-            terminate_job(record.pid)
-        else:
+        signalled = terminate_job(record.pid) if grace_s > 0 else 0
+        if grace_s <= 0:
             signal_group(record.pid, signal.SIGKILL)
         deadline = time.monotonic() + grace_s
         while grace_s > 0 and time.monotonic() < deadline and alive(record.pid, record.proc_start_ticks):
+            if not signalled:  # stopped just as it started: the command had not begun; it has the SIGTERM now
+                signalled = terminate_job(record.pid)
             await asyncio.sleep(0.05)
         signal_group(record.pid, signal.SIGKILL)
         return True

@@ -7,6 +7,7 @@ data."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -273,9 +274,14 @@ async def test_a_consumer_whose_position_outlived_the_broker_s_data_reads_the_ne
         await wait_for([f"old-{i}".encode() for i in range(8)])  # the consumer's position: 8
         restart_broker(running_broker)
         if not running_broker.keeps_data_across_restart:
-            await create_topic(settings.kafka_bootstrap, TOPIC)
-            # the batch in flight at the restart has its offset committed to the new broker from memory
-            await commit_offset(settings.kafka_bootstrap, "position-guard-test", 8)
+            # the batch in flight at the restart has its offset committed to the new broker from memory. Done
+            # with this loop held (a thread, joined), so the service's consumer cannot rejoin first: the new
+            # broker refuses a commit from outside a group that has members.
+            async def on_the_new_broker() -> None:
+                await create_topic(settings.kafka_bootstrap, TOPIC)
+                await commit_offset(settings.kafka_bootstrap, "position-guard-test", 8)
+            with ThreadPoolExecutor(1) as helper:
+                helper.submit(asyncio.run, on_the_new_broker()).result(timeout=120)
         deadline = asyncio.get_running_loop().time() + 60
         while True:
             try:

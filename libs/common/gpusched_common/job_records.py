@@ -132,15 +132,19 @@ def group_members(pgids: set[int]) -> dict[int, list[int]]:
     return members
 
 
-def terminate_job(wrapper_pid: int) -> None:
-    """SIGTERM every process of the job's group except the wrapper, which must live to record the code."""
+def terminate_job(wrapper_pid: int) -> int:
+    """SIGTERM every process of the job's group except the wrapper, which must live to record the code; how
+    many were signalled (0: the wrapper has not started the job's command yet)."""
+    signalled = 0
     for pid in group_members({wrapper_pid}).get(wrapper_pid, []):
         if pid == wrapper_pid:
             continue
         try:
             os.kill(pid, signal.SIGTERM)
+            signalled += 1
         except (ProcessLookupError, PermissionError):
             pass
+    return signalled
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
