@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gpusched_cli.chaos import schedule as sch
 from gpusched_cli.chaos.checker import (
     JobFact, QuotaLimits, QuotaPoint, Run, double_allocated_seconds, double_runs, lost_and_stuck, percentile,
-    quota_overshoot, stale_reports,
+    quota_held_at_end, quota_overshoot, stale_reports,
 )
 from gpusched_cli.chaos.collect import quota_limits
 from gpusched_cli.chaos.workload import tenancy
@@ -82,12 +82,20 @@ def test_quota_overshoot_per_tenant_and_cohort():
     assert limits.tenants[("team-b", "H100-80GB")] == 5.0 and limits.tenants[("team-c", "H100-80GB")] == 3.5 and limits.tenants[("team-a", "H100-80GB")] == 10.0
     ok = [QuotaPoint(1, "team-b", "H100-80GB", 5), QuotaPoint(2, "team-a", "H100-80GB", 5)]
     assert quota_overshoot(ok, limits) == (0, [])
-    over = [QuotaPoint(1, "team-b", "H100-80GB", 6), QuotaPoint(2, "team-a", "H100-80GB", 5)]
+    over = [QuotaPoint(1, "team-b", "H100-80GB", 6, "j-b"), QuotaPoint(2, "team-a", "H100-80GB", 5, "j-a")]
     units, examples = quota_overshoot(over, limits)
     assert units == 1000 + 1000 and len(examples) == 2  # team-b past its limit, the cohort past its total
+    assert "job j-b" in examples[0] and "team-a 5, team-b 6" in examples[1]  # the event, and who held what
     released = [QuotaPoint(1, "team-a", "H100-80GB", 8), QuotaPoint(2, "team-a", "H100-80GB", 0),
                 QuotaPoint(3, "team-b", "H100-80GB", 5)]
     assert quota_overshoot(released, QuotaLimits(limits.tenants, limits.cohorts, limits.cohort_of))[0] == 0
+
+
+def test_quota_still_reserved_once_every_job_ended_is_a_lost_release():
+    limits = quota_limits(tenancy(whole_gpus=10, mig_gpus=10, probe_gpus=2))
+    assert quota_held_at_end([("team-a", "H100-80GB", 0), ("team-b", "A100-80GB", 0)], limits) == (0, [])
+    units, examples = quota_held_at_end([("team-a", "H100-80GB", 3500), ("someone", "H100-80GB", 7000)], limits)
+    assert units == 500 and examples == ["team-a: 0.5 H100-80GB still reserved at the end"]  # of the cohort's only
 
 
 def test_a_recorded_end_its_last_run_did_not_make_is_a_stale_report():

@@ -118,7 +118,11 @@ class Campaign:
             stack.down(progress=lambda line: None)
         if getattr(self, "pg", None) is not None:
             postgres.stop_private(self.pg)
-            shutil.rmtree(self.pg.data_dir, ignore_errors=True)  # the campaign's own server: nothing to keep
+            if getattr(self, "finding", False):  # a broken invariant: the store stays for a look
+                self.progress(f"kept       the campaign's database (a finding): {self.pg.data_dir}, database "
+                              f"{self.state.database_url.rsplit('/', 1)[-1]}")
+            else:
+                shutil.rmtree(self.pg.data_dir, ignore_errors=True)  # the campaign's own server: nothing to keep
         previous = getattr(self, "_previous_home", None)
         if previous is None:
             os.environ.pop("GPUSCHED_HOME", None)
@@ -243,6 +247,18 @@ class Campaign:
         finally:
             await conn.close()
 
+    async def quota_settled(self, timeout_s: float = 60.0) -> None:
+        """Wait until quota gave back the ended jobs' reservations (it does so as it reads their ends, a
+        little after the store records them), or the timeout: what is still held then is a finding."""
+        conn = await asyncpg.connect(self.state.database_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline and await conn.fetchval(
+                    "SELECT count(*) FROM quota_policy_reservations WHERE tenant = ANY($1::text[])", list(wl.TENANTS)):
+                await asyncio.sleep(0.5)
+        finally:
+            await conn.close()
+
     async def run(self) -> Report:
         await self.start()
         faults = sch.make_schedule(self.o.seed, self.o.faults, self.targets(), sch.Timing(LEASE_S, GRACE_S, SESSION_S))
@@ -257,8 +273,10 @@ class Campaign:
         self.progress(f"draining   {len(self.acknowledged)} acknowledged jobs")
         counts = await self.drain()
         self.progress(f"           {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}")
+        await self.quota_settled()
         await asyncio.sleep(3.0)  # the last runs' files settle; the relays publish what is left
-        facts, points, unpublished = await collect.read_store(self.state.database_url, self.acknowledged)
+        store = await collect.read_store(self.state.database_url, self.acknowledged)
+        facts = store.facts
         runs = [r for r in collect.read_runs(self.runs_dir) if r.job_id not in self.probes]  # the probes' node
         expected = {j: p.expected_exit for j, p in zip(self.acknowledged, planned, strict=False)}
         unexpected = [f"{j}: Failed (exit {f.end_exit_code})" for j, f in facts.items()
@@ -266,14 +284,16 @@ class Campaign:
         self.exercised = await collect.exercised(self.state.database_url, self.acknowledged)
         self.exercised["runs"] = len(runs)
         self.exercised["process_deaths"] = len(self.deaths)
-        report = check(seed=self.o.seed, acknowledged=self.acknowledged, facts=facts, runs=runs, quota=points,
-                       limits=collect.quota_limits(self.tenancy), unpublished=unpublished,
+        report = check(seed=self.o.seed, acknowledged=self.acknowledged, facts=facts, runs=runs, quota=store.quota,
+                       limits=collect.quota_limits(self.tenancy), unpublished=store.unpublished,
+                       usage_at_end=[u for u in store.usage_at_end if u[0] in wl.TENANTS],  # probes may run
                        faults=[r.kind for r in self.recoveries if not r.done.startswith("skipped")],
                        recoveries=[r.recovery_s if r.recovery_s is not None else self.o.probe_timeout_s
                                    for r in self.recoveries if not r.done.startswith("skipped")],
                        unexpected_failures=unexpected)
         named = sorted({m for items in report.examples.values() for item in items for m in JOB_ID.findall(item)})
         self.stories = await collect.stories(self.state.database_url, named[:MAX_STORIES], runs)
+        self.finding = not report.clean
         return report
 
 
@@ -283,6 +303,7 @@ def table(report: Report, recoveries: list[Recovery], goal_s: float, exercised: 
             ("lost jobs", report.lost_jobs), ("double runs", report.double_runs),
             ("double-allocated GPU-seconds", report.double_allocated_gpu_seconds),
             ("quota overshoot (units)", report.quota_overshoot_units),
+            ("quota held at the end (units)", report.quota_held_at_end_units),
             ("stale reports applied", report.stale_reports_applied), ("stuck jobs", report.stuck_jobs),
             ("unpublished outbox rows", report.unpublished_outbox_rows),
             ("unexpected failures", report.unexpected_failures),

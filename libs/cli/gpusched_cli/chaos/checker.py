@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from gpusched_core.quota.units import UNITS_PER_GPU as SERVICE_UNITS_PER_GPU
+
 UNITS_PER_GPU = 1000
 
 
@@ -53,6 +55,7 @@ class QuotaPoint:
     tenant: str
     flavor: str  # the GPU model charged
     reserved_gpus: float  # the tenant's reservation of that model after this event
+    job_id: str = ""  # the job whose reservation or release this event is
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,14 @@ class Report:
     seed: int
     unpublished_outbox_rows: int = 0
     unexpected_failures: int = 0  # jobs Failed that were to succeed (reported, not an invariant of the issue)
+    quota_held_at_end_units: int = 0  # reserved after every job ended: a lost release
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
         return not (self.lost_jobs or self.double_runs or self.double_allocated_gpu_seconds or self.quota_overshoot_units
-                    or self.stale_reports_applied or self.stuck_jobs or self.unpublished_outbox_rows)
+                    or self.stale_reports_applied or self.stuck_jobs or self.unpublished_outbox_rows
+                    or self.quota_held_at_end_units)
 
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Cancelled", "Rejected"})
@@ -143,30 +148,43 @@ def double_allocated_seconds(runs: list[Run]) -> tuple[float, list[str]]:
 
 def quota_overshoot(points: list[QuotaPoint], limits: QuotaLimits) -> tuple[int, list[str]]:
     """Units beyond a tenant's nominal + borrowing for a model (at its worst moment), and beyond its cohort's
-    total. Reservations are compared in whole GPUs, as the events record them."""
-    worst: dict[tuple[str, str], float] = {}
+    total. Reservations are compared in whole GPUs, as the events record them. An example names the event
+    of the worst moment and what each tenant held then."""
+    worst: dict[tuple[str, str], tuple[float, QuotaPoint]] = {}
     current: dict[tuple[str, str], float] = {}
-    cohort_worst: dict[tuple[str, str], float] = {}
+    cohort_worst: dict[tuple[str, str], tuple[float, QuotaPoint, str]] = {}
     for point in sorted(points, key=lambda p: p.position):
         key = (point.tenant, point.flavor)
         current[key] = point.reserved_gpus
-        worst[key] = max(worst.get(key, 0.0), point.reserved_gpus)
+        if point.reserved_gpus > worst.get(key, (0.0, point))[0]:
+            worst[key] = (point.reserved_gpus, point)
         cohort = (limits.cohort_of.get(point.tenant, point.tenant), point.flavor)
-        held = sum(v for (t, f), v in current.items() if f == point.flavor
-                   and limits.cohort_of.get(t, t) == cohort[0])
-        cohort_worst[cohort] = max(cohort_worst.get(cohort, 0.0), held)
+        members = {t: v for (t, f), v in current.items() if f == point.flavor and limits.cohort_of.get(t, t) == cohort[0]}
+        held = sum(members.values())
+        if cohort not in cohort_worst or held > cohort_worst[cohort][0]:
+            cohort_worst[cohort] = (held, point, ", ".join(f"{t} {v:g}" for t, v in sorted(members.items())))
     units, examples = 0, []
-    for (tenant, flavor), gpus in sorted(worst.items()):
+    for (tenant, flavor), (gpus, point) in sorted(worst.items()):
         limit = limits.tenants.get((tenant, flavor))
         if limit is not None and gpus > limit + 1e-9:
             units += round((gpus - limit) * UNITS_PER_GPU)
-            examples.append(f"{tenant}: reserved {gpus:g} {flavor}, limit {limit:g}")
-    for (cohort, flavor), gpus in sorted(cohort_worst.items()):
+            examples.append(f"{tenant}: reserved {gpus:g} {flavor}, limit {limit:g} (event {point.position}, "
+                            f"job {point.job_id})")
+    for (cohort, flavor), (gpus, point, held_by) in sorted(cohort_worst.items()):
         limit = limits.cohorts.get((cohort, flavor))
         if limit is not None and gpus > limit + 1e-9:
             units += round((gpus - limit) * UNITS_PER_GPU)
-            examples.append(f"cohort {cohort}: reserved {gpus:g} {flavor}, total {limit:g}")
+            examples.append(f"cohort {cohort}: reserved {gpus:g} {flavor}, total {limit:g} (event {point.position}, "
+                            f"job {point.job_id}; {held_by})")
     return units, examples
+
+
+def quota_held_at_end(usage: list[tuple[str, str, int]], limits: QuotaLimits) -> tuple[int, list[str]]:
+    """Units still reserved once every job ended (``usage``: tenant, flavor, units reserved, from the quota
+    service's own table): a release that never happened holds quota, and so GPUs, for good."""
+    left = [(t, f, u) for t, f, u in usage if u > 0 and t in limits.cohort_of]
+    return (round(sum(u for _, _, u in left) * UNITS_PER_GPU / SERVICE_UNITS_PER_GPU),
+            [f"{t}: {u / SERVICE_UNITS_PER_GPU:g} {f} still reserved at the end" for t, f, u in sorted(left)])
 
 
 def stale_reports(runs: list[Run], facts: dict[str, JobFact]) -> list[str]:
@@ -198,17 +216,20 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def check(*, seed: int, acknowledged: list[str], facts: dict[str, JobFact], runs: list[Run],
           quota: list[QuotaPoint], limits: QuotaLimits, unpublished: int, faults: list[str],
-          recoveries: list[float], unexpected_failures: list[str] = ()) -> Report:
+          recoveries: list[float], unexpected_failures: list[str] = (),
+          usage_at_end: list[tuple[str, str, int]] = ()) -> Report:
     lost, stuck = lost_and_stuck(acknowledged, facts)
     doubles = double_runs(runs, facts)
     over_s, over_examples = double_allocated_seconds(runs)
     overshoot, quota_examples = quota_overshoot(quota, limits)
+    held_at_end, held_examples = quota_held_at_end(list(usage_at_end), limits)
     stale = stale_reports(runs, facts)
     by_kind: dict[str, int] = defaultdict(int)
     for kind in faults:
         by_kind[kind] += 1
     examples = {name: items[:10] for name, items in (("lost", lost), ("stuck", stuck), ("double_runs", doubles),
                                                       ("double_allocated", over_examples), ("quota", quota_examples),
+                                                      ("quota_held_at_end", held_examples),
                                                       ("stale", stale),
                                                       ("unexpected_failures", list(unexpected_failures))) if items}
     return Report(jobs=len(acknowledged), faults=len(faults), faults_by_kind=dict(sorted(by_kind.items())),
@@ -216,4 +237,5 @@ def check(*, seed: int, acknowledged: list[str], facts: dict[str, JobFact], runs
                   quota_overshoot_units=overshoot, stale_reports_applied=len(stale), stuck_jobs=len(stuck),
                   recovery_p50_s=percentile(recoveries, 0.5), recovery_p99_s=percentile(recoveries, 0.99), seed=seed,
                   unpublished_outbox_rows=unpublished, unexpected_failures=len(unexpected_failures),
+                  quota_held_at_end_units=held_at_end,
                   examples=examples)

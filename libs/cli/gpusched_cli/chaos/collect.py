@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -51,22 +52,34 @@ async def exercised(database_url: str, job_ids: list[str]) -> dict[str, int]:
             "gang_member_exits": counts.get("GangMemberExited", 0)}
 
 
-async def read_store(database_url: str, job_ids: list[str]) -> tuple[dict[str, JobFact], list[QuotaPoint], int]:
-    """Every job's facts, the quota reservations over time, and the outbox rows never published."""
+@dataclass(frozen=True)
+class StoreFacts:
+    facts: dict[str, JobFact]
+    quota: list[QuotaPoint]
+    unpublished: int  # outbox rows never published
+    usage_at_end: list[tuple[str, str, int]]  # quota's own table: (tenant, flavor, units still reserved)
+
+
+async def read_store(database_url: str, job_ids: list[str]) -> StoreFacts:
+    """Every job's facts, the quota reservations over time (of every job in the campaign's database, the
+    probes' too: a tenant's reservation counts them all), and what is left over at the end."""
     conn = await asyncpg.connect(database_url)
     try:
         statuses = {r["job_id"]: r["status"] for r in await conn.fetch(
             "SELECT job_id, status FROM jobs WHERE job_id = ANY($1::text[])", job_ids)}
         rows = await conn.fetch(
             "SELECT global_position, stream_id, type, payload::text AS payload FROM events"
-            " WHERE stream_id = ANY($1::text[]) AND type = ANY($2::text[]) ORDER BY global_position",
-            [f"job-{j}" for j in job_ids],
-            ["JobSubmitted", "JobPlaced", "JobSucceeded", "JobFailed", "QuotaReserved", "QuotaReleased"])
+            " WHERE (stream_id = ANY($1::text[]) AND type = ANY($2::text[])) OR type = ANY($3::text[])"
+            " ORDER BY global_position",
+            [f"job-{j}" for j in job_ids], ["JobSubmitted", "JobPlaced", "JobSucceeded", "JobFailed"],
+            ["QuotaReserved", "QuotaReleased"])
         unpublished = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL")
+        usage = [(r["tenant"], r["flavor"], r["reserved_units"]) for r in await conn.fetch(
+            "SELECT tenant, flavor, reserved_units FROM quota_policy_usage ORDER BY tenant, flavor")]
     finally:
         await conn.close()
     facts, points = fold(rows, statuses, job_ids)
-    return facts, points, unpublished
+    return StoreFacts(facts, points, unpublished, usage)
 
 
 def quota_limits(tenancy: dict) -> QuotaLimits:
@@ -114,10 +127,10 @@ def fold(rows, statuses: dict[str, str], job_ids: list[str]) -> tuple[dict[str, 
         elif row["type"] == "QuotaReserved":
             flavor[job] = payload.get("gpu_model") or ""
             points.append(QuotaPoint(row["global_position"], payload["tenant"], flavor[job],
-                                     payload["tenant_reserved_gpus"]))
+                                     payload["tenant_reserved_gpus"], job))
         elif row["type"] == "QuotaReleased" and job in flavor:
             points.append(QuotaPoint(row["global_position"], payload["tenant"], flavor[job],
-                                     payload["tenant_reserved_gpus"]))
+                                     payload["tenant_reserved_gpus"], job))
     facts = {j: JobFact(j, statuses.get(j), nodes.get(j, 1), attempts.get(j, 0), end_code.get(j),
                         last_nodes.get(j, ())) for j in job_ids}
     return facts, points
