@@ -124,19 +124,27 @@ async def _queue(conn: asyncpg.Connection, state: lifecycle.JobState) -> None:
 
 
 async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:
-    """Give a finished (or preempted) job's units back; the tenant charged, or None when it held no quota."""
+    """Give a finished (or preempted, or held) job's units back; the tenant charged, or None when it held no
+    quota. The job and its charge are read with the cohort's rows locked: two releases of one job (its end
+    message, and the recovery pass that saw the same end in the store) give it back once, and a job the
+    lifecycle does not let go of (it runs, it holds) keeps its charge."""
     await store.unqueue_job(conn, job_id)
     state = await load_job(conn, job_id)
     if not state.quota_held or state.spec is None:
         return None
+    charged = await store.load_reservation(conn, job_id)  # whose rows to lock (read again under the lock)
+    tenant = charged["tenant"] if charged is not None else tenancy.charged_tenant(state.spec.tenant)
+    # a tenant removed from the tenancy since it reserved is a cohort of its own: it shares nothing now
+    cohort = tenancy.root_of(tenant) if tenant in tenancy.tenants else tenant
+    usage = await store.lock_usage(conn, tenancy, cohort_members(tenancy, cohort))
+    state = await load_job(conn, job_id)  # as the last holder of the lock left it
+    if not lifecycle.decide(state, lifecycle.ReleaseQuota(0), now):
+        return None  # given back meanwhile, or not the lifecycle's to give back now
     held = await store.load_reservation(conn, job_id)
     if held is None:  # reserved without a charge on record (under the retired flat caps): nothing to give back
         await _append(conn, job_id, lifecycle.ReleaseQuota(0), now)
         return state.spec.tenant
     tenant, flavor, units = held["tenant"], held["flavor"], held["units"]
-    # a tenant removed from the tenancy since it reserved is a cohort of its own: it shares nothing now
-    cohort = tenancy.root_of(tenant) if tenant in tenancy.tenants else tenant
-    usage = await store.lock_usage(conn, tenancy, cohort_members(tenancy, cohort))
     await _advance_history(conn, tenancy, tenant, usage.get(tenant, {}), now)
     left = await store.charge(conn, tenant, flavor, -units)
     await store.forget_reservation(conn, job_id)

@@ -17,7 +17,7 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming
 from gpusched_common.store import load
 from gpusched_core.quota import UNITS_PER_GPU, UsageHistory, load_tenancy
-from services.quota.handlers import make_job_event_handler, reserve_for_cohort
+from services.quota.handlers import make_job_event_handler, release, reserve_for_cohort
 from services.quota.store import save_history
 from gpusched_common.stores.tenancy import TenancyStore
 from services.quota.store import install, lock_revisions
@@ -158,6 +158,37 @@ async def test_two_quota_processes_racing_for_the_cohorts_last_gpu_never_oversho
     [loser] = {"a2", "b2"} - set(winners)
     assert len(await events_of(conn, loser, "QuotaDeferred")) == 1
     assert await conn.fetchval("SELECT sum(reserved_units) FROM quota_policy_usage") == 6 * UNITS_PER_GPU
+
+
+async def test_two_releases_of_one_ended_job_racing_give_its_quota_back_once(conn, database_url):
+    """The quota handler (the job's end) and the store's recovery pass (the same end, seen in the store) both
+    release one job: the second, which read the job before the first committed, gives back nothing more; it
+    must not take the units of the tenant's other job, which still runs (that would lend them out twice)."""
+    await submit_and_deliver(conn, "b1", "team-b", 2)
+    await submit_and_deliver(conn, "b2", "team-b", 2)
+    async with conn.transaction():
+        await cancel(conn, "b1")
+    first, second = await connect(database_url), await connect(database_url)
+    released = asyncio.Event()
+
+    async def quota_handler() -> None:
+        async with first.transaction():
+            await deliver(first, "b1", "JobCancelled")
+            released.set()
+            await asyncio.sleep(0.3)  # the cohort's rows held while the other release reads and waits
+
+    async def recovery_pass() -> None:
+        await released.wait()
+        async with second.transaction():
+            await release(second, TENANTS, "b1", T0)
+
+    try:
+        await asyncio.gather(quota_handler(), recovery_pass())
+    finally:
+        await first.close()
+        await second.close()
+    assert len(await events_of(conn, "b1", "QuotaReleased")) == 1
+    assert await reserved_gpus(conn, "team-b") == 2  # b2's, still held
 
 
 async def test_the_database_refuses_usage_above_nominal_plus_borrowing(conn):
