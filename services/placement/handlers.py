@@ -30,7 +30,8 @@ from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, other
 from services.placement import starts, store
 from services.placement.store import SERVICE, ClusterCache
 
-_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
+# the job events placement claims (as ``topics.INBOX_READERS`` says: the relay counts on it)
+CLAIMED_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
 # messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
 log = logging.getLogger(__name__)
 REFUSED = RefusalCounts(SERVICE)  # node reports no enrolled node signed
@@ -58,7 +59,7 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
                 await refused.record(conn, message.topic, refusal.code, refusal.sender, refusal.detail, clock())
                 return
         if message.topic == JOBS_EVENTS.name:
-            if not isinstance(payload, _JOB_EVENTS):
+            if not isinstance(payload, CLAIMED_JOB_EVENTS):
                 return
             stored = await stored_payload(conn, envelope)  # the store's event, or none at all
             if stored is None:

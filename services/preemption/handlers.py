@@ -40,12 +40,14 @@ from services.preemption.store import SERVICE
 log = logging.getLogger(__name__)
 
 WAITING = frozenset({lifecycle.JobStatus.ADMITTED, lifecycle.JobStatus.QUEUED})  # blocked: not placed yet
+# the job events preemption claims (as ``topics.INBOX_READERS`` says: the relay counts on it)
+CLAIMED_JOB_EVENTS = (ev.PlacementDeferred,)
 
 
 def make_handler(policy: PreemptionPolicy, clock: Callable[[], datetime], tenancies: TenancyStore) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if not isinstance(payload, ev.PlacementDeferred) or await stored_payload(conn, envelope) is None:
+        if not isinstance(payload, CLAIMED_JOB_EVENTS) or await stored_payload(conn, envelope) is None:
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return

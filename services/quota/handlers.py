@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 SERVICE = "quota"
 _TERMINAL = (ev.JobSucceeded, ev.JobFailed, ev.JobCancelled)
 _ENDED = (*_TERMINAL, ev.JobRejected)  # a job others may wait for ended
+# the job events quota claims (as ``topics.INBOX_READERS`` says: the relay counts on it); it passes over the rest
+CLAIMED_JOB_EVENTS = (ev.JobAdmitted, ev.JobPreempted, ev.JobHeld, ev.JobReleased, *_ENDED)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
                                   options: CycleOptions = CycleOptions()) -> TxHandler:
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
-        if not isinstance(payload, (ev.JobAdmitted, ev.JobPreempted, ev.JobHeld, ev.JobReleased, *_ENDED)):
+        if not isinstance(payload, CLAIMED_JOB_EVENTS):
             return
         payload = await stored_payload(conn, envelope)  # the store's event, or none at all
         if payload is None or not await claim(conn, SERVICE, envelope.event_id):

@@ -312,30 +312,32 @@ async def commit_offset(bootstrap: str, group: str, offset: int) -> None:
 
 
 async def test_what_every_reader_of_its_topic_applied_is_not_published_again(database_url):
-    """After a broker lost its data the relay sends again only what some reader has not claimed in its inbox;
-    the agents' commands, read without an inbox, and rows whose event cannot be read always go again."""
+    """After a broker lost its data the relay sends again only what some reader of its type has not claimed
+    in its inbox (a type no reader claims: never); the agents' commands, read without an inbox, and rows
+    whose event cannot be read always go again."""
     from gpusched_common.relay import applied_by_every_reader
     from gpusched_common.topics import JOBS_EVENTS, NODES_COMMANDS, QUOTA_RECLAIMS
 
-    def row(row_id: int, topic: str, event_id: str | None) -> dict:
+    def row(row_id: int, topic: str, event_id: str | None, kind: str = "JobHeld") -> dict:
         return {"id": row_id, "topic": topic, "value": b"not json" if event_id is None else
-                f'{{"event_id": "{event_id}", "type": "T"}}'.encode()}
+                f'{{"event_id": "{event_id}", "type": "{kind}"}}'.encode()}
 
-    rows = [row(1, JOBS_EVENTS.name, "e-all"), row(2, JOBS_EVENTS.name, "e-two"), row(3, NODES_COMMANDS.name, "e-cmd"),
-            row(4, QUOTA_RECLAIMS.name, "e-reclaim"), row(5, JOBS_EVENTS.name, None), row(6, JOBS_EVENTS.name, "e-dl")]
+    rows = [row(1, JOBS_EVENTS.name, "e-all"), row(2, JOBS_EVENTS.name, "e-one", "JobCancelled"),
+            row(3, NODES_COMMANDS.name, "e-cmd"), row(4, QUOTA_RECLAIMS.name, "e-reclaim"),
+            row(5, JOBS_EVENTS.name, None), row(6, JOBS_EVENTS.name, "e-dl"),
+            row(7, JOBS_EVENTS.name, "e-none", "QuotaDeferred"), row(8, JOBS_EVENTS.name, "e-def", "PlacementDeferred")]
     pool = await create_pool(database_url)
     try:
         async with pool.acquire() as conn:
-            for consumer in ("quota", "placement", "preemption"):
+            for consumer in ("quota", "placement"):  # JobHeld: quota's and placement's (preemption passes it)
                 await claim(conn, consumer, "e-all")
                 await claim(conn, consumer, "e-cmd")  # claimed or not, the agents keep no inbox
-            for consumer in ("quota", "placement"):
-                await claim(conn, consumer, "e-two")  # preemption has not applied it yet
+            await claim(conn, "quota", "e-one")  # placement has not applied it yet
             await claim(conn, "quota", "e-reclaim")  # not its reader
             await claim(conn, "quota", "e-dl")
-            await claim(conn, "placement", "e-dl")
-            await claim_dead_lettered(conn, "preemption", "e-dl")  # a copy would be a duplicate to it as well
-            assert await applied_by_every_reader(conn, rows) == {1, 6}
+            await claim_dead_lettered(conn, "placement", "e-dl")  # a copy would be a duplicate to it as well
+            await claim(conn, "preemption", "e-def")
+            assert await applied_by_every_reader(conn, rows) == {1, 6, 7, 8}
             assert await applied_by_every_reader(conn, []) == set()
     finally:
         await pool.close()

@@ -145,6 +145,9 @@ def test_an_acknowledgement_at_or_below_the_highest_before_is_a_lost_log():
                          Ack(topic="t", partition=1, offset=0)]) == []
     assert offsets.note([Ack(topic="t", partition=1, offset=1)]) == []
     assert offsets.note([Ack(topic="t", partition=0, offset=1)]) == ["t:0 (offset 1 before, 1 now)"]  # a new log
+    # the same loss, seen later on another partition, is not reported again: its republish covered it
+    assert offsets.note([Ack(topic="t", partition=1, offset=0)]) == []
+    assert offsets.note([Ack(topic="t", partition=1, offset=0)]) == ["t:1 (offset 0 before, 0 now)"]  # another
     assert offsets.note([Ack(topic="t", partition=0, offset=2), Ack(topic="t", partition=0, offset=0)]) \
         == ["t:0 (offset 2 before, 0 now)"]
     assert offsets.note([object(), Ack(topic="t", partition=0, offset=-1)]) == []  # not acknowledgements: ignored

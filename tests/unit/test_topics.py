@@ -1,6 +1,7 @@
 """The table of inbox readers the outbox relay trusts (``topics.INBOX_READERS``) against what the services
-subscribe to: a reader left out of it would miss the messages a broker lost, so every transactional
-subscription must be in it, and no topic read without an inbox may be."""
+subscribe to and the message types they claim: a reader left out of it, or a type it claims left out, would
+miss the messages a broker lost, so every transactional subscription must be in it with exactly the types its
+handler claims, and no topic read without an inbox may be."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def test_every_transactional_reader_is_named_and_no_reader_without_an_inbox():
     assert transactional == named
     without_inbox = {t for s, t, tx in subscriptions if not tx}
     assert not without_inbox & set(topics.INBOX_READERS)
+
+
+def test_the_job_events_each_reader_claims_are_the_types_the_table_names():
+    from services.placement import handlers as placement
+    from services.preemption import handlers as preemption
+    from services.quota import handlers as quota
+
+    claimed = {"quota": quota.CLAIMED_JOB_EVENTS, "placement": placement.CLAIMED_JOB_EVENTS,
+               "preemption": preemption.CLAIMED_JOB_EVENTS}
+    table = topics.INBOX_READERS[topics.JOBS_EVENTS.name]
+    assert set(table) == set(claimed)
+    for reader, classes in claimed.items():
+        assert table[reader] == frozenset(c.TYPE for c in classes), reader
+    assert topics.inbox_readers_of(topics.JOBS_EVENTS.name, "JobCancelled") == {"quota", "placement"}
+    assert topics.inbox_readers_of(topics.JOBS_EVENTS.name, "QuotaDeferred") == frozenset()  # nobody claims it
+    assert topics.inbox_readers_of(topics.JOBS_EVENTS.name, None) == set(table)  # unknown type: every reader
+    assert topics.inbox_readers_of(topics.NODES_REPORTS.name, "NodeHeartbeat") == {"placement"}

@@ -3,7 +3,8 @@
 A broker acknowledges each record with its offset in the partition, and offsets only grow while the log
 lives (every record takes a new one): an acknowledgement at or below the highest one seen before on that
 partition means the log was lost (Tansu restarted: it keeps nothing; a Kafka log wiped, its topic
-recreated). The outbox relay and the gateway each keep one of these and publish again what they published
+recreated). One loss is reported once: the other partitions' counts start again with it. The outbox relay
+and the gateway each keep one of these and publish again what they published
 recently when it says so.
 """
 
@@ -29,7 +30,10 @@ class AckOffsets:
             before = self.high.get(where, -1)
             if offset <= before:
                 regressed.append(f"{where} (offset {before} before, {offset} now)")
-                self.high[where] = offset
+                # the broker lost its data (every partition, as a rule): the one republish that follows covers
+                # them all, so the other partitions start their count again with it rather than each calling
+                # for a republish of its own at its first acknowledgement in the new log
+                self.high = {where: offset}
             else:
                 self.high[where] = max(offset, before)
         return regressed

@@ -35,7 +35,7 @@ from aiokafka.errors import InvalidTopicError, MessageSizeTooLargeError, RecordT
 from faststream.kafka import KafkaBroker
 
 from gpusched_common.ack_offsets import AckOffsets
-from gpusched_common.topics import INBOX_READERS
+from gpusched_common.topics import INBOX_READERS, inbox_readers_of
 
 log = logging.getLogger(__name__)
 
@@ -228,26 +228,28 @@ async def prune(conn: asyncpg.Connection, service: str, *, outbox_before: dateti
 
 
 async def applied_by_every_reader(conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> set[int]:
-    """The outbox rows (``id``, ``topic``, ``value``) whose event every reader of their topic has claimed in
-    its inbox (``topics.INBOX_READERS``): those need not go to a broker that lost them. A row of a topic read
-    without an inbox, or whose event id cannot be read, is never among them."""
-    events: dict[int, tuple[str, str]] = {}
+    """The outbox rows (``id``, ``topic``, ``value``) whose event every reader of its type on its topic has
+    claimed in its inbox (``topics.INBOX_READERS``; a type no reader claims: at once): those need not go to a
+    broker that lost them. A row of a topic read without an inbox, or whose envelope cannot be read, is
+    never among them."""
+    events: dict[int, tuple[str, frozenset[str]]] = {}
     for row in rows:
         if row["topic"] not in INBOX_READERS:
             continue
         try:
-            event_id = json.loads(bytes(row["value"]))["event_id"]
-        except (ValueError, TypeError, KeyError):
+            envelope = json.loads(bytes(row["value"]))
+            event_id, kind = envelope["event_id"], envelope.get("type")
+        except (ValueError, TypeError, KeyError, AttributeError):
             continue
         if isinstance(event_id, str):
-            events[row["id"]] = (row["topic"], event_id)
+            events[row["id"]] = (event_id, inbox_readers_of(row["topic"], kind if isinstance(kind, str) else None))
     if not events:
         return set()
-    readers = sorted({r for topic, _ in events.values() for r in INBOX_READERS[topic]})
+    readers = sorted({r for _, needed in events.values() for r in needed})
     claims = await conn.fetch("SELECT consumer, event_id FROM inbox WHERE consumer = ANY($1::text[])"
-                              " AND event_id = ANY($2::text[])", readers, sorted({e for _, e in events.values()}))
+                              " AND event_id = ANY($2::text[])", readers,
+                              sorted({e for e, needed in events.values() if needed}))
     claimed: dict[str, set[str]] = {}
     for claim in claims:
         claimed.setdefault(claim["event_id"], set()).add(claim["consumer"])
-    return {row_id for row_id, (topic, event_id) in events.items()
-            if claimed.get(event_id, set()) >= set(INBOX_READERS[topic])}
+    return {row_id for row_id, (event_id, needed) in events.items() if claimed.get(event_id, set()) >= needed}

@@ -56,15 +56,29 @@ def agent_group(node_id: str) -> str:
 
 
 # The services that read each topic in a transaction and claim what they applied in their inbox under their
-# name (``gpusched_common.store.claim``): a message every reader of its topic has claimed needs no second
-# delivery, so the outbox relay does not publish it again to a broker that lost its data. A topic with a
-# reader that keeps no inbox (the agents' commands, an autoscaler's decisions) is not named: its messages
-# always go again. tests/unit/test_topics.py checks every service's subscriptions against this table.
-INBOX_READERS: dict[str, tuple[str, ...]] = {
-    JOBS_SUBMITTED.name: ("admission",),
-    JOBS_EVENTS.name: ("quota", "placement", "preemption"),
-    JOBS_CONTROL.name: ("admission", "placement"),
-    NODES_REPORTS.name: ("placement",),
-    QUOTA_RECLAIMS.name: ("preemption",),
-    TENANCY_UPDATES.name: ("quota",),
+# name (``gpusched_common.store.claim``), with the message types each one claims there (None: every message
+# it reads; a reader passes over the other types without a claim, needing nothing of them). A message that
+# every reader of its type has claimed needs no second delivery, so the outbox relay does not publish it
+# again to a broker that lost its data (nor one no reader claims at all). A topic with a reader that keeps no
+# inbox (the agents' commands, an autoscaler's decisions) is not named: its messages always go again.
+# tests/unit/test_topics.py checks this table against every service's subscriptions and type filters.
+INBOX_READERS: dict[str, dict[str, frozenset[str] | None]] = {
+    JOBS_SUBMITTED.name: {"admission": None},
+    JOBS_EVENTS.name: {
+        "quota": frozenset({"JobAdmitted", "JobPreempted", "JobHeld", "JobReleased", "JobSucceeded", "JobFailed",
+                            "JobCancelled", "JobRejected"}),
+        "placement": frozenset({"QuotaReserved", "JobCancelled", "JobCancelRequested", "JobHeld"}),
+        "preemption": frozenset({"PlacementDeferred"}),
+    },
+    JOBS_CONTROL.name: {"admission": None, "placement": None},
+    NODES_REPORTS.name: {"placement": None},
+    QUOTA_RECLAIMS.name: {"preemption": None},
+    TENANCY_UPDATES.name: {"quota": None},
 }
+
+
+def inbox_readers_of(topic: str, message_type: str | None) -> frozenset[str]:
+    """The services whose inbox must hold a message of this type on this topic before the relay may leave it
+    out of a republish (a type not known: every reader of the topic)."""
+    return frozenset(reader for reader, types in INBOX_READERS.get(topic, {}).items()
+                     if types is None or message_type is None or message_type in types)
