@@ -318,3 +318,26 @@ async def test_a_forged_reclaim_request_preempts_nobody(settings):
         assert [r["stream_id"] for r in await preemptions(conn)] == ["job-b4"]  # the real request's one victim
     finally:
         await conn.close()
+
+
+async def test_a_mig_instance_held_for_a_preemptor_is_kept_as_the_instance_and_the_cluster_still_loads(settings):
+    """A reclaim for a MIG job holds its slice (migration 030); recorded as a whole GPU, the hold made every
+    later load of the cluster fail ("whole/shared GPU request on a MIG GPU": placement stopped for good)."""
+    from gpusched_common.stores.cluster import load_cluster, nominate
+
+    conn = await connect(settings.database_url)
+    try:
+        plain = node("m1", "A100-80GB", gpus=1)
+        registered = plain.model_copy(update={"gpus": [plain.gpus[0].model_copy(update={"mig_enabled": True})]})
+        async with conn.transaction():
+            await process(conn, registered, NOW, POLICY)
+            slot = engine.Decision(engine.RequestId("a1"), "test", True, (engine.Binding(
+                engine.NodeId("m1"), (0,), mig=engine.MigPlacement("3g.40gb", 4)),))
+            await nominate(conn, "a1", slot, NOW)
+        row = await conn.fetchrow("SELECT milli, mig_profile, mig_start FROM gpu_nominations WHERE job_id = 'a1'")
+        assert (row["mig_profile"], row["mig_start"]) == ("3g.40gb", 4)
+        _, snapshot = await load_cluster(conn)
+        [held] = snapshot.allocations[engine.RequestId("nominated-for/a1")]
+        assert held.mig == engine.MigPlacement("3g.40gb", 4)
+    finally:
+        await conn.close()

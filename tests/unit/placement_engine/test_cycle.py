@@ -139,3 +139,19 @@ def test_mixed_cycles_stay_within_capacity(kinds):
                     slices |= taken
     assert all(v <= 1000 for v in milli.values())
     assert len(placements) + len(deferrals) == len(work)
+
+
+def test_a_mig_instance_held_for_its_preemptor_goes_to_it_and_a_hold_that_does_not_fit_never_stops_a_load(bestfit):
+    """A reclaim for a MIG job holds the slice its victim frees; a hold recorded as a whole GPU on a MIG GPU
+    (before migration 030), or one its victim still overlaps, is left out instead of failing every cycle."""
+    nodes = [mig_node("m1", gpus=1)]
+    held_for_hp = {"hp": [Held("m1", 0, 0, 0, "3g.40gb", 0)]}
+    snapshot = build_cluster(nodes, {"other": [Held("m1", 0, 0, 0, "3g.40gb", 4)]}, held_for_hp)
+    work = [PendingPlacement("small", 1, None, 5, 1, mig_profile="1g.10gb"),
+            PendingPlacement("hp", 1, None, 0, 2, mig_profile="3g.40gb")]
+    placements, deferrals = plan_cycle(snapshot, work, bestfit, nodes)
+    assert [(p.job_id, p.mig_start) for p in placements] == [("hp", 0)] and [d.job_id for d in deferrals] == ["small"]
+    legacy = build_cluster(nodes, {}, {"hp": [("m1", 0)]})  # a whole GPU held on a MIG GPU: not counted
+    assert plan_cycle(legacy, work[:1], bestfit, nodes)[0][0].job_id == "small"
+    overlapped = build_cluster(nodes, {"victim": [Held("m1", 0, 0, 0, "7g.80gb", 0)]}, held_for_hp)
+    assert "nominated-for/hp" not in overlapped.allocations  # counts once the victim let go of the slice

@@ -29,6 +29,7 @@ from gpusched import Client as GatewayClient
 from gpusched.config import read_config
 from gpusched_common.infra import postgres
 from gpusched_common.infra.processes import alive
+from gpusched_common.stores.quota import reservations_held
 from gpusched_cli import stack
 from gpusched_cli.teardown import agents_dir
 
@@ -253,8 +254,7 @@ class Campaign:
         conn = await asyncpg.connect(self.state.database_url)
         deadline = time.monotonic() + timeout_s
         try:
-            while time.monotonic() < deadline and await conn.fetchval(
-                    "SELECT count(*) FROM quota_policy_reservations WHERE tenant = ANY($1::text[])", list(wl.TENANTS)):
+            while time.monotonic() < deadline and await reservations_held(conn, list(wl.TENANTS)):
                 await asyncio.sleep(0.5)
         finally:
             await conn.close()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import asyncpg
 
+from gpusched_common.stores.quota import usage_by_flavor
+
 from gpusched_cli.chaos.checker import JobFact, QuotaLimits, QuotaPoint, Run
 
 
@@ -74,8 +76,7 @@ async def read_store(database_url: str, job_ids: list[str]) -> StoreFacts:
             [f"job-{j}" for j in job_ids], ["JobSubmitted", "JobPlaced", "JobSucceeded", "JobFailed"],
             ["QuotaReserved", "QuotaReleased"])
         unpublished = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL")
-        usage = [(r["tenant"], r["flavor"], r["reserved_units"]) for r in await conn.fetch(
-            "SELECT tenant, flavor, reserved_units FROM quota_policy_usage ORDER BY tenant, flavor")]
+        usage = [(r["tenant"], r["flavor"], r["reserved_units"]) for r in await usage_by_flavor(conn, None)]
     finally:
         await conn.close()
     facts, points = fold(rows, statuses, job_ids)

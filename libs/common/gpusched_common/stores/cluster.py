@@ -53,11 +53,15 @@ async def load_cluster(conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.
                 Held(r["node_id"], r["gpu_index"], r["milli"], r["memory_mib"], r["mig_profile"], r["mig_start"],
                      r["host_cpu_milli"], r["host_memory_mib"]))
     busy = {(h.node_id, h.gpu_index) for held in allocations.values() for h in held}
-    # a nomination counts once its victim has let go of the GPU; until then the victim's allocation holds it
-    nominated: dict[str, list[tuple[str, int]]] = {}
-    for r in await conn.fetch("SELECT job_id, node_id, gpu_index FROM gpu_nominations ORDER BY job_id"):
-        if r["node_id"] in ready and (r["node_id"], r["gpu_index"]) not in busy:
-            nominated.setdefault(r["job_id"], []).append((r["node_id"], r["gpu_index"]))
+    # a whole GPU's nomination counts once its victim has let go of the GPU; until then the victim's
+    # allocation holds it (a share or a MIG instance counts once it fits: ``build_cluster``)
+    nominated: dict[str, list[Held]] = {}
+    for r in await conn.fetch("SELECT job_id, node_id, gpu_index, milli, memory_mib, mig_profile, mig_start"
+                              " FROM gpu_nominations ORDER BY job_id, node_id, gpu_index"):
+        whole = r["mig_profile"] is None and r["milli"] >= engine.MILLI_PER_GPU
+        if r["node_id"] in ready and not (whole and (r["node_id"], r["gpu_index"]) in busy):
+            nominated.setdefault(r["job_id"], []).append(
+                Held(r["node_id"], r["gpu_index"], r["milli"], r["memory_mib"], r["mig_profile"], r["mig_start"]))
     rows = list(nodes.values())
     return rows, build_cluster(rows, allocations, nominated)
 
@@ -67,9 +71,11 @@ async def nominate(conn: asyncpg.Connection, job_id: str, placement: engine.Deci
     if placement is None:
         return
     await conn.executemany(
-        "INSERT INTO gpu_nominations (node_id, gpu_index, job_id, nominated_at) VALUES ($1, $2, $3, $4)"
-        " ON CONFLICT DO NOTHING",
-        [(str(b.node_id), i, job_id, now) for b in placement.bindings for i in b.gpu_indices])
+        "INSERT INTO gpu_nominations (node_id, gpu_index, job_id, nominated_at, milli, memory_mib, mig_profile,"
+        " mig_start) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+        [(str(b.node_id), i, job_id, now, b.gpu_milli, b.gpu_memory_mib, b.mig.profile if b.mig else None,
+          b.mig.start if b.mig else None)
+         for b in placement.bindings for i in b.gpu_indices])
 
 
 async def has_nomination(conn: asyncpg.Connection, job_id: str) -> bool:

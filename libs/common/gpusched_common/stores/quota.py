@@ -115,6 +115,12 @@ async def usage_by_flavor(conn: asyncpg.Connection, tenant: str | None) -> list[
     return [dict(r) for r in rows]
 
 
+async def reservations_held(conn: asyncpg.Connection, tenants: list[str]) -> int:
+    """How many jobs of these tenants hold a quota reservation now."""
+    return await conn.fetchval("SELECT count(*) FROM quota_policy_reservations WHERE tenant = ANY($1::text[])",
+                               tenants)
+
+
 async def recorded_reclaim(conn: asyncpg.Connection, event_id: str) -> ev.ReclaimRequested | None:
     """A reclaim request as quota recorded it when it sent it (None: quota sent no such request): preemption
     answers the recorded request, never what a message claims (borrowers named by a forger)."""

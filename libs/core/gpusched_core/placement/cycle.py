@@ -158,16 +158,23 @@ def nomination_id(job_id: str) -> str:
 
 
 def build_cluster(nodes: list[NodeRow], allocations: Mapping[str, Sequence[Held | tuple[str, int]]],
-                  nominations: Mapping[str, Sequence[tuple[str, int]]]) -> engine.ClusterSnapshot:
+                  nominations: Mapping[str, Sequence[Held | tuple[str, int]]]) -> engine.ClusterSnapshot:
     """The engine snapshot: nodes with their GPUs, every job's allocation (whole GPUs as ``(node, index)``
-    pairs or ``Held`` rows, shares and MIG instances as ``Held``), and the GPUs held for a preemptor (an
-    allocation of their own, released only for that preemptor)."""
+    pairs or ``Held`` rows, shares and MIG instances as ``Held``), and what is held for a preemptor (an
+    allocation of its own, released only for that preemptor). A hold that does not fit the cluster as it is
+    (its victim still holds part of it, the node changed since) is left out: it counts once it fits, and
+    never stops the cluster from loading."""
     snapshot = engine.build_snapshot(
         engine.Node(id=engine.NodeId(n.node_id), cpu_milli=n.cpu_milli, memory_mib=n.memory_mib,
                     labels=dict(n.labels), gpus=_engine_gpus(n))
         for n in sorted(nodes, key=lambda n: n.node_id))
-    held = [*sorted(allocations.items()), *((nomination_id(j), g) for j, g in sorted(nominations.items()))]
-    return engine.apply_many(snapshot, ((engine.RequestId(i), bindings_of(h)) for i, h in held))
+    snapshot = engine.apply_many(snapshot, ((engine.RequestId(i), bindings_of(h)) for i, h in sorted(allocations.items())))
+    for job_id, held in sorted(nominations.items()):
+        try:
+            snapshot = engine.apply_bindings(snapshot, engine.RequestId(nomination_id(job_id)), bindings_of(held))
+        except engine.PlacementError:
+            continue
+    return snapshot
 
 
 def _engine_gpus(node: NodeRow) -> tuple[engine.Gpu, ...]:
