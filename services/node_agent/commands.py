@@ -173,7 +173,8 @@ class Commands:
             return
         self._confirmed_epoch = ctx.lease.epoch
         held, self._held = self._held, {}
-        starting = [held[job_id] for job_id in command.job_ids if job_id in held]
+        starting = [held[job_id] for job_id in command.job_ids if job_id in held
+                    and (command.attempts is None or command.attempts.get(job_id) in (None, held[job_id].attempt))]
         # reconcile what ran before first, then start the held ones (watched from their start: a plan made
         # after would see one that ended at once and report its exit a second time)
         self._exits.apply(rc.plan_reconcile(ctx.runner.observe(),

@@ -162,12 +162,13 @@ async def on_registered(conn: asyncpg.Connection, node: ev.NodeRegistered, now: 
         return False
     await store.upsert_node(conn, node, now)
     expected = await store.jobs_on(conn, node.node_id)
-    reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=expected, lease_epoch=node.lease_epoch)
+    states = [await load_job(conn, job_id) for job_id in expected]
+    reconcile = ev.ReconcileJobs(node_id=node.node_id, job_ids=expected, lease_epoch=node.lease_epoch,
+                                 attempts={s.job_id: s.runs for s in states})
     await store.send_command(conn, reconcile, node.node_id, now)
-    for job_id in expected:  # asked to stop while the agent was away: it stops them now, and reports
-        asked = (await load_job(conn, job_id)).cancel
-        if asked is not None:
-            await store.stop_on(conn, job_id, [node.node_id], f"cancelled: {asked.reason}", now)
+    for state in states:  # asked to stop while the agent was away: it stops them now, and reports
+        if state.cancel is not None:
+            await store.stop_on(conn, state.job_id, [node.node_id], f"cancelled: {state.cancel.reason}", now)
     return True
 
 
@@ -332,6 +333,7 @@ async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: 
     assert state.spec is not None
     members = [m.node_id for m in placement.all_members]
     hostnames, epochs = await store.hostnames_and_epochs(conn, members)
+    await starts.forget_job(conn, placement.job_id)  # an earlier run's unanswered starts: never again
     for start in start_commands(placement, state.spec, attempt=placed.runs, checkpoint_ref=state.checkpoint_ref,
                                 hostnames=hostnames, epochs=epochs):
         # the agent continues the job's trace from the JobPlaced event

@@ -135,8 +135,11 @@ async def _reconcile_drifted(conn: asyncpg.Connection, now: datetime, resend_s: 
             continue
         log.warning("node %s drifted from the store (runs %s unexpected, lacks %s): reconciling", row["node_id"],
                     list(verdict.unexpected)[:5], list(verdict.missing)[:5])
-        await store.send_command(conn, ev.ReconcileJobs(node_id=row["node_id"], job_ids=sorted(row["expected"]),
-                                                        lease_epoch=row["lease_epoch"]), row["node_id"], now)
+        expected = sorted(row["expected"])
+        attempts = {job_id: (await load_job(conn, job_id)).runs for job_id in expected}
+        await store.send_command(conn, ev.ReconcileJobs(node_id=row["node_id"], job_ids=expected,
+                                                        lease_epoch=row["lease_epoch"], attempts=attempts),
+                                 row["node_id"], now)
         await _drift(conn, row["node_id"], None, now)
         done.reconciled.append(row["node_id"])
 

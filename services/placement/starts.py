@@ -28,6 +28,12 @@ async def remember(conn: asyncpg.Connection, start: ev.StartJob, now: datetime) 
         start.job_id, start.node_id, start.attempt, start.model_dump(mode="json"), now)
 
 
+async def forget_job(conn: asyncpg.Connection, job_id: str) -> None:
+    """The job is placed again: the StartJobs of its earlier run are never to be sent again (the node of an
+    earlier run that never acknowledged it has no record of the job and would start it beside the new run)."""
+    await conn.execute("DELETE FROM placement_starts WHERE job_id = $1", job_id)
+
+
 async def acknowledged(conn: asyncpg.Connection, report: ev.JobStartReported) -> None:
     """The node reports the run started: its StartJob needs no sending again."""
     await conn.execute("DELETE FROM placement_starts WHERE job_id = $1 AND node_id = $2 AND attempt = $3",
@@ -38,9 +44,10 @@ async def resend_unacknowledged(conn: asyncpg.Connection, now: datetime, resend_
     """Send again the StartJobs unanswered for ``resend_after_s`` of jobs still placed on Ready nodes (each
     with its node's current epoch: a node that re-registered since runs it under the new one only if its
     ReconcileJobs lists it); forget those of jobs that moved on. Returns the jobs re-sent."""
-    await conn.execute(
-        "DELETE FROM placement_starts s WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = s.job_id"
-        " AND j.status IN ('Placed', 'Running'))")  # a gang runs once one member started
+    await conn.execute(  # a gang runs once one member started; a run's node holds the job's GPUs
+        "DELETE FROM placement_starts s WHERE NOT EXISTS (SELECT 1 FROM jobs j JOIN gpu_allocations a"
+        " ON a.job_id = j.job_id AND a.node_id = s.node_id WHERE j.job_id = s.job_id"
+        " AND j.status IN ('Placed', 'Running'))")
     rows = await conn.fetch(
         "SELECT s.job_id, s.node_id, s.payload, n.lease_epoch FROM placement_starts s"
         " JOIN nodes n ON n.node_id = s.node_id AND n.status = 'Ready'"

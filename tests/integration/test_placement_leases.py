@@ -317,3 +317,48 @@ async def test_a_start_no_node_acknowledged_is_sent_again_until_its_start_is_rep
         assert await conn.fetchval("SELECT count(*) FROM placement_starts") == 0
     finally:
         await conn.close()
+
+
+async def test_a_start_of_an_earlier_run_is_never_sent_again_once_the_job_was_placed_elsewhere(database_url):
+    """j1's first run was placed on n1 and never acknowledged; a bad GPU there sent it back in line and it was
+    placed on n2. n1 is still Ready at the same epoch, but the first run's StartJob must never be sent
+    again: n1 has no record of j1 and would start it beside its run on n2 (a chaos campaign's double run)."""
+    from services.placement.starts import resend_unacknowledged
+
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1", gpus=2), T0)
+            await apply(conn, registered("n2", gpus=2), T0)
+            await apply(conn, await queue_job(conn, "j1", 2), T0)
+        first = (await history(conn, "j1"))[-1]
+        other = "n2" if first[1] == "n1" else "n1"
+        async with conn.transaction():
+            await apply(conn, ev.GpuHealthChanged(node_id=first[1], gpu_index=0, gpu_uuid=f"{first[1]}-0",
+                                                  healthy=False, status="unhealthy", reasons=["XID 48"],
+                                                  observed_at=T0, lease_epoch=1, xid=48, job_ids=["j1"],
+                                                  job_action="stopped"), T0)
+            await apply(conn, ev.JobExitReported(job_id="j1", node_id=first[1], exit_code=137, runtime_s=0.0,
+                                                 lease_epoch=1, reason_code="gpu_unhealthy", attempt=1), T0)
+        assert (await history(conn, "j1"))[-1] == ("JobPlaced", other)
+        async with conn.transaction():
+            await resend_unacknowledged(conn, T0 + timedelta(seconds=31), 30.0)
+        rows = await conn.fetch("SELECT value FROM outbox WHERE topic = 'gpusched.nodes.commands' ORDER BY id")
+        sent = [(m["payload"]["node_id"], m["payload"]["attempt"])
+                for m in (json.loads(bytes(r["value"])) for r in rows) if m["type"] == "StartJob"]
+        assert sent == [(first[1], 1), (other, 2), (other, 2)], sent
+    finally:
+        await conn.close()
+
+
+async def test_a_node_registering_again_is_told_each_of_its_jobs_with_the_run_it_is_at(database_url):
+    conn = await connect(database_url)
+    try:
+        await place_j1_on_n1(conn)
+        async with conn.transaction():
+            await apply(conn, registered("n1", epoch=2), T0 + timedelta(seconds=5))
+        rows = await conn.fetch("SELECT value FROM outbox WHERE topic = 'gpusched.nodes.commands' ORDER BY id")
+        answers = [m["payload"] for m in (json.loads(bytes(r["value"])) for r in rows) if m["type"] == "ReconcileJobs"]
+        assert answers[-1]["job_ids"] == ["j1"] and answers[-1]["attempts"] == {"j1": 1}, answers
+    finally:
+        await conn.close()

@@ -211,6 +211,30 @@ async def test_a_start_placed_for_an_earlier_epoch_waits_for_the_store_s_list_of
     await agent.close()
 
 
+async def test_a_held_start_of_an_earlier_run_does_not_run_when_the_store_lists_the_job_at_a_later_one(tmp_path):
+    """The store lists "again" for this node, but as its third run: the held StartJob is of its first run (placed
+    here long ago, before the job moved on). Started, it would run under a stale attempt whose reports the
+    store ignores; it is dropped, and a held start of the run the store names runs."""
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    agent.runner.next_epoch()
+    await agent.start()
+    epoch = agent.lease.epoch
+    for job_id, attempt in (("again", 1), ("current", 2)):
+        await agent.on_command(command(ev.StartJob(job_id=job_id, node_id="n1", tenant="t", gpu_indices=[0],
+                                                   gpu_uuids=["GPU-0"], command=["true"], lease_epoch=epoch - 1,
+                                                   attempt=attempt)))
+    await agent.on_command(command(ev.ReconcileJobs(node_id="n1", job_ids=["again", "current"], lease_epoch=epoch,
+                                                    attempts={"again": 3, "current": 2})))
+    await eventually(lambda: len(sent.of("JobExitReported")) == 2)
+    await agent.flush()
+    assert [(r["job_id"], r["attempt"]) for r in sent.of("JobStartReported")] == [("current", 2)]
+    missing = [r for r in sent.of("JobExitReported") if r["job_id"] == "again"]
+    assert missing and missing[0]["reason_code"] == "missing_after_restart", missing
+    await agent.close()
+
+
 async def test_a_reconcile_published_again_after_the_broker_lost_its_data_stops_nothing_started_since(tmp_path):
     """Found by the broker-restart test on Tansu: the relay published the registration's ReconcileJobs
     again (the same envelope), the agent read it a second time and stopped, as not assigned, every job

@@ -225,6 +225,9 @@ class ReconcileJobs(Payload):
     node_id: str
     job_ids: list[str]
     lease_epoch: int | None = None  # the epoch this answers; an agent ignores an answer to an older epoch
+    # each listed job's current run (its attempt): a StartJob the agent held runs only if it is of that run,
+    # never one of an earlier run placed here before (None: not told, as before)
+    attempts: dict[str, int] | None = None
 
 
 class NodeLost(Payload):
