@@ -75,3 +75,44 @@ async def test_a_consumer_whose_broker_lost_its_data_reads_the_new_log_from_its_
             assert not seen.resetting(asyncio.get_running_loop().time())
     finally:
         await consumer.stop()
+
+
+async def test_a_partition_assigned_again_after_a_rejoin_is_read_from_its_start_again():
+    """After the broker lost its data the group rejoins, and the rejoin may fetch an old offset that a batch
+    in flight committed to the new broker: within the guard's window each new generation's partitions are
+    read from their start again (before, only the first assignment was, and the consumer skipped the new
+    log's first records: submissions the store never recorded)."""
+    sought: list[tuple[int, str]] = []
+    coordinator = SimpleNamespace(generation=5)
+
+    class Consumer:
+        _coordinator = coordinator
+        _client = None
+
+        def assignment(self) -> set[str]:
+            return {"p0"}
+
+        async def seek_to_beginning(self, tp: str) -> None:
+            sought.append((coordinator.generation, tp))
+
+        def highwater(self, tp: str) -> int:
+            return 40  # the new log has passed the old position: only the generation tells
+
+        async def position(self, tp: str) -> int:
+            return 31
+
+    guarded = SimpleNamespace(_gpusched_subscribers=[SimpleNamespace(consumer=Consumer())])
+    seen = Incarnation(known="new-cluster", changed_at=asyncio.get_running_loop().time())  # just noticed
+    guard = asyncio.create_task(guard_positions(guarded, interval_s=0.01, seen=seen))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(sought) < 1:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        coordinator.generation = 6  # the group rebalanced
+        while len(sought) < 2:
+            assert asyncio.get_running_loop().time() < deadline, sought
+            await asyncio.sleep(0.01)
+    finally:
+        guard.cancel()
+    assert sought == [(5, "p0"), (6, "p0")]

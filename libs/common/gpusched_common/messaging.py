@@ -151,11 +151,12 @@ async def guard_positions(broker: KafkaBroker, interval_s: float = 2.0, seen: In
     high watermark below the position, so the consumer would wait there and skip everything written before
     the log reached it again, and once the new log has passed the old position nothing in the offsets tells
     the two apart. So the guard asks the broker's cluster id each time (`gpusched_common.incarnation`): when
-    it changed, every partition assigned now or within the next minute is read from its start (what the
-    consumer had already is a duplicate). A position above the partition's high watermark (never so while
-    the log lives) does the same for one partition."""
+    it changed, every partition assigned now or within the next minute is read from its start, again after
+    each rebalance in that minute (a rejoin fetches the old offset a batch in flight committed to the new
+    broker; what the consumer had already is a duplicate). A position above the partition's high watermark
+    (never so while the log lives) does the same for one partition."""
     seen = Incarnation() if seen is None else seen  # the broker this process knew (a test passes its own)
-    reset: set[tuple[int, object]] = set()  # (consumer, partition) read from the start since the last change
+    reset: set[tuple[int, object, object]] = set()  # (consumer, partition, group generation) read from the start
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval_s)
@@ -173,10 +174,11 @@ async def guard_positions(broker: KafkaBroker, interval_s: float = 2.0, seen: In
         now = loop.time()
         for consumer in consumers:
             try:
+                generation = getattr(getattr(consumer, "_coordinator", None), "generation", None)
                 for tp in consumer.assignment():
-                    if seen.resetting(now) and (id(consumer), tp) not in reset:
+                    if seen.resetting(now) and (id(consumer), tp, generation) not in reset:
                         await consumer.seek_to_beginning(tp)
-                        reset.add((id(consumer), tp))
+                        reset.add((id(consumer), tp, generation))
                         continue
                     high = consumer.highwater(tp)
                     if high is None:
