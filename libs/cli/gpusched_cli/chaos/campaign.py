@@ -9,6 +9,7 @@ recovery); then every acknowledged job is waited for, and the checker reads the 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -19,7 +20,7 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -34,7 +35,7 @@ from gpusched_cli import stack
 from gpusched_cli.teardown import agents_dir
 
 from gpusched_cli.chaos import collect, schedule as sch, workload as wl
-from gpusched_cli.chaos.checker import Report, check
+from gpusched_cli.chaos.checker import Report, check, table
 from gpusched_cli.chaos.faults import Injector, Processes
 
 REPLICATED = ("admission", "quota", "placement", "preemption")
@@ -58,6 +59,7 @@ class Options:
     broker: str = "tansu"
     drain_s: float = 600.0
     probe_timeout_s: float = 120.0
+    kinds: tuple[str, ...] = sch.KINDS  # the fault kinds drawn from (a campaign on one kind: where it hurts)
     out: Path | None = Path("bench-results/chaos.json")
 
 
@@ -68,6 +70,9 @@ class Recovery:
     target: str
     done: str
     recovery_s: float | None  # None: the probe never ran within its timeout
+    # where the probe's time went, seconds after the healing: accepted by the gateway, then each event of
+    # its stream as the store recorded it, then its run's start
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 class Campaign:
@@ -80,6 +85,7 @@ class Campaign:
         self.exercised: dict[str, int] = {}
         self.stories: dict[str, dict] = {}
         self.probes: set[str] = set()
+        self._stages: dict[str, float] = {}  # the current probe's (Recovery.stages)
         self.deaths: list[str] = []  # processes that died by themselves (supervise)
         self.nonce = uuid.uuid4().hex[:8]  # idempotency keys of this campaign only
 
@@ -185,16 +191,35 @@ class Campaign:
         job_ids = await asyncio.wait_for(self._until_accepted(f"probe-{self.o.seed}-{n}-{self.nonce}", [
             spec.model_dump(mode="json", exclude_defaults=True) | {"tenant": spec.tenant}]), self.o.probe_timeout_s)
         self.probes.update(job_ids)
+        self._stages = {"accepted": round(time.time() - healed_at, 2)}
         deadline = time.monotonic() + self.o.probe_timeout_s
-        while time.monotonic() < deadline:  # its run's own record says when it started (whatever was reported)
-            for run in self.runs_dir.glob(f"{job_ids[0]}.*"):
-                try:
-                    started = float(run.read_text().split(" ")[5])
-                except (OSError, IndexError, ValueError):
-                    continue  # being written
-                return round(max(0.0, started - healed_at), 3)
-            await asyncio.sleep(0.2)
-        return None
+        try:
+            while time.monotonic() < deadline:  # its run's own record says when it started (whatever was reported)
+                for run in self.runs_dir.glob(f"{job_ids[0]}.*"):
+                    try:
+                        started = float(run.read_text().split(" ")[5])
+                    except (OSError, IndexError, ValueError):
+                        continue  # being written
+                    self._stages["started"] = round(started - healed_at, 2)
+                    return round(max(0.0, started - healed_at), 3)
+                await asyncio.sleep(0.2)
+            return None
+        finally:
+            await self._probe_story(job_ids[0], healed_at)
+
+    async def _probe_story(self, job_id: str, healed_at: float) -> None:
+        """When the store recorded each of the probe's events (a slow recovery says which step waited)."""
+        try:
+            conn = await asyncpg.connect(self.state.database_url, timeout=5)
+            try:
+                rows = await conn.fetch("SELECT type, extract(epoch FROM recorded_at) AS at FROM events"
+                                        " WHERE stream_id = $1 ORDER BY version", f"job-{job_id}")
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
+            return  # the store is down (a fault): the recovery itself is still measured
+        for row in rows:
+            self._stages.setdefault(row["type"], round(float(row["at"]) - healed_at, 2))
 
     # --- the campaign --------------------------------------------------------------------------------
 
@@ -216,11 +241,14 @@ class Campaign:
             self.supervise()
             done = await self.injector.run(fault)
             healed_at = time.time()
+            self._stages = {}
             recovery = None if done.startswith("skipped") else await self.probe(fault.index, healed_at)
-            self.recoveries.append(Recovery(fault.index, fault.kind, fault.target, done, recovery))
+            self.recoveries.append(Recovery(fault.index, fault.kind, fault.target, done, recovery, self._stages))
             shown = "never" if recovery is None else f"{recovery:.1f} s"
             self.progress(f"  fault {fault.index + 1:>2}/{len(faults)} {fault.kind:<17} {fault.target:<14} "
                           f"recovered in {shown:>7}  ({done})")
+            if recovery is None or recovery > LEASE_S + 5:
+                self.progress("      the probe: " + ", ".join(f"{k} +{v:g}" for k, v in self._stages.items()))
 
     async def drain(self) -> dict[str, int]:
         conn = await asyncpg.connect(self.state.database_url)
@@ -261,7 +289,8 @@ class Campaign:
 
     async def run(self) -> Report:
         await self.start()
-        faults = sch.make_schedule(self.o.seed, self.o.faults, self.targets(), sch.Timing(LEASE_S, GRACE_S, SESSION_S))
+        faults = sch.make_schedule(self.o.seed, self.o.faults, self.targets(), sch.Timing(LEASE_S, GRACE_S, SESSION_S),
+                                   kinds=self.o.kinds)
         planned = wl.plan(self.o.seed, self.o.jobs, python=sys.executable, runjob=self.runjob, runs_dir=str(self.runs_dir))
         fault_span = sum(f.gap_s + f.duration_s + 4.0 for f in faults)
         span = max(30.0, fault_span, len(planned) / JOBS_PER_S)
@@ -295,29 +324,6 @@ class Campaign:
         self.stories = await collect.stories(self.state.database_url, named[:MAX_STORIES], runs)
         self.finding = not report.clean
         return report
-
-
-def table(report: Report, recoveries: list[Recovery], goal_s: float, exercised: dict[str, int]) -> str:
-    rows = [("jobs", report.jobs), ("faults", report.faults),
-            ("faults by kind", ", ".join(f"{k} {v}" for k, v in report.faults_by_kind.items())),
-            ("lost jobs", report.lost_jobs), ("double runs", report.double_runs),
-            ("double-allocated GPU-seconds", report.double_allocated_gpu_seconds),
-            ("quota overshoot (units)", report.quota_overshoot_units),
-            ("quota held at the end (units)", report.quota_held_at_end_units),
-            ("stale reports applied", report.stale_reports_applied), ("stuck jobs", report.stuck_jobs),
-            ("unpublished outbox rows", report.unpublished_outbox_rows),
-            ("unexpected failures", report.unexpected_failures),
-            ("recovery p50 / p99 (s)", f"{report.recovery_p50_s} / {report.recovery_p99_s} (goal <= {goal_s:g})"),
-            ("seed", report.seed)]
-    rows += [("exercised", ", ".join(f"{k} {v}" for k, v in exercised.items()))] if exercised else []
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{name:<{width}}  {value}" for name, value in rows]
-    skipped = [r for r in recoveries if r.done.startswith("skipped")]
-    lines += [f"skipped: {r.kind} ({r.done[len('skipped: '):]})" for r in skipped]
-    for name, items in report.examples.items():
-        lines.append(f"{name}:")
-        lines += [f"  {item}" for item in items]
-    return "\n".join(lines)
 
 
 async def run_campaign(options: Options, home: Path, progress=print) -> tuple[Report, Campaign]:
@@ -366,8 +372,18 @@ def add_chaos_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--broker", choices=["tansu", "kafka"], default="tansu",
                    help="tansu loses its data when killed; Apache Kafka keeps it")
+    p.add_argument("--kinds", type=_kinds, default=sch.KINDS,
+                   help=f"comma-separated fault kinds to draw from (default all: {','.join(sch.KINDS)})")
     p.add_argument("--drain-s", type=float, default=600.0, help="how long to wait for the jobs at the end")
     p.add_argument("--out", type=Path, default=Path("bench-results/chaos.json"))
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=lambda a: main(Options(jobs=a.jobs, faults=a.faults, seed=a.seed, broker=a.broker,
-                                               drain_s=a.drain_s, out=a.out), as_json=a.json))
+                                               drain_s=a.drain_s, out=a.out, kinds=a.kinds), as_json=a.json))
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in sch.KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"unknown fault kind(s) {unknown}: choose from {', '.join(sch.KINDS)}")
+    return kinds

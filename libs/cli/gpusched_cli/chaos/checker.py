@@ -239,3 +239,26 @@ def check(*, seed: int, acknowledged: list[str], facts: dict[str, JobFact], runs
                   unpublished_outbox_rows=unpublished, unexpected_failures=len(unexpected_failures),
                   quota_held_at_end_units=held_at_end,
                   examples=examples)
+
+
+def table(report: Report, recoveries: list, goal_s: float, exercised: dict[str, int]) -> str:
+    rows = [("jobs", report.jobs), ("faults", report.faults),
+            ("faults by kind", ", ".join(f"{k} {v}" for k, v in report.faults_by_kind.items())),
+            ("lost jobs", report.lost_jobs), ("double runs", report.double_runs),
+            ("double-allocated GPU-seconds", report.double_allocated_gpu_seconds),
+            ("quota overshoot (units)", report.quota_overshoot_units),
+            ("quota held at the end (units)", report.quota_held_at_end_units),
+            ("stale reports applied", report.stale_reports_applied), ("stuck jobs", report.stuck_jobs),
+            ("unpublished outbox rows", report.unpublished_outbox_rows),
+            ("unexpected failures", report.unexpected_failures),
+            ("recovery p50 / p99 (s)", f"{report.recovery_p50_s} / {report.recovery_p99_s} (goal <= {goal_s:g})"),
+            ("seed", report.seed)]
+    rows += [("exercised", ", ".join(f"{k} {v}" for k, v in exercised.items()))] if exercised else []
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    skipped = [r for r in recoveries if r.done.startswith("skipped")]
+    lines += [f"skipped: {r.kind} ({r.done[len('skipped: '):]})" for r in skipped]
+    for name, items in report.examples.items():
+        lines.append(f"{name}:")
+        lines += [f"  {item}" for item in items]
+    return "\n".join(lines)
