@@ -22,39 +22,57 @@ Send = Callable[[str, str, bytes, dict[str, str]], Awaitable[None]]
 _Queued = tuple[ev.Payload, str | None, Callable[[], None] | None]
 
 
+ATTEMPT_TIMEOUT_S = 5.0  # one try at sending a queued report; then it is sent again (the same envelope)
+
+
 class Reporter:
     def __init__(self, node_id: str, send: Send, partitioned: Callable[[], bool],
-                 signer: Signer | None = None) -> None:
+                 signer: Signer | None = None, attempt_timeout_s: float = ATTEMPT_TIMEOUT_S) -> None:
         self._node_id = node_id
         self._signer = signer  # the node's own key: placement and metrics believe only what it signed
         self._send = send
         self._partitioned = partitioned
+        self._attempt_timeout_s = attempt_timeout_s
         self._queue: asyncio.Queue[_Queued] = asyncio.Queue()
         self._sender: asyncio.Task | None = None
 
     async def report(self, payload: ev.Payload, topic: str = NODES_REPORTS.name) -> None:
         """Send one report now; raises when the broker does not take it."""
+        await self._send_enveloped(self._envelope(payload), topic)
+
+    def _envelope(self, payload: ev.Payload) -> ev.Envelope:
+        return ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{self._node_id}",
+                                occurred_at=datetime.now(timezone.utc), producer=f"{SERVICE}/{self._node_id}",
+                                traceparent=current_traceparent())
+
+    async def _send_enveloped(self, envelope: ev.Envelope, topic: str = NODES_REPORTS.name) -> None:
         if self._partitioned():
             raise ConnectionError(f"{self._node_id}: simulated network partition")
-        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{self._node_id}",
-                                    occurred_at=datetime.now(timezone.utc), producer=f"{SERVICE}/{self._node_id}",
-                                    traceparent=current_traceparent())
-        headers = {"event-type": payload.TYPE}
+        headers = {"event-type": envelope.type}
         if envelope.traceparent:
             headers["traceparent"] = envelope.traceparent
         value = envelope.model_dump_json().encode()
         if self._signer is not None:
-            headers.update(self._signer.headers(topic, value))
+            headers.update(self._signer.headers(topic, value))  # signed again each try: its time is now
         await self._send(topic, self._node_id, value, headers)
 
     async def report_until_sent(self, payload: ev.Payload) -> None:
+        """Send the report until the broker takes it. Each try is bounded: a send the client never answers
+        (seen after a broker restart: the registration that followed a NodeLost waited 2+ minutes while
+        heartbeats went out, and the node stayed Lost) is given up and sent again, as the same envelope,
+        so a receiver that got both drops the second by its event id."""
+        envelope = self._envelope(payload)
         delay = 0.2
         while True:
             try:
-                await self.report(payload)
+                # asyncio.timeout, not wait_for: on 3.11, wait_for swallows a cancel that comes as the send
+                # completes, and close() would wait for a sender that never stops
+                async with asyncio.timeout(self._attempt_timeout_s):
+                    await self._send_enveloped(envelope)
                 return
             except Exception as exc:  # noqa: BLE001 - keep the report until the broker takes it
-                log.warning("%s: could not report %s (%s); retrying", self._node_id, payload.TYPE, exc)
+                log.warning("%s: could not report %s (%s); retrying", self._node_id, payload.TYPE,
+                            exc or type(exc).__name__)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -73,6 +73,7 @@ class Recovery:
     # where the probe's time went, seconds after the healing: accepted by the gateway, then each event of
     # its stream as the store recorded it, then its run's start
     stages: dict[str, float] = field(default_factory=dict)
+    waited_for: list[str] = field(default_factory=list)  # the reasons of its last deferral, if it was deferred
 
 
 class Campaign:
@@ -86,6 +87,7 @@ class Campaign:
         self.stories: dict[str, dict] = {}
         self.probes: set[str] = set()
         self._stages: dict[str, float] = {}  # the current probe's (Recovery.stages)
+        self._waited_for: list[str] = []
         self.deaths: list[str] = []  # processes that died by themselves (supervise)
         self.nonce = uuid.uuid4().hex[:8]  # idempotency keys of this campaign only
 
@@ -212,14 +214,16 @@ class Campaign:
         try:
             conn = await asyncpg.connect(self.state.database_url, timeout=5)
             try:
-                rows = await conn.fetch("SELECT type, extract(epoch FROM recorded_at) AS at FROM events"
-                                        " WHERE stream_id = $1 ORDER BY version", f"job-{job_id}")
+                rows = await conn.fetch("SELECT type, extract(epoch FROM recorded_at) AS at, payload->'reasons' AS why"
+                                        " FROM events WHERE stream_id = $1 ORDER BY version", f"job-{job_id}")
             finally:
                 await conn.close()
         except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
             return  # the store is down (a fault): the recovery itself is still measured
         for row in rows:
             self._stages.setdefault(row["type"], round(float(row["at"]) - healed_at, 2))
+            if row["why"] is not None:
+                self._waited_for = [str(r) for r in json.loads(row["why"])][:5]
 
     # --- the campaign --------------------------------------------------------------------------------
 
@@ -241,14 +245,16 @@ class Campaign:
             self.supervise()
             done = await self.injector.run(fault)
             healed_at = time.time()
-            self._stages = {}
+            self._stages, self._waited_for = {}, []
             recovery = None if done.startswith("skipped") else await self.probe(fault.index, healed_at)
-            self.recoveries.append(Recovery(fault.index, fault.kind, fault.target, done, recovery, self._stages))
+            self.recoveries.append(Recovery(fault.index, fault.kind, fault.target, done, recovery, self._stages,
+                                            self._waited_for))
             shown = "never" if recovery is None else f"{recovery:.1f} s"
             self.progress(f"  fault {fault.index + 1:>2}/{len(faults)} {fault.kind:<17} {fault.target:<14} "
                           f"recovered in {shown:>7}  ({done})")
             if recovery is None or recovery > LEASE_S + 5:
-                self.progress("      the probe: " + ", ".join(f"{k} +{v:g}" for k, v in self._stages.items()))
+                self.progress("      the probe: " + ", ".join(f"{k} +{v:g}" for k, v in self._stages.items())
+                              + (f"; waited for: {'; '.join(self._waited_for)}" if self._waited_for else ""))
 
     async def drain(self) -> dict[str, int]:
         conn = await asyncpg.connect(self.state.database_url)
