@@ -28,8 +28,8 @@ async def read_topic(bootstrap: str, topic: str, *, expect: int, timeout_s: floa
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
-    """A topic of the test's own; both brokers need it created first (Tansu would also create it on the
-    first produce, Apache Kafka as configured here refuses: see tests/integration/test_broker_differences.py)."""
+    """A topic of the test's own; both brokers need it created first (Tansu would acknowledge a produce to
+    it and keep nothing, Apache Kafka as configured here refuses: see tests/integration/test_broker_differences.py)."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)

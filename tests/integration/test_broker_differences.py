@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import InvalidSessionTimeoutError, KafkaError, MessageSizeTooLargeError
 
 from gpusched_common.infra.brokers import RunningBroker, restart_broker
-from gpusched_common.kafka_admin import create_topics
+from gpusched_common.kafka_admin import create_topics, read_to_end
 from gpusched_common.topics import JOBS_EVENTS
 
 from tests.integration.kafka_helpers import read_topic
@@ -105,8 +105,22 @@ async def test_a_restart_keeps_records_and_offsets_on_apache_kafka_and_loses_eve
 
     restart_broker(running_broker)
 
-    if running_broker.kind == "tansu":
-        assert JOBS_EVENTS.name not in await _topics(topics)
+    if running_broker.kind == "tansu":  # its front created the topics again as they were; they are empty
+        admin = AIOKafkaAdminClient(bootstrap_servers=topics)
+        await admin.start()
+        try:
+            described = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics([JOBS_EVENTS.name])}
+        finally:
+            await admin.close()
+        assert described == {JOBS_EVENTS.name: 3}
+        assert await read_to_end({"bootstrap_servers": topics}, JOBS_EVENTS.name) == []
+        consumer = AIOKafkaConsumer(bootstrap_servers=topics, group_id="restart-test", enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign(partitions)
+            assert [await consumer.committed(tp) for tp in partitions] == [None, None, None]
+        finally:
+            await consumer.stop()
         return
     records = await read_topic(topics, JOBS_EVENTS.name, expect=10)
     assert sorted(r.value for r in records) == sorted(f"r{i}".encode() for i in range(10))
@@ -145,3 +159,53 @@ async def test_a_record_over_a_mebibyte_needs_the_topic_limit_gpusched_sets_on_a
             await _produce(bootstrap, "default.limit", [big], **options)
     else:
         await _produce(bootstrap, "default.limit", [big], **options)
+
+
+async def test_tansu_acknowledges_records_for_partitions_it_does_not_have_and_makes_up_topics(tmp_path, broker_kind):
+    """Why Tansu runs behind a front (`infra/tansu_front.py`): on its own, a produce to a partition beyond a
+    topic's count is acknowledged and kept nowhere, and a client asking for a topic it lacks gets one made
+    up with 4 partitions. After a restart, producers that knew the topics (6 partitions) would lose what
+    they sent to 4 and 5 until someone recreated the topics, which by then may exist with the wrong count."""
+    if broker_kind != "tansu":
+        pytest.skip("Apache Kafka refuses a produce to a topic it does not have (auto.create.topics.enable=false)")
+    from gpusched_common.infra.brokers import _start_tansu
+    from gpusched_common.infra.processes import free_port, stop_pid
+
+    port = free_port()
+    pid = _start_tansu(tmp_path, port, port)  # no front
+    try:
+        bootstrap = f"127.0.0.1:{port}"
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+        await producer.start()
+        try:
+            await create_topics(bootstrap, partitions=2)
+            assert await producer.partitions_for(JOBS_EVENTS.name) == {0, 1}
+            producer.client.cluster._partitions[JOBS_EVENTS.name][5] = producer.client.cluster._partitions[
+                JOBS_EVENTS.name][0]  # as a producer that knew the topic with 6 partitions before a restart
+            beyond = await producer.send_and_wait(JOBS_EVENTS.name, b"lost", partition=5)
+            assert await producer.partitions_for("never.created") == {0, 1, 2, 3}
+        finally:
+            await producer.stop()
+        assert beyond.offset == 0  # acknowledged
+        assert await read_to_end({"bootstrap_servers": bootstrap}, JOBS_EVENTS.name) == []
+    finally:
+        stop_pid(pid)
+
+
+async def test_what_a_producer_sends_while_tansu_comes_back_empty_is_kept(running_broker: RunningBroker, topics):
+    """Behind its front, a restarted Tansu takes no client in before it has its topics again (as they were),
+    so a producer that was connected before the restart sends into the topics, not into nothing: what it
+    sends is either refused (and retried) or kept. Apache Kafka keeps its log: the same holds there."""
+    producer = AIOKafkaProducer(bootstrap_servers=topics, request_timeout_ms=30000)
+    await producer.start()
+    try:
+        await producer.send_and_wait(JOBS_EVENTS.name, b"before", partition=2)
+        restart_broker(running_broker)
+        for partition in range(3):
+            await asyncio.wait_for(producer.send_and_wait(JOBS_EVENTS.name, f"after-{partition}".encode(),
+                                                          partition=partition), 60)
+    finally:
+        await producer.stop()
+    values = sorted(r.value for r in await read_topic(topics, JOBS_EVENTS.name,
+                                                         expect=3 if running_broker.kind == "tansu" else 4))
+    assert values == sorted(([] if running_broker.kind == "tansu" else [b"before"]) + [b"after-0", b"after-1", b"after-2"])
