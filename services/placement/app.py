@@ -20,7 +20,7 @@ from gpusched_common.topics import (
 
 from gpusched_core import placement as engine
 from gpusched_core.placement.leases import caught_up
-from services.placement import recovery, starts, store
+from services.placement import recovery, republish, starts, store
 from services.placement.handlers import check_leases, make_handler, run_cycle
 from services.placement.settings import PlacementSettings
 from services.placement.node_control import make_node_control_handler
@@ -42,6 +42,8 @@ async def setup(runtime: Runtime) -> None:
         log.warning("GPUSCHED_ACCEPT_UNSIGNED_NODE_REPORTS=true: anyone who can write to the broker speaks for any "
                     "node (development only)")
     handler = make_handler(utcnow, policy, cache, accept_unsigned=settings.accept_unsigned_node_reports)
+    if runtime.relay is not None:  # after a broker lost its data, only the commands with work left go again
+        runtime.relay.done_with = republish.commands_done
     # one group per topic: each subscription is its own consumer
     runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS, handler)
     runtime.subscribe_transactional(NODES_REPORTS.name, GROUP_PLACEMENT_NODES, handler)

@@ -11,8 +11,10 @@ A broker that lost its data (Tansu restarted: it keeps nothing; a Kafka log wipe
 acknowledges a row at an offset below one it acknowledged before on that partition (the highest per
 partition is kept with the term, migration 029): the relay then publishes again the rows it published
 within ``republish_s`` that some reader has not applied yet (every reader of the topic claimed the others in
-its inbox; a topic read without one, such as the agents' commands, goes again whole), so messages no consumer
-had read are not lost with the broker (consumers dedupe by event id, agents by run and epoch).
+its inbox; a topic read without one, such as the agents' commands, goes again whole unless the producer says
+which of its rows have done their work: ``done_with``, placement's `services/placement/republish.py`), so
+messages no consumer had read are not lost with the broker (consumers dedupe by event id, agents by run and
+epoch).
 
 A row the broker refuses for good (too large, an invalid topic, bytes it cannot take) is *parked* with its
 error (``parked_at``, ``park_reason``; ``gpusched outbox parked``) and the rows after it go on; any other
@@ -28,6 +30,7 @@ import logging
 import os
 import socket
 import zlib
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 import asyncpg
@@ -38,6 +41,8 @@ from gpusched_common.ack_offsets import AckOffsets
 from gpusched_common.topics import INBOX_READERS, inbox_readers_of
 
 log = logging.getLogger(__name__)
+
+DoneWith = Callable[[asyncpg.Connection, list[asyncpg.Record]], Awaitable[set[int]]]
 
 _BATCH = 500
 _REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordTooLargeError, InvalidTopicError, ValueError, TypeError)
@@ -62,6 +67,9 @@ class OutboxRelay:
         self._republish_s = republish_s
         self._offsets = AckOffsets()  # the highest offset the broker acknowledged, per partition
         self.losses = 0  # how often the broker was found to have lost data
+        # the producer's own judgement, on a republish, of which recent rows (``id``, ``topic``, ``value``)
+        # have done their work (a command acknowledged or superseded): those need not go again
+        self.done_with: DoneWith | None = None
 
     def wake(self) -> None:
         """Called after a transaction that wrote outbox rows commits, to publish without polling delay."""
@@ -152,6 +160,8 @@ class OutboxRelay:
             " AND published_at > clock_timestamp() - make_interval(secs => $2) AND NOT (id = ANY($3::bigint[]))",
             self._producer, self._republish_s, done)
         applied = await applied_by_every_reader(conn, recent)
+        if self.done_with is not None:
+            applied |= await self.done_with(conn, [r for r in recent if r["id"] not in applied])
         again = [r["id"] for r in recent if r["id"] not in applied]
         await conn.execute("UPDATE outbox SET published_at = NULL WHERE id = ANY($1::bigint[])", again)
         self.losses += 1
