@@ -38,22 +38,21 @@ async def commands_done(conn: asyncpg.Connection, rows: list[asyncpg.Record]) ->
         except (ValueError, TypeError, KeyError):
             continue
     done: set[int] = set()
-    latest: dict[tuple[str, str], int] = {}
-    for row_id in sorted(commands):
-        kind, payload = commands[row_id]
-        if kind in _LATEST_ONLY:
-            earlier = latest.get((kind, payload["node_id"]))
-            if earlier is not None:
-                done.add(earlier)
-            latest[(kind, payload["node_id"])] = row_id
+    latest: dict[tuple, int] = {}  # a command superseded by a later one of the same key has done its work
     starts: dict[tuple[str, str, int], int] = {}  # each run's latest StartJob (a re-send replaced the first)
     for row_id in sorted(commands):
         kind, p = commands[row_id]
         if kind == "StartJob":
-            run = (str(p.get("job_id")), p["node_id"], p.get("attempt") or 1)
-            if run in starts:
-                done.add(starts[run])
-            starts[run] = row_id
+            key: tuple = (kind, str(p.get("job_id")), p["node_id"], p.get("attempt") or 1)
+        elif kind in _LATEST_ONLY:
+            key = (kind, p["node_id"])
+        else:
+            continue
+        if key in latest:
+            done.add(latest[key])
+        latest[key] = row_id
+        if kind == "StartJob":
+            starts[key[1:]] = row_id
     if starts:
         pending = {(r["job_id"], r["node_id"], r["attempt"]) for r in await conn.fetch(
             "SELECT job_id, node_id, attempt FROM placement_starts WHERE job_id = ANY($1::text[])",

@@ -33,10 +33,11 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.admin import CreateTopicsRequest
 from aiokafka.protocol.metadata import MetadataRequest
 
+from gpusched_common.kafka_admin import DEFAULT_MAX_MESSAGE_BYTES
+
 log = logging.getLogger("gpusched.tansu_front")
 
 POLL_S = 0.5  # how often the broker's topics are asked (a topic created just before a crash may be missed)
-MAX_MESSAGE_BYTES = 2 * 1024 * 1024  # kafka_admin.DEFAULT_MAX_MESSAGE_BYTES (not imported: a light process)
 
 
 class Front:
@@ -44,7 +45,6 @@ class Front:
         self.backend_port = backend_port
         self.open = False
         self.layout: dict[str, int] = {}  # the topics the broker had, and their partition counts
-        self.restorations = 0
         self._writers: set[asyncio.StreamWriter] = set()
 
     # --- clients -------------------------------------------------------------------------------------
@@ -134,11 +134,10 @@ class Front:
             if not missing:
                 return
             response = await conn.send(CreateTopicsRequest(
-                [(name, n, 1, [], [("max.message.bytes", str(MAX_MESSAGE_BYTES))]) for name, n in missing.items()],
+                [(name, n, 1, [], [("max.message.bytes", str(DEFAULT_MAX_MESSAGE_BYTES))]) for name, n in missing.items()],
                 10_000, False))
             refused = [(name, code) for name, code, *_ in response.topic_errors
                        if code not in (0, TopicAlreadyExistsError.errno)]
-            self.restorations += 1
             log.warning("broker on port %d came back without %d topic(s): created them as they were%s",
                         self.backend_port, len(missing), f" (refused: {refused})" if refused else "")
             if refused:
