@@ -47,6 +47,15 @@ class JobBuilder:
     def host(self, cpu_milli: int = 0, memory_mib: int = 0) -> JobBuilder:
         return replace(self, _extra={**self._extra, "cpu_milli": cpu_milli, "memory_mib": memory_mib})
 
+    def image(self, image: str) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "image": image})
+
+    def selector(self, labels: dict[str, str]) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "node_selector": labels})
+
+    def priority_class(self, name: str) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "priority_class": name})
+
     def spec(self) -> ev.JobSpec:
         return ev.JobSpec(tenant=self._tenant, gpus=self._gpus, gpu_model=self._model, priority=self._priority,
                           command=list(self._command), **self._extra)

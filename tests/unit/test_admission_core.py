@@ -29,7 +29,15 @@ def test_a_valid_submission_has_no_reasons_and_a_canonical_model():
                  id="absurd-gpus"),
     pytest.param(a_job("j").model("B9000"), "unknown GPU model 'B9000'", id="unknown-model"),
     pytest.param(a_job("j").priority(-1), "priority -1 is outside 0..1000", id="negative-priority"),
-    pytest.param(a_job("j").command(), "command is empty", id="empty-command"),
+    pytest.param(a_job("j").command(), "command is empty: a job without an image needs one", id="empty-command"),
+    pytest.param(a_job("j").command("python", ""), "command has an empty part", id="empty-command-part"),
+    pytest.param(a_job("j").image("Not An Image"), "image 'Not An Image' is not an image reference such as "
+                 "registry.example/team/train:1.2 (at most 512 characters)", id="bad-image"),
+    pytest.param(a_job("j").selector({"-zone": "a"}), "node_selector key '-zone' is not a label name (prefix/name, "
+                 "name at most 63 characters)", id="bad-selector-key"),
+    pytest.param(a_job("j").selector({"zone": "x" * 64}), f"node_selector value {'x' * 64!r} of 'zone' is not a label "
+                 "value (at most 63 characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)",
+                 id="bad-selector-value"),
     pytest.param(a_job("j").gpus(8).gang(0), "nodes 0 is outside 1..64 (nodes per gang)", id="gang-of-none"),
     pytest.param(a_job("j").gpus(8).gang(65), "nodes 65 is outside 1..64 (nodes per gang)", id="gang-too-big"),
     pytest.param(a_job("j").share(0), "gpu_share.milli 0 is outside 1..999 (use gpus for whole GPUs)",
@@ -66,6 +74,10 @@ def test_limits_are_reported_as_reasons(job, reason):
     pytest.param(a_job("j").mig("3g.40gb").model("A100-80GB"), id="mig-of-a-model"),
     pytest.param(a_job("j").mig("1g.5gb"), id="mig-of-any-model"),
     pytest.param(a_job("j").gpus(8).gang(2).host(cpu_milli=96_000, memory_mib=512 * 1024), id="gang-with-host"),
+    pytest.param(a_job("j").command().image("nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"),
+                 id="an-image-s-entrypoint"),
+    pytest.param(a_job("j").image("localhost:5000/team/train@sha256:" + "0" * 64)
+                 .selector({"nvidia.com/gpu.family": "hopper", "zone": "eu-1"}), id="image-and-selector"),
 ])
 def test_gangs_shares_and_mig_slices_are_admitted(job):
     sub = parse_submission(raw(job.spec()), LIMITS)

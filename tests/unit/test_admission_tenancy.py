@@ -38,6 +38,18 @@ tenants:
     pytest.param(a_job("j").tenant("team-b").priority(100).model("H100-80GB"),
                  ("priority class 'production' is not allowed for tenant team-b (allowed: batch)",
                   "GPU model H100-80GB has no quota in the tenancy (flavors: A100-80GB)"), id="every-reason"),
+    pytest.param(a_job("j").tenant("team-a").priority_class("production"), (), id="class-by-name"),
+    pytest.param(a_job("j").tenant("team-b").priority_class("production"),
+                 ("priority class 'production' is not allowed for tenant team-b (allowed: batch)",), id="name-not-allowed"),
+    pytest.param(a_job("j").tenant("team-a").priority_class("system-critical"),
+                 ("priority class 'system-critical' does not exist (the tenancy has: batch, production)",),
+                 id="unknown-class-name"),
 ])
 def test_the_tenancy_refuses_what_a_tenant_may_never_run(job, reasons):
     assert check_against_tenancy("j", job.spec(), TENANCY) == reasons
+
+
+def test_a_priority_class_by_name_becomes_its_value():
+    from gpusched_core.submission import with_priority_class
+    spec = a_job("j").tenant("team-a").priority_class("production").spec()
+    assert with_priority_class(spec, TENANCY).priority == 100

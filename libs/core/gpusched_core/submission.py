@@ -5,6 +5,7 @@ reasons before anything is published."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -34,6 +35,15 @@ from gpusched_core.quota.jobs import priority_class_for, queued_job, to_pending
 from gpusched_core.quota.reasons import not_allowed, unknown_tenant
 
 MAX_TIME_LIMIT_S = 366 * 86400.0  # a year: beyond it a limit is no limit (a tenancy may set a lower maximum)
+
+MAX_IMAGE_CHARS = 512
+MAX_NODE_SELECTOR = 32
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"^(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9-]+:[0-9]+|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+:[0-9]+)/)?"
+    rf"{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*$")
 
 # MIG profiles each MIG-capable model offers (the placement engine's geometry, NVIDIA's names)
 MIG_PROFILES_BY_MODEL = {model: tuple(profiles) for model, profiles in MIG_FAMILIES.items()}
@@ -70,12 +80,46 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
         reasons.append(f"priority {spec.priority} is outside 0..{limits.max_priority}")
     if spec.time_limit_s is not None and not 0 < spec.time_limit_s <= MAX_TIME_LIMIT_S:
         reasons.append(f"time_limit_s {spec.time_limit_s:g} is outside (0, {MAX_TIME_LIMIT_S:g}] seconds")
-    reasons.extend(check_env(spec.env) + check_command(spec.command))
-    if not spec.command or not all(spec.command):
-        reasons.append("command is empty")
+    reasons.extend(check_env(spec.env) + check_command(spec.command) + check_runtime(spec))
+    if not all(spec.command) or (not spec.command and spec.image is None):
+        reasons.append("command is empty: a job without an image needs one" if not spec.command else
+                       "command has an empty part")
     elif sum(len(part.encode()) for part in spec.command) > limits.max_command_bytes:
         reasons.append(f"command is longer than {limits.max_command_bytes} bytes")
     return tuple(reasons)
+
+
+def check_runtime(spec: ev.JobSpec) -> list[str]:
+    """The image reference, the node selector and the priority class name: each well formed and bounded."""
+    reasons = []
+    if spec.image is not None and not is_image_reference(spec.image):
+        reasons.append(f"image {spec.image[:80]!r} is not an image reference such as registry.example/team/train:1.2 "
+                       f"(at most {MAX_IMAGE_CHARS} characters)")
+    if len(spec.node_selector) > MAX_NODE_SELECTOR:
+        reasons.append(f"node_selector has {len(spec.node_selector)} labels; at most {MAX_NODE_SELECTOR}")
+    for key, value in list(spec.node_selector.items())[:MAX_NODE_SELECTOR + 1]:
+        if not is_label_key(key):
+            reasons.append(f"node_selector key {key[:80]!r} is not a label name (prefix/name, name at most 63 characters)")
+        if not is_label_value(value):
+            reasons.append(f"node_selector value {value[:80]!r} of {key[:80]!r} is not a label value (at most 63 "
+                           "characters: letters, digits, '-', '_', '.', starting and ending with a letter or digit)")
+    if spec.priority_class is not None and not is_valid_id(spec.priority_class):
+        reasons.append(f"priority_class {spec.priority_class[:80]!r} is not a valid name")
+    return reasons
+
+
+def is_image_reference(text: str) -> bool:
+    return len(text) <= MAX_IMAGE_CHARS and _IMAGE.match(text) is not None
+
+
+def is_label_key(text: str) -> bool:
+    prefix, _, name = text.rpartition("/")
+    return (_LABEL_NAME.match(name) is not None and len(name) <= 63
+            and (not prefix or (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix) is not None)))
+
+
+def is_label_value(text: str) -> bool:
+    return text == "" or (len(text) <= 63 and _LABEL_NAME.match(text) is not None)
 
 
 def check_job(job_id: str, spec: ev.JobSpec) -> tuple[str, ...]:
@@ -141,7 +185,11 @@ def check_against_tenancy(job_id: str, spec: ev.JobSpec, tenancy: Tenancy) -> tu
     if spec.time_limit_s is not None and limits.max_s is not None and spec.time_limit_s > limits.max_s:
         reasons.append(f"time limit {format_duration(spec.time_limit_s)} exceeds tenant {spec.tenant}'s maximum of "
                        f"{format_duration(limits.max_s)}")
-    priority_class = priority_class_for(tenancy, spec.priority)
+    if spec.priority_class is not None and spec.priority_class not in tenancy.priority_classes:
+        reasons.append(f"priority class {spec.priority_class!r} does not exist "
+                       f"(the tenancy has: {', '.join(sorted(tenancy.priority_classes))})")
+        return tuple(reasons)
+    priority_class = spec.priority_class or priority_class_for(tenancy, spec.priority)
     if priority_class not in tenant.priority_classes:
         reasons.append(not_allowed(spec.tenant, priority_class, tenant.priority_classes))
     if spec.gpu_model is not None and spec.gpu_model not in tenancy.flavors:
@@ -158,7 +206,7 @@ def with_priority_class(spec: ev.JobSpec, tenancy: Tenancy | None) -> ev.JobSpec
     every service then ranks and charges the same class (None: no tenancy in force, as it is)."""
     if tenancy is None:
         return spec
-    value = tenancy.priority_classes.get(priority_class_for(tenancy, spec.priority))
+    value = tenancy.priority_classes.get(spec.priority_class or priority_class_for(tenancy, spec.priority))
     return spec if value is None or value == spec.priority else spec.model_copy(update={"priority": value})
 
 

@@ -60,7 +60,13 @@ class JobSpec(Frozen):
     cpu_milli: int = 0
     memory_mib: int = 0
     priority: int = 0
-    command: list[str]
+    # a priority class of the tenancy by name (Kubernetes' priorityClassName): admission sets ``priority`` to
+    # its value, and refuses a name the tenancy does not have
+    priority_class: str | None = None
+    # what runs: ``command`` as a host process, or in a container of ``image`` on a node with a container
+    # runtime (an empty ``command`` then runs the image's entrypoint)
+    command: list[str] = Field(default_factory=list)
+    image: str | None = None
     name: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # the longest one run may hold its GPUs: the agent stops it then (SIGTERM, a grace, SIGKILL) and it
@@ -68,6 +74,9 @@ class JobSpec(Frozen):
     time_limit_s: float | None = None
     array: ArrayTask | None = None  # a task of a job array (set by the gateway's expansion)
     after: list[Dependency] = Field(default_factory=list)  # jobs of the same tenant to wait for
+    # node labels every node of the job must carry (Kubernetes' nodeSelector and required node affinity
+    # with ``In`` of one value), besides the GPU model
+    node_selector: dict[str, str] = Field(default_factory=dict)
 
     @property
     def kind(self) -> str:
