@@ -24,6 +24,7 @@ from services.node_agent import watchdog
 from services.node_agent.agent import Agent
 from services.node_agent.cgroups import JobCgroups, Support, detect
 from services.node_agent.config import AgentConfig
+from services.node_agent.containers import ContainerRuntime, container_runtime
 from services.node_agent.fleet import Fleet, fleet_node_ids
 from services.node_agent.identity import load_identity
 from services.node_agent.log_server import LogServer, log_app
@@ -47,17 +48,23 @@ def build_agent(settings: AgentSettings, node_id: str, send: Send, log_url: str 
     identity = load_identity(settings.agent_work_dir / node_id, node_id, settings.join_token(),
                              settings.agent_unenrolled)  # before anything runs: not enrolled, no token, no agent
     backend = make_backend(settings.nvml_backend, node_id, settings.simulated_gpus)
-    runner = job_runner(settings, node_id, cgroups=job_cgroups(settings, node_id, bool(backend.device_minors())))
-    config = replace(AgentConfig.from_settings(settings, node_id), log_url=log_url)
+    containers = container_runtime(settings.agent_container_runtime, settings.agent_container_run_args,
+                                   devices=settings.nvml_backend == "real")
+    runner = job_runner(settings, node_id, cgroups=job_cgroups(settings, node_id, bool(backend.device_minors())),
+                        containers=containers)
+    config = AgentConfig.from_settings(settings, node_id)
+    labels = {**config.labels, **(containers.labels() if containers is not None else {})}
+    config = replace(config, log_url=log_url, labels=labels)
     return Agent(config, send, backend, runner, identity=identity)
 
 
-def job_runner(settings: AgentSettings, node_id: str, cgroups: JobCgroups | None = None) -> JobRunner:
-    """The runner of one node's jobs, with the users its tenants' jobs run as, the environment allowlist
-    and the cgroups that limit each job (none given: no limits)."""
+def job_runner(settings: AgentSettings, node_id: str, cgroups: JobCgroups | None = None,
+               containers: ContainerRuntime | None = None) -> JobRunner:
+    """The runner of one node's jobs, with the users its tenants' jobs run as, the environment allowlist,
+    the cgroups that limit each job (none given: no limits) and the container runtime (none: no images)."""
     passthrough = tuple(k.strip() for k in settings.agent_job_env_passthrough.split(",") if k.strip())
     return JobRunner(settings.agent_work_dir / node_id, RunAs.parse(settings.agent_job_users), passthrough,
-                     cgroups)
+                     cgroups, containers)
 
 
 def job_cgroups(settings: AgentSettings, node_id: str, has_devices: bool) -> JobCgroups:

@@ -32,13 +32,16 @@ from pathlib import Path
 from gpusched_common.files import write_private
 from gpusched_common.ids import is_valid_id
 from gpusched_core.agent.retention import KeptLog
-from services.node_agent.cgroups import NO_CGROUPS, JobCgroups, Limits
+from services.node_agent.cgroups import CPU_PERIOD_US, NO_CGROUPS, JobCgroups, Limits
 from gpusched_common.job_records import (
     JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job,
     write_record,
 )
 from gpusched_core.agent.reconcile import ObservedJob
+from gpusched_core.agent.container import ContainerRun
 from gpusched_core.jobenv import job_environment
+
+from services.node_agent.containers import ContainerRuntime
 
 __all__ = ["JobExit", "JobRecord", "JobRunner"]
 log = logging.getLogger(__name__)
@@ -105,7 +108,7 @@ class JobExit:
 
 class JobRunner:
     def __init__(self, work_dir: Path, run_as: RunAs | None = None, env_passthrough: Iterable[str] = (),
-                 cgroups: JobCgroups | None = None) -> None:
+                 cgroups: JobCgroups | None = None, containers: ContainerRuntime | None = None) -> None:
         if run_as is not None and os.geteuid() != 0:
             raise ValueError("GPUSCHED_AGENT_JOB_USERS maps tenants to users, which needs the agent to run as root")
         self._dir = work_dir
@@ -122,6 +125,7 @@ class JobRunner:
         self._passthrough = tuple(env_passthrough)
         self.cgroups = cgroups if cgroups is not None else JobCgroups(NO_CGROUPS)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self.containers = containers
 
     @property
     def work_dir(self) -> Path:
@@ -253,11 +257,15 @@ class JobRunner:
                     *, lease_epoch: int = 0, share_milli: int | None = None,
                     memory_mib: int | None = None, attempt: int = 1,
                     time_limit_s: float | None = None, owned: Mapping[str, str] | None = None,
-                    tenant: str | None = None, limits: Limits | None = None) -> JobRecord | JobExit:
+                    tenant: str | None = None, limits: Limits | None = None, image: str | None = None,
+                    devices: tuple[str, ...] = ()) -> JobRecord | JobExit:
         """Start `command` with `env` (the job's own and what placement told it) over an allowlist of the
-        agent's environment; `owned` (the agent's: GPU devices, MPS limits) and the job's files come last."""
+        agent's environment; `owned` (the agent's: GPU devices, MPS limits) and the job's files come last.
+        With an `image`, the command (or the image's entrypoint) runs in a container of it, with `devices`."""
         if not is_valid_id(job_id):
             return JobExit(job_id, 127, 0.0, error=f"invalid job id {job_id!r}")
+        if image is not None and self.containers is None:
+            return JobExit(job_id, 127, 0.0, error=f"this node runs no containers (image {image})")
         user = self._run_as.user_for(tenant) if self._run_as is not None else None
         if isinstance(user, str):
             return JobExit(job_id, 127, 0.0, error=user)
@@ -273,6 +281,13 @@ class JobRunner:
             # the job writes its latest checkpoint reference here; a preemption notice appears there
             "GPUSCHED_CHECKPOINT_FILE": str(self._checkpoint_path(job_id)),
             "GPUSCHED_PREEMPT_NOTICE_FILE": str(self._notice_path(job_id))})
+        if image is not None and self.containers is not None:
+            command = self.containers.command(ContainerRun(
+                job_id, self._dir.name, attempt, image, command, str(directory),
+                devices if self.containers.devices else (),
+                round(limits.cpu_quota_us * 1000 / CPU_PERIOD_US) if limits and limits.cpu_quota_us else 0,
+                (limits.memory_bytes or 0) // 2**20 if limits else 0, (user.pw_uid, user.pw_gid) if user is not None else None,
+                job_env.get("CUDA_MPS_PIPE_DIRECTORY")), job_env)
         started = time.time()
         output = os.fdopen(os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user is not None else {}
@@ -302,7 +317,7 @@ class JobRunner:
         if problems:
             log.warning("job %s runs without some of its limits: %s", job_id, "; ".join(problems))
         record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, start_ticks(proc.pid), lease_epoch,
-                           share_milli, memory_mib, attempt, time_limit_s)
+                           share_milli, memory_mib, attempt, time_limit_s, container=image is not None)
         write_record(self._dir, record)
         self._procs[job_id] = proc
         return record
@@ -336,6 +351,8 @@ class JobRunner:
                 signalled = terminate_job(record.pid)
             await asyncio.sleep(0.05)
         signal_group(record.pid, signal.SIGKILL)
+        if record.container and self.containers is not None:  # the container outlives its killed client
+            await self.containers.remove(self._dir.name, job_id, record.attempt)
         return True
 
     def write_preempt_notice(self, job_id: str, deadline_at: datetime, reason: str) -> None:

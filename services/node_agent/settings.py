@@ -57,6 +57,10 @@ class AgentSettings(Settings):
     # cgroup v2, else v1, else none; services/node_agent/cgroups.py)
     agent_cgroups: Literal["auto", "off"] = "auto"
     agent_cgroup_root: Path = Path("/sys/fs/cgroup")
+    # jobs with an image run in containers: `auto` (podman, else docker, where installed), `none`, or the
+    # runtime's command line (`podman --runtime runc`); what every `run` also gets (`--ulimit nproc=4096:4096`)
+    agent_container_runtime: str = "auto"
+    agent_container_run_args: str = ""
     agent_job_users: str = ""
     agent_job_env_passthrough: str = ""
     simulated_nodes: int = 1  # >1: one process runs node_id-1..N as a fleet of simulated agents

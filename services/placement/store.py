@@ -18,7 +18,7 @@ from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import current_traceparent
 
 from gpusched_core import placement as engine
-from gpusched_core.placement.cycle import NodeRow, Placement
+from gpusched_core.placement.cycle import NodeRow, Placement, required_labels
 from gpusched_core.placement.launch import allocation_rows
 from gpusched_core.placement.leases import NodeLease
 
@@ -31,10 +31,11 @@ async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.Jo
     share = spec.gpu_share
     await conn.execute(
         "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
-        " share_memory_mib, mig_profile, cpu_milli, memory_mib) VALUES ($1, $2, $3, $4, $5,"
-        " (SELECT submitted_at FROM jobs WHERE job_id = $1), $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+        " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector) VALUES ($1, $2, $3, $4, $5,"
+        " (SELECT submitted_at FROM jobs WHERE job_id = $1), $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
         job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, spec.nodes, share.milli if share else None,
-        share.memory_mib if share else None, spec.mig_profile, spec.cpu_milli, spec.memory_mib)
+        share.memory_mib if share else None, spec.mig_profile, spec.cpu_milli, spec.memory_mib,
+        dict(required_labels(spec)))
 
 
 async def set_last_reasons(conn: asyncpg.Connection, job_id: str, reasons: tuple[str, ...]) -> None:

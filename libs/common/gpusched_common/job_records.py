@@ -44,6 +44,7 @@ class JobRecord:
     memory_mib: int | None = None
     attempt: int = 1  # the job's run on this cluster (a requeued or resumed job runs again)
     time_limit_s: float | None = None  # stopped after this long (kept here: an agent restarted enforces it)
+    container: bool = False  # runs in a container (of the node's runtime): removed when its client is killed
 
 
 def record_path(work_dir: Path, job_id: str) -> Path:

@@ -21,7 +21,8 @@ class StartJob(Payload):
     tenant: str
     gpu_indices: list[int]
     gpu_uuids: list[str]
-    command: list[str]
+    command: list[str]  # empty with an image: the image's entrypoint
+    image: str | None = None  # run in a container of this image (the node has a runtime: its containers label)
     env: dict[str, str] = Field(default_factory=dict)
     attempt: int = 1  # which run of the job this is: a requeued or preempted job runs again
     # a fraction of one GPU (DESIGN.md section 5): enforced through MPS where the node runs it
@@ -85,7 +86,7 @@ class MigDeviceInventory(Frozen):
 class GpuInventory(Frozen):
     index: int
     uuid: str
-    model: str
+    model: str  # canonical (gpusched_common.resources.canonical_model of the product and its memory)
     memory_mib: int
     mig_enabled: bool = False
     nvlink_domain: str | None = None
@@ -93,6 +94,7 @@ class GpuInventory(Frozen):
     nvlink_peers: list[int] = Field(default_factory=list)  # indices of GPUs on this node joined by NVLink
     pci_bus_id: str | None = None
     healthy: bool = True
+    product: str | None = None  # the product name as NVML gives it (e.g. "NVIDIA H100 NVL"; None: not reported)
 
 
 class NodeRegistered(Payload):

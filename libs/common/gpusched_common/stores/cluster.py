@@ -111,10 +111,10 @@ async def pending_jobs(conn: asyncpg.Connection) -> tuple[list[PendingPlacement]
     """The jobs waiting for placement and the reasons each was last deferred with."""
     rows = await conn.fetch(
         "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons, nodes, share_milli,"
-        " share_memory_mib, mig_profile, cpu_milli, memory_mib FROM placement_pending")
+        " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector FROM placement_pending")
     pending = [PendingPlacement(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
                           r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"], r["cpu_milli"],
-                          r["memory_mib"]) for r in rows]
+                          r["memory_mib"], tuple(sorted((r["node_selector"] or {}).items()))) for r in rows]
     return pending, {r["job_id"]: r["last_reasons"] for r in rows}
 
 

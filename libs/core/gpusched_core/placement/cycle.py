@@ -18,6 +18,7 @@ from gpusched_common.resources import canonical_model
 
 from gpusched_core import lifecycle
 from gpusched_core import placement as engine
+from gpusched_core.placement.model import CONTAINERS_LABEL
 
 _NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
@@ -39,6 +40,15 @@ class PendingPlacement:
     mig_profile: str | None = None
     cpu_milli: int = 0  # host CPU and memory on each node
     memory_mib: int = 0
+    node_selector: tuple[tuple[str, str], ...] = ()  # labels each node must carry (``required_labels``)
+
+
+def required_labels(spec: JobSpec) -> tuple[tuple[str, str], ...]:
+    """The node labels a job needs, sorted: its ``node_selector``, and a container runtime for an image."""
+    labels = dict(spec.node_selector)
+    if spec.image is not None:
+        labels[CONTAINERS_LABEL] = "true"
+    return tuple(sorted(labels.items()))
 
 
 def charged_model(named: str | None, charged: str | None) -> str | None:
@@ -59,7 +69,7 @@ def pending_from_spec(job_id: str, spec: JobSpec, seq: int = 0, submitted_at: da
     share = spec.gpu_share
     return PendingPlacement(job_id, spec.gpus, spec.gpu_model, spec.priority, seq, submitted_at, spec.nodes,
                       share.milli if share else None, share.memory_mib if share else 0, spec.mig_profile,
-                      spec.cpu_milli, spec.memory_mib)
+                      spec.cpu_milli, spec.memory_mib, required_labels(spec))
 
 
 @dataclass(frozen=True)
@@ -213,7 +223,7 @@ def bindings_of(held: Sequence[Held | tuple[str, int]]) -> list[engine.Binding]:
 def request_for(job: PendingPlacement) -> engine.PodRequest | engine.GangRequest:
     models = frozenset({job.gpu_model}) if job.gpu_model else frozenset()
     request_id = engine.RequestId(job.job_id)
-    host = {"cpu_milli": job.cpu_milli, "memory_mib": job.memory_mib}
+    host = {"cpu_milli": job.cpu_milli, "memory_mib": job.memory_mib, "node_selector": job.node_selector}
     if job.share_milli is not None:
         if job.share_milli >= engine.MILLI_PER_GPU:
             return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(1), allowed_models=models, **host)
@@ -224,7 +234,7 @@ def request_for(job: PendingPlacement) -> engine.PodRequest | engine.GangRequest
     if job.nodes > 1:
         return engine.GangRequest(id=request_id, node_count=job.nodes, gpus_per_node=job.gpus,
                                   cpu_milli_per_node=job.cpu_milli, memory_mib_per_node=job.memory_mib,
-                                  allowed_models=models)
+                                  allowed_models=models, node_selector=job.node_selector)
     return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(job.gpus), allowed_models=models, **host)
 
 

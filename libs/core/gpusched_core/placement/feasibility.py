@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .mig import MIG_FAMILIES
-from .model import MILLI_PER_GPU, GpuShare, MigSlice, NodeClassReason, PodRequest, WholeGpus
+from .model import CONTAINERS_LABEL, MILLI_PER_GPU, GpuShare, MigSlice, NodeClassReason, PodRequest, WholeGpus
 from .snapshot import MIG_FAMILY_NAMES, ClusterSnapshot
 
 Check = tuple[np.ndarray, str]
@@ -90,12 +90,20 @@ def _capacity_check(snapshot: ClusterSnapshot, request: PodRequest) -> Check | N
     return None
 
 
+def _selector_reason(selector: tuple[tuple[str, str], ...]) -> str:
+    """Why a node fails a selector; the container runtime label (an image job's) said in words."""
+    pairs = [(k, v) for k, v in selector if (k, v) != (CONTAINERS_LABEL, "true")]
+    parts = [f"node selector {','.join(f'{k}={v}' for k, v in pairs)} does not match"] if pairs else []
+    if len(pairs) < len(selector):
+        parts.append("no container runtime (the job has an image)")
+    return " or ".join(parts)
+
+
 def _checks(snapshot: ClusterSnapshot, request: PodRequest, *, implied: bool = True) -> Iterator[Check]:
     """The checks in order; ``implied=False`` skips the GPU model/health checks, which the capacity
     check repeats (free capacity is 0 on GPUs of other models, unhealthy or in the wrong mode)."""
     if request.node_selector:
-        pairs = ",".join(f"{k}={v}" for k, v in request.node_selector)
-        yield snapshot.layout.selector_mask(request.node_selector), f"node selector {pairs} does not match"
+        yield snapshot.layout.selector_mask(request.node_selector), _selector_reason(request.node_selector)
     if request.gpu is not None and implied:
         yield from _gpu_checks(snapshot, request)
     if request.cpu_milli:

@@ -3,6 +3,7 @@ each member's node agent gets, with what the job learns of its gang, host resour
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -46,9 +47,9 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
     node's lease epoch, the run's fencing token (an agent at another epoch ignores the command)."""
     return [ev.StartJob(job_id=placement.job_id, node_id=member.node_id, tenant=spec.tenant,
                         gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
-                        command=spec.command, env={**resume_env(spec.env, checkpoint_ref),
+                        command=spec.command, image=spec.image, env={**resume_env(spec.env, checkpoint_ref),
                                                    **host_env(placement, spec.env),
-                                                   **gang_env(placement, rank, hostnames),
+                                                   **gang_env(placement, rank, hostnames, attempt),
                                                    **array_env(spec.array)},
                         attempt=attempt, gpu_share_milli=placement.share_milli,
                         gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
@@ -58,14 +59,31 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
             for rank, member in enumerate(placement.all_members)]
 
 
-def gang_env(placement: Placement, rank: int, hostnames: Mapping[str, str]) -> dict[str, str]:
-    """What each member of a gang learns about the others (the names torchrun and MPI launchers read)."""
+def gang_env(placement: Placement, rank: int, hostnames: Mapping[str, str], attempt: int = 1) -> dict[str, str]:
+    """What each member of a gang learns about the others: gpusched's own names, the rendezvous torchrun
+    reads from its ``PET_*`` variables (so ``torchrun train.py`` with no flags joins the gang), and what
+    Kubeflow's PyTorchJob sets (``MASTER_ADDR``/``MASTER_PORT``, ``WORLD_SIZE`` the members, ``RANK`` this
+    one's; torchrun sets its workers' own). The port is the same on every member, from the job and attempt."""
     if not placement.members:
         return {}
     nodes = [m.node_id for m in placement.members]
-    return {"GPUSCHED_GANG_SIZE": str(len(nodes)), "GPUSCHED_GANG_RANK": str(rank),
-            "GPUSCHED_GANG_NODES": ",".join(nodes), "NNODES": str(len(nodes)), "NODE_RANK": str(rank),
-            "MASTER_ADDR": hostnames.get(nodes[0], nodes[0])}
+    master, port, size = hostnames.get(nodes[0], nodes[0]), str(master_port(placement.job_id, attempt)), str(len(nodes))
+    per_node = str(len(placement.members[rank].gpu_indices))
+    return {"GPUSCHED_GANG_SIZE": size, "GPUSCHED_GANG_RANK": str(rank), "GPUSCHED_GANG_NODES": ",".join(nodes),
+            "NNODES": size, "NODE_RANK": str(rank), "MASTER_ADDR": master, "MASTER_PORT": port,
+            "WORLD_SIZE": size, "RANK": str(rank),
+            "PET_NNODES": size, "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": per_node,
+            "PET_MASTER_ADDR": master, "PET_MASTER_PORT": port}
+
+
+MASTER_PORTS = (20000, 30000)  # the range a gang's rendezvous port is drawn from
+
+
+def master_port(job_id: str, attempt: int) -> int:
+    """The rendezvous port of a gang's run: stable for the run, different for the next attempt (a port the
+    last run's master may still hold in TIME_WAIT is not reused at once)."""
+    low, high = MASTER_PORTS
+    return low + zlib.crc32(f"{job_id}#{attempt}".encode()) % (high - low)
 
 
 def host_env(placement: Placement, env: Mapping[str, str]) -> dict[str, str]:

@@ -24,6 +24,11 @@ def _frozen_mapping(value: Mapping[str, str] | None) -> Mapping[str, str]:
     return MappingProxyType(dict(value or {}))
 
 
+# the label a node agent sets when it runs containers (a runtime with GPU devices): a job with an image
+# goes only to such nodes
+CONTAINERS_LABEL = "gpusched.io/containers"
+
+
 @dataclass(frozen=True, slots=True)
 class Gpu:
     """One GPU of a node. ``nvlink_domain``: GPUs of a node with the same id share NVLink/NVSwitch."""
