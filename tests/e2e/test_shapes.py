@@ -4,6 +4,7 @@ cancelled share or slice gives back exactly its part of the GPU."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from gpusched_common.db import connect
 from gpusched_cli.client import Client
@@ -39,6 +40,31 @@ async def test_a_gang_runs_on_every_member_node_and_succeeds_when_all_do(local_s
     assert sorted(m["node_id"] for m in members) == ["node-1", "node-2"] and [m["rank"] for m in members] == [0, 1]
     assert [e["type"] for e in job["events"]].count("GangMemberExited") == 1
     assert await held(local_stack.database_url, job_id) == 0
+
+
+# what torchrun reads when it is given no flags: each argument's PET_<NAME> variable (its env defaults)
+TORCHRUN_VIEW = """
+import json, os, sys
+view = {arg: os.environ.get("PET_" + arg.upper()) for arg in ("nnodes", "node_rank", "nproc_per_node", "master_addr",
+                                                             "master_port")}
+view.update({name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")})
+with open(os.path.join(sys.argv[1], "rank-%s.json" % view["node_rank"]), "w") as out:
+    json.dump(view, out)
+"""
+
+
+async def test_a_gang_s_members_agree_on_torchrun_s_rendezvous(local_stack, stack_settings, tmp_path):
+    tmp_path.chmod(0o777)
+    spec = a_job("t").gpus(2).gang(2).model("H100-80GB").command("python3", "-c", TORCHRUN_VIEW, str(tmp_path)).spec()
+    async with Client(stack_settings) as client:
+        job_id = await client.submit(spec)
+    await wait_until_finished(local_stack.database_url, [job_id], timeout_s=90, interval_s=0.2)
+    assert (await job_view(local_stack.database_url, job_id))["status"] == "Succeeded"
+    views = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert {v["master_addr"] for v in views} == {views[0]["MASTER_ADDR"]} and views[0]["master_addr"]
+    assert {v["master_port"] for v in views} == {views[0]["MASTER_PORT"]} and int(views[0]["master_port"]) > 0
+    assert [(v["nnodes"], v["node_rank"], v["nproc_per_node"], v["WORLD_SIZE"], v["RANK"]) for v in views] == [
+        ("2", "0", "2", "2", "0"), ("2", "1", "2", "2", "1")]
 
 
 async def test_a_gang_member_that_fails_fails_the_gang_and_stops_the_others(local_stack, stack_settings):

@@ -30,7 +30,7 @@ def test_an_image_job_runs_its_entrypoint_with_exactly_its_devices_and_its_envir
            "GPUSCHED_JOB_ID": "j-1"}
     argv = run_command(["podman"], RUN, env)
     assert argv[:3] == ["podman", "run", "--rm"]
-    assert argv[-1] == RUN.image  # no command: the image's entrypoint
+    assert argv[-1] == RUN.image and "--entrypoint" not in argv  # no command: the image's entrypoint
     assert ["--device", "nvidia.com/gpu=GPU-aaaa"] == argv[argv.index("nvidia.com/gpu=GPU-aaaa") - 1:][:2]
     assert "nvidia.com/gpu=MIG-bbbb" in argv
     assert "hunter2" not in " ".join(argv)  # values travel in the runtime's environment, not its arguments
@@ -45,7 +45,7 @@ def test_an_image_job_runs_its_entrypoint_with_exactly_its_devices_and_its_envir
 def test_without_devices_the_host_s_gpu_indices_are_passed_and_a_command_follows_the_image():
     run = ContainerRun("j-1", "n", 1, "busybox", ("sh", "-c", "echo hi"), "/d")
     argv = run_command(["docker"], run, {"CUDA_VISIBLE_DEVICES": "0,1"})
-    assert argv[-4:] == ["busybox", "sh", "-c", "echo hi"]
+    assert argv[-5:] == ["--entrypoint", "sh", "busybox", "-c", "echo hi"]
     assert "CUDA_VISIBLE_DEVICES" in argv and "--device" not in argv and "--cpus" not in argv
 
 

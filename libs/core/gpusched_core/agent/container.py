@@ -36,7 +36,7 @@ class ContainerRun:
     node_id: str
     attempt: int
     image: str
-    command: Sequence[str]  # empty: the image's entrypoint
+    command: Sequence[str]  # what runs, in place of the image's entrypoint (empty: the entrypoint)
     job_dir: str
     devices: Sequence[str] = ()  # GPU or MIG device UUIDs (empty: no GPU devices, a simulated node)
     cpu_milli: int = 0
@@ -70,7 +70,9 @@ def run_command(runtime: Sequence[str], run: ContainerRun, env: Mapping[str, str
     for name in sorted(env):
         if name not in skipped:
             argv += ["--env", name]
-    return [*argv, run.image, *run.command]
+    if run.command:  # the spec's command replaces the image's entrypoint (as a pod's ``command`` does)
+        argv += ["--entrypoint", run.command[0]]
+    return [*argv, run.image, *run.command[1:]]
 
 
 def remove_command(runtime: Sequence[str], node_id: str, job_id: str, attempt: int) -> list[str]:
