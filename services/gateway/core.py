@@ -9,13 +9,13 @@ import json
 from datetime import datetime
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from gpusched_common import events as ev
 from gpusched_common.ids import is_valid_id, job_id_for_request
 
-from gpusched_core.podspec import PodSpecError, spec_from_pod_yaml
+from gpusched_core.podspec import PodSpecError, one_workload
+from gpusched_core.workloads import named_namespace
 from gpusched_core.submission import error_reasons
 
 PROBLEM_TYPE = "application/problem+json"
@@ -109,29 +109,31 @@ def job_document(content_type: str | None, body: bytes) -> tuple[str, Any]:
 
 
 def named_tenant(kind: str, doc: Any) -> str | None:
-    """The tenant a job request names, if any (a JobSpec's ``tenant``, a pod's ``metadata.namespace``);
+    """The tenant a job request names, if any (a JobSpec's ``tenant``, a workload's ``metadata.namespace``);
     the caller's identity decides whether it may (``gpusched_core.access``)."""
-    if kind == "json":
-        named = doc.get("tenant")
-    else:
-        try:
-            parsed = yaml.safe_load(doc)
-        except yaml.YAMLError:
-            return None  # the parse below gives the reason
-        metadata = parsed.get("metadata") if isinstance(parsed, dict) else None
-        named = metadata.get("namespace") if isinstance(metadata, dict) else None
+    named = doc.get("tenant") if kind == "json" else named_namespace(doc)  # unreadable: build_job says why
     return str(named) if named is not None else None
+
+
+def build_job(kind: str, doc: Any, tenant: str) -> tuple[ev.JobSpec, str | None, tuple[str, ...]]:
+    """(the JobSpec, the array expression its file asks for, the warnings about what it asks for that
+    gpusched does not do) of a request for ``tenant`` (the one the access decision gave). YAML is one
+    workload (a pod, a Job, a PyTorchJob, a JobSet: ``gpusched_core.workloads``); a file of several is
+    refused (``gpusched submit -f`` sends each). BadBody(422) with every reason otherwise."""
+    if kind != "yaml":
+        return build_spec(kind, doc, tenant), None, ()
+    try:
+        workload = one_workload(doc, tenant=tenant)
+    except PodSpecError as exc:
+        raise BadBody(422, exc.problems) from None
+    return workload.spec, workload.array, workload.warnings
 
 
 def build_spec(kind: str, doc: Any, tenant: str) -> ev.JobSpec:
     """The JobSpec of a request for ``tenant`` (the one the access decision gave); BadBody(422) with every
     reason otherwise, in admission's words."""
     if kind == "yaml":
-        try:
-            return spec_from_pod_yaml(doc, tenant=tenant)
-        except (PodSpecError, ValidationError, ValueError, TypeError, AttributeError, RecursionError) as exc:
-            reasons = error_reasons(exc) if isinstance(exc, ValidationError) else (f"pod spec: {exc}",)
-            raise BadBody(422, reasons) from None
+        return build_job(kind, doc, tenant)[0]
     try:
         return ev.JobSpec.model_validate({**doc, "tenant": tenant})
     except ValidationError as exc:

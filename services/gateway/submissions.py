@@ -8,6 +8,7 @@ Admission still decides: ``state`` is ``Submitted`` until it has."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -21,7 +22,6 @@ from gpusched_common.jobs import new_job_id, submission_bytes
 from gpusched_common.tracing import current_traceparent, tracer
 from gpusched_core.access import Action, Decision, Principal, Resource, authorize, never
 from gpusched_core.arrays import ArrayError, ArrayRequest, parse_array, task_specs
-from gpusched_core.podspec import pod_array
 from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_job, check_spec
 
 from services.gateway import core, store
@@ -34,8 +34,18 @@ SUBMITTED = "Submitted"  # accepted onto the bus; admission has not decided yet
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 
 
-def _job_body(job_id: str, tenant: str, state: str, replayed: bool) -> dict[str, Any]:
-    return {"job_id": job_id, "tenant": tenant, "state": state, "replayed": replayed}
+def _job_body(job_id: str, tenant: str, state: str, replayed: bool, warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A submission's answer; ``warnings``: what its YAML asks for that gpusched does not do."""
+    body = {"job_id": job_id, "tenant": tenant, "state": state, "replayed": replayed}
+    return {**body, "warnings": list(warnings)} if warnings else body
+
+
+def _warned(response: JSONResponse, warnings: tuple[str, ...]) -> JSONResponse:
+    if not warnings:
+        return response
+    body = json.loads(bytes(response.body))
+    return JSONResponse({**body, "warnings": list(warnings)}, status_code=response.status_code,
+                        headers={k: v for k, v in response.headers.items() if k.lower() == "location"})
 
 
 async def _checked(request: Request, spec: ev.JobSpec, job_id: str) -> tuple[str, ...]:
@@ -110,8 +120,8 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
         tenant = allowed(principal, Action.JOB_SUBMIT, Resource.in_tenant(core.named_tenant(kind, doc)))
         assert tenant is not None  # a submission is always for one tenant
         _no_user_array(kind, doc)
-        spec = core.build_spec(kind, doc, tenant)
-        array = array or (pod_array(doc) if kind == "yaml" else None)
+        spec, file_array, warnings = core.build_job(kind, doc, tenant)
+        array = array or file_array
         tasks = parse_array(array) if array is not None else None
     except core.BadBody as exc:
         raise Problem(exc.status, str(exc), reasons=list(exc.reasons)) from None
@@ -119,20 +129,21 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
         raise Problem(422, str(exc), reasons=[str(exc)]) from None
     derived, request_id = core.request_ids(tenant, idempotency_key)
     if tasks is not None:
-        return await _submit_array(request, principal, spec, tasks, derived or new_job_id(), request_id, hold)
+        return _warned(await _submit_array(request, principal, spec, tasks, derived or new_job_id(), request_id, hold),
+                       warnings)
     job_id = derived or new_job_id()
     if derived is not None:
         async with request.app.state.pool.acquire() as conn:
             existing = await store.job_states(conn, [job_id])
         if job_id in existing:
-            return JSONResponse(_job_body(job_id, tenant, existing[job_id], True), status_code=200)
+            return JSONResponse(_job_body(job_id, tenant, existing[job_id], True, warnings), status_code=200)
     reasons = await _checked(request, spec, job_id)
     if reasons:
         raise Problem(422, "; ".join(reasons), reasons=list(reasons))
     with tracer().start_as_current_span("gateway submit", kind=trace.SpanKind.PRODUCER, attributes={
             "gpusched.job_id": job_id, "gpusched.tenant": tenant}):
         await _publish(request, [_record(spec, job_id, request_id, principal, hold)])
-    return JSONResponse(_job_body(job_id, tenant, SUBMITTED, False), status_code=201,
+    return JSONResponse(_job_body(job_id, tenant, SUBMITTED, False, warnings), status_code=201,
                         headers={"Location": f"/v1/jobs/{job_id}"})
 
 
