@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 
 from gpusched_common.credentials import load_keys
+from gpusched_common.gpu_catalogue import read_catalogue
 from gpusched_common.runtime import Runtime, run_service, utcnow
+from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.topics import GROUP_ADMISSION, GROUP_ADMISSION_CONTROL, JOBS_CONTROL, JOBS_SUBMITTED
 
 from services.admission.core import AdmissionLimits, RateLimit
@@ -29,7 +31,9 @@ def build_policy(settings: AdmissionSettings) -> AdmissionPolicy:
 
 
 async def setup(runtime: Runtime) -> None:
-    handler = make_submission_handler(build_policy(AdmissionSettings.of(runtime.settings)), utcnow)
+    settings = AdmissionSettings.of(runtime.settings)
+    models = ModelReader(read_catalogue(settings.gpu_catalogue))  # a bad catalogue stops the start, with its problems
+    handler = make_submission_handler(build_policy(settings), utcnow, models=models)
     # submissions are judged by admission itself: one that does not validate is rejected with its reasons
     runtime.subscribe_transactional(JOBS_SUBMITTED.name, GROUP_ADMISSION, handler, screen=None)
     runtime.subscribe_transactional(JOBS_CONTROL.name, GROUP_ADMISSION_CONTROL, make_control_handler(utcnow))

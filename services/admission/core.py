@@ -12,11 +12,17 @@ from pydantic import ValidationError
 from gpusched_common import events as ev
 from gpusched_common.identity import OPERATOR, Verdict
 from gpusched_common.ids import is_valid_id
-from gpusched_common.resources import canonical_model
-
 from gpusched_core.quota import Tenancy
 from gpusched_core.rates import Bucket, RateLimit, take
-from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_job, check_spec, error_reasons
+from gpusched_core.gpu_models import ModelView
+from gpusched_core.submission import (
+    AdmissionLimits,
+    check_against_tenancy,
+    check_job,
+    check_spec,
+    error_reasons,
+    resolve_model,
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,9 @@ class Unparseable(ValueError):
     """Not even a job id can be read: the message is dead-lettered."""
 
 
-def parse_submission(raw: bytes, limits: AdmissionLimits) -> Submission:
+def parse_submission(raw: bytes, limits: AdmissionLimits, models: ModelView | None = None) -> Submission:
+    """The submission's spec, checked (``check_spec``: with ``models``, its GPU model must be one the
+    cluster has) and with its GPU model as the cluster names it, or every reason it is refused."""
     if len(raw) > limits.max_submission_bytes:
         return _oversized(raw, limits)
     if b"\x00" in raw or b"\\u0000" in raw:
@@ -68,10 +76,11 @@ def parse_submission(raw: bytes, limits: AdmissionLimits) -> Submission:
     except (ValidationError, ev.UnknownEventType) as exc:
         return Submission(event_id, job_id, None, None, error_reasons(exc), tenant_hint, traceparent)
     assert isinstance(payload_model, ev.JobSubmitted)
-    reasons = check_spec(payload_model.spec, limits) + check_job(job_id, payload_model.spec)
+    reasons = check_spec(payload_model.spec, limits, models) + check_job(job_id, payload_model.spec)
     spec = payload_model.spec
-    if not reasons and spec.gpu_model is not None:
-        spec = spec.model_copy(update={"gpu_model": canonical_model(spec.gpu_model)})
+    model = resolve_model(spec.gpu_model, models)
+    if not reasons and isinstance(model, str) and model != spec.gpu_model:
+        spec = spec.model_copy(update={"gpu_model": model})
     return Submission(event_id, job_id, payload_model.submitted_at, None if reasons else spec, reasons,
                       tenant_hint, envelope.traceparent, payload_model.request_id, payload_model.submitted_by,
                       payload_model.hold)

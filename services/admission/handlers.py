@@ -18,6 +18,7 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common import events as ev
 from gpusched_common.messaging import Incoming, PoisonMessage, parse_event
 from gpusched_common.store import claim
+from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.stores.tenancy import TenancyReader
 
 from gpusched_core import lifecycle
@@ -48,15 +49,19 @@ class AdmissionPolicy:
 
 
 def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetime],
-                            tenancy: TenancyReader | None = None) -> TxHandler:
+                            tenancy: TenancyReader | None = None, models: ModelReader | None = None) -> TxHandler:
     tenancy = tenancy or TenancyReader()
+    models = models or ModelReader()
 
     async def on_submitted(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
+        now = clock()
+        in_force = await tenancy.current(conn, now)
+        # the cluster's GPU models: a job's model must be one a registered node has (or one declared)
+        view = await models.current(conn, now, in_force.flavors if in_force is not None else ())
         try:
-            submission = parse_submission(message.value, policy.limits)
+            submission = parse_submission(message.value, policy.limits, view)
         except Unparseable as exc:
             raise PoisonMessage(str(exc)) from exc
-        now = clock()
         verdict = await authenticate(conn, policy, message, submission)
         credential = message.headers.get(producers.PRODUCER_HEADER) or message.headers.get(KEY_ID_HEADER)
         if unauthenticated(verdict):  # counted; no stream, no inbox row: a forger cannot fill the store
@@ -66,7 +71,6 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
             return
         tenant = submission.spec.tenant if submission.spec else None
         bucket = await store.lock_bucket(conn, tenant) if tenant is not None and verdict.reason is None else None
-        in_force = await tenancy.current(conn, now)
         decided = decide_submission(submission, verdict, bucket, policy.rate, in_force, now)
         if decided.auth_failure is not None:  # authenticated, but not for this tenant: rejected with the reason
             await store.count_auth_failure(conn, credential, decided.auth_failure, now)

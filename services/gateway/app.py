@@ -19,6 +19,8 @@ from gpusched_common import events as ev
 from gpusched_common.db import create_pool
 from gpusched_common.oidc import OidcConfig, OidcVerifier
 from gpusched_common.producers import read_key_file
+from gpusched_common.gpu_catalogue import read_catalogue
+from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
@@ -59,6 +61,7 @@ async def open_resources(app: FastAPI) -> None:
     app.state.publisher = _publisher(settings)
     app.state.oidc = _oidc(settings)
     app.state.tenancy = TenancyReader()
+    app.state.models = ModelReader(read_catalogue(settings.gpu_catalogue))  # the GPU models admission accepts
     app.state.pool = await create_pool(settings.gateway_database_url or settings.database_url, min_size=0,
                                        max_size=settings.gateway_pool_max_size)
     app.state.publisher.recorded = lambda job_ids: store.recorded_job_ids(app.state.pool, job_ids)

@@ -22,7 +22,7 @@ from gpusched_common.jobs import new_job_id, submission_bytes
 from gpusched_common.tracing import current_traceparent, tracer
 from gpusched_core.access import Action, Decision, Principal, Resource, authorize, never
 from gpusched_core.arrays import ArrayError, ArrayRequest, parse_array, task_specs
-from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_job, check_spec
+from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_job, check_spec, resolve_model
 
 from services.gateway import core, store
 from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
@@ -49,14 +49,18 @@ def _warned(response: JSONResponse, warnings: tuple[str, ...]) -> JSONResponse:
 
 
 async def _checked(request: Request, spec: ev.JobSpec, job_id: str) -> tuple[str, ...]:
-    """Every reason admission would refuse ``spec`` for: the cluster's limits, then the tenancy in force,
-    then its dependencies (each a job of the same tenant)."""
-    reasons = check_spec(spec, LIMITS) + check_job(job_id, spec)
+    """Every reason admission would refuse ``spec`` for: the cluster's limits and GPU models, then the
+    tenancy in force, then its dependencies (each a job of the same tenant)."""
+    now = datetime.now(UTC)
+    async with request.app.state.pool.acquire() as conn:
+        tenancy = await request.app.state.tenancy.current(conn, now)
+        models = await request.app.state.models.current(conn, now, tenancy.flavors if tenancy is not None else ())
+    reasons = check_spec(spec, LIMITS, models) + check_job(job_id, spec)
     if reasons:
         return reasons
-    async with request.app.state.pool.acquire() as conn:
-        tenancy = await request.app.state.tenancy.current(conn, datetime.now(UTC))
-    reasons = check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
+    model = resolve_model(spec.gpu_model, models)  # the tenancy's flavors name models as the cluster does
+    resolved = spec.model_copy(update={"gpu_model": model}) if isinstance(model, str) else spec
+    reasons = check_against_tenancy(job_id, resolved, tenancy) if tenancy is not None else ()
     if reasons:
         return reasons
     unknown = await _unknown_dependencies(request, spec.tenant, {d.job_id for d in spec.after})
@@ -205,6 +209,8 @@ async def submit_batch(request: Request, principal: Caller, idempotency_key: Ide
     async with request.app.state.pool.acquire() as conn:
         existing = await store.job_states(conn, [job_id for _, _, job_id, _ in accepted])
         tenancy = await request.app.state.tenancy.current(conn, datetime.now(UTC))
+        models = await request.app.state.models.current(conn, datetime.now(UTC),
+                                                        tenancy.flavors if tenancy is not None else ())
     records = []
     with tracer().start_as_current_span("gateway submit batch", kind=trace.SpanKind.PRODUCER,
                                         attributes={"gpusched.jobs": len(accepted)}):
@@ -212,7 +218,10 @@ async def submit_batch(request: Request, principal: Caller, idempotency_key: Ide
             if job_id in existing:
                 results[index] = {"index": index, **_job_body(job_id, spec.tenant, existing[job_id], True)}
                 continue
-            reasons = check_against_tenancy(job_id, spec, tenancy) if tenancy is not None else ()
+            model = resolve_model(spec.gpu_model, models)
+            reasons = check_spec(spec, LIMITS, models) or (check_against_tenancy(
+                job_id, spec.model_copy(update={"gpu_model": model}) if isinstance(model, str) else spec, tenancy)
+                if tenancy is not None else ())
             reasons = reasons or tuple(f"no job {d} to wait for" for d in sorted(
                 await _unknown_dependencies(request, spec.tenant, {d.job_id for d in spec.after})))
             if reasons:

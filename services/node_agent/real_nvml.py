@@ -23,6 +23,12 @@ from services.node_agent.inventory import HealthObservation, NodeInfo, nvlink_do
 T = TypeVar("T")
 
 
+def reported_model(product: str, memory_mib: int) -> str:
+    """The canonical model of a GPU NVML names ``product`` with ``memory_mib`` (``canonical_model``); a name
+    the rule cannot read is reported as NVML gives it, spaces as dashes (as GPU feature discovery does)."""
+    return canonical_model(product, memory_mib) or "-".join(product.split()) or "unknown"
+
+
 class NvmlUnavailable(RuntimeError):
     """No NVIDIA driver or no GPU on this machine."""
 
@@ -87,11 +93,12 @@ class RealNvml:
         gpus = []
         for index, handle in enumerate(self._handles):
             name = _text(nv.nvmlDeviceGetName(handle))
+            memory_mib = nv.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024)
+            model = reported_model(name, memory_mib)
             mig_enabled = self._try(lambda: nv.nvmlDeviceGetMigMode(handle)[0] == nv.NVML_DEVICE_MIG_ENABLE, False)
             gpus.append(GpuInventory(
-                index=index, uuid=self._uuids[index], model=canonical_model(name) or name.replace(" ", "-"),
-                memory_mib=nv.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024), mig_enabled=mig_enabled,
-                mig_devices=self._mig_devices(handle, canonical_model(name)) if mig_enabled else [],
+                index=index, uuid=self._uuids[index], model=model, product=name, memory_mib=memory_mib,
+                mig_enabled=mig_enabled, mig_devices=self._mig_devices(handle, model) if mig_enabled else [],
                 nvlink_domain=domains.get(index), nvlink_peers=sorted(peers.get(index, ())),
                 pci_bus_id=bus_ids[index] or None, healthy=index not in self._lost))
         cuda = self._try(nv.nvmlSystemGetCudaDriverVersion_v2, 0)

@@ -1,8 +1,10 @@
 """A simulated NVML node: configurable GPU models and MIG layouts, load that follows the jobs it runs,
 and injectable faults (XID, ECC, throttling, falling off the bus). Deterministic: no randomness.
 
-GPU spec: `MODEL:COUNT[:mig=PROFILE+PROFILE...]`, comma-separated, e.g.
-`A100-80GB:2:mig=3g.40gb+2g.20gb+1g.10gb,H100-80GB:6`.
+GPU spec: `MODEL:COUNT[:mig=PROFILE+PROFILE...][:mem=MIB]`, comma-separated, e.g.
+`A100-80GB:2:mig=3g.40gb+2g.20gb+1g.10gb,H100-80GB:6` or `NVIDIA B200:8:mem=183359`. MODEL is a canonical
+name or a product name as NVML gives it (reported as the GPU's product); its memory is `mem=` or, where the
+name has a memory class, that class; the model reported is the normaliser's (``canonical_model``).
 """
 
 from __future__ import annotations
@@ -12,58 +14,72 @@ import zlib
 from dataclasses import dataclass, field
 
 from gpusched_common.events import GpuInventory, GpuProcessSample, GpuSample, MigDeviceInventory
-from gpusched_common.resources import canonical_model, model_memory_mib
+from gpusched_common.resources import canonical_model, model_memory_class_mib
 
-from gpusched_core.placement.mig import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, MIG_SLICE_GB, parse_mig_profile
+from gpusched_core.placement.mig import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES, memory_slices_of, mig_family
 from services.node_agent.faults import Fault
 from services.node_agent.inventory import HealthObservation, NodeInfo, mig_device_slices, pick_mig_device
 
 
 @dataclass(frozen=True)
 class GpuGroup:
-    model: str
+    model: str  # canonical (``canonical_model`` of the product and its memory)
     count: int
     mig_profiles: tuple[str, ...] = ()
     mig_mode: bool = False  # MIG enabled; instances beyond mig_profiles are created when jobs need them
+    memory_mib: int = 0  # what the simulated NVML reports (0: the model's class)
+    product: str | None = None  # the product name as NVML would give it: the spec's (None: the model)
 
 
 def parse_gpu_spec(spec: str) -> list[GpuGroup]:
-    """`H100-80GB:8`, `A100-80GB:2:mig=3g.40gb+3g.40gb,L4-24GB:2` (fixed MIG instances) or
-    `A100-80GB:4:mig` (MIG mode, instances created for each job) -> groups; raises ValueError."""
+    """`H100-80GB:8`, `A100-80GB:2:mig=3g.40gb+3g.40gb,L4-24GB:2` (fixed MIG instances),
+    `A100-80GB:4:mig` (MIG mode, instances created for each job) or `NVIDIA H100 NVL:2:mem=95830` -> groups;
+    raises ValueError."""
     groups = []
     for part in spec.split(","):
         fields = part.strip().split(":")
-        model = canonical_model(fields[0])
-        if model is None:
-            raise ValueError(f"unknown GPU model {fields[0]!r} in {spec!r}")
+        product = fields[0].strip()
         count = int(fields[1]) if len(fields) > 1 and fields[1] else 1
         if not 0 < count <= 16:
             raise ValueError(f"GPU count {count} in {spec!r} is outside 1..16")
         profiles: tuple[str, ...] = ()
         mig_mode = False
+        memory = model_memory_class_mib(product) or 0
         for extra in fields[2:]:
             key, _, value = extra.partition("=")
-            if key != "mig":
-                raise ValueError(f"unknown option {extra!r} in {spec!r} (expected mig or mig=PROFILE+PROFILE)")
-            mig_mode = True
-            profiles = tuple(p.strip().lower() for p in value.split("+") if p.strip())
-        if mig_mode and model not in MIG_SLICE_GB:
+            if key == "mem" and value.strip().isdigit() and int(value) > 0:
+                memory = int(value)
+            elif key == "mig":
+                mig_mode = True
+                profiles = tuple(p.strip().lower() for p in value.split("+") if p.strip())
+            else:
+                raise ValueError(f"unknown option {extra!r} in {spec!r} (expected mig, mig=PROFILE+PROFILE or mem=MIB)")
+        model = canonical_model(product, memory or None)
+        if model is None:
+            raise ValueError(f"unknown GPU model {product!r} in {spec!r}: it is no GPU model name")
+        if not memory:
+            raise ValueError(f"unknown GPU model {product!r} in {spec!r}: its name has no memory class; give the "
+                             f"memory NVML would report, in MiB ({product}:{count}:mem=81920), or a name with one "
+                             f"({model}-80GB)")
+        if mig_mode and mig_family(model) is None:
             raise ValueError(f"{model} does not support MIG")
         if profiles:
             mig_layout(model, profiles)  # validates
-        groups.append(GpuGroup(model, count, profiles, mig_mode))
+        groups.append(GpuGroup(model, count, profiles, mig_mode, memory, product))
     return groups
 
 
 def mig_layout(model: str, profiles: tuple[str, ...]) -> list[tuple[str, int, int]]:
     """(profile, start memory slice, memory slices) for each profile, placed largest first; raises ValueError."""
-    slice_gb = MIG_SLICE_GB.get(model)
-    if slice_gb is None:
+    family = mig_family(model)
+    if family is None:
         raise ValueError(f"{model} does not support MIG")
     sized = []
     for profile in profiles:
-        compute, gb = parse_mig_profile(profile)
-        sized.append((profile, compute, max(1, round(gb / slice_gb))))
+        slices = memory_slices_of(family, profile)
+        if slices is None:
+            raise ValueError(f"MIG profile {profile!r} does not exist on a {model}")
+        sized.append((profile, int(profile.split("g.")[0]), slices))
     if sum(c for _, c, _ in sized) > MIG_COMPUTE_SLICES:
         raise ValueError(f"MIG layout {'+'.join(profiles)} needs more than {MIG_COMPUTE_SLICES} compute slices")
     used = [False] * MIG_MEMORY_SLICES
@@ -117,7 +133,7 @@ class SimulatedNvml:
 
     def _gpu(self, index: int, group: GpuGroup) -> GpuInventory:
         seed = f"{self._node_id}/{index}"
-        memory = model_memory_mib(group.model)
+        memory = group.memory_mib
         mig = []
         if group.mig_profiles:
             for gi, (profile, start, mem) in enumerate(mig_layout(group.model, group.mig_profiles)):
@@ -125,6 +141,7 @@ class SimulatedNvml:
                                               gpu_instance_id=gi + 1, start_slice=start,
                                               memory_mib=memory * mem // MIG_MEMORY_SLICES))
         return GpuInventory(index=index, uuid=_uuid("GPU", seed), model=group.model, memory_mib=memory,
+                            product=group.product or group.model,
                             mig_enabled=group.mig_mode, mig_devices=mig, nvlink_domain=f"{self._node_id}/nvswitch-0",
                             pci_bus_id=f"00000000:{0x10 + index:02X}:00.0")
 
@@ -162,8 +179,10 @@ class SimulatedNvml:
 
     def _create_mig_device(self, gpu: GpuInventory, profile: str, start: int, busy: set[str]) -> MigDeviceInventory:
         slice_mib = gpu.memory_mib // MIG_MEMORY_SLICES
-        _, gb = parse_mig_profile(profile)
-        size = max(1, round(gb / MIG_SLICE_GB[gpu.model]))
+        family = mig_family(gpu.model)
+        size = memory_slices_of(family, profile) if family is not None else None
+        if size is None:
+            raise ValueError(f"MIG profile {profile!r} does not exist on a {gpu.model}")
         if start + size > MIG_MEMORY_SLICES:
             raise ValueError(f"MIG {profile} does not fit at memory slice {start}")
         wanted = set(range(start, start + size))

@@ -27,7 +27,7 @@ def test_a_valid_submission_has_no_reasons_and_a_canonical_model():
     pytest.param(a_job("j").gpus(-3), "gpus must be at least 1, got -3", id="negative-gpus"),
     pytest.param(a_job("j").gpus(10_000), "gpus 10000 exceeds the limit of 8 GPUs per node",
                  id="absurd-gpus"),
-    pytest.param(a_job("j").model("B9000"), "unknown GPU model 'B9000'", id="unknown-model"),
+    pytest.param(a_job("j").model("Not a GPU"), "unknown GPU model 'Not a GPU'", id="unknown-model"),
     pytest.param(a_job("j").priority(-1), "priority -1 is outside 0..1000", id="negative-priority"),
     pytest.param(a_job("j").command(), "command is empty: a job without an image needs one", id="empty-command"),
     pytest.param(a_job("j").command("python", ""), "command has an empty part", id="empty-command-part"),
@@ -44,20 +44,23 @@ def test_a_valid_submission_has_no_reasons_and_a_canonical_model():
                  id="share-of-nothing"),
     pytest.param(a_job("j").share(1000), "gpu_share.milli 1000 is outside 1..999 (use gpus for whole GPUs)",
                  id="share-of-everything"),
-    pytest.param(a_job("j").share(500, 50_000).model("L4-24GB"), "gpu_share.memory_mib 50000 is outside 0..23034",
-                 id="share-memory-beyond-the-model"),
+    pytest.param(a_job("j").share(500, 50_000).model("L4-24GB"), "gpu_share.memory_mib 50000 is outside 0..24576",
+                 id="share-memory-beyond-the-model-s-class"),
     pytest.param(a_job("j").share(500).gpus(2), "a gpu_share is part of one GPU on one node: gpus and nodes must be 1",
                  id="share-of-two-gpus"),
     pytest.param(a_job("j").share(500).mig("1g.10gb"), "a job asks for a gpu_share or a mig_profile, not both",
                  id="share-and-mig"),
-    pytest.param(a_job("j").mig("9g.90gb"), "MIG profile '9g.90gb' does not exist on any MIG-capable GPU model (known: 1g.10gb, 1g.20gb, "
-                 "1g.5gb, 2g.10gb, 2g.20gb, 3g.20gb, 3g.40gb, 4g.20gb, 4g.40gb, 7g.40gb, 7g.80gb)",
+    pytest.param(a_job("j").mig("9g.90gb"), "MIG profile '9g.90gb' does not exist on any MIG-capable GPU model (known: 1g.10gb, "
+                 "1g.12gb, 1g.18gb, 1g.20gb, 1g.23gb, 1g.24gb, 1g.35gb, 1g.45gb, 1g.5gb, 2g.10gb, 2g.20gb, 2g.24gb, 2g.35gb, "
+                 "2g.45gb, 3g.20gb, 3g.40gb, 3g.47gb, 3g.48gb, 3g.71gb, 3g.90gb, 4g.20gb, 4g.40gb, 4g.47gb, 4g.48gb, 4g.71gb, "
+                 "4g.90gb, 7g.141gb, 7g.180gb, 7g.40gb, 7g.80gb, 7g.94gb, 7g.96gb)",
                  id="unknown-mig-profile"),
     pytest.param(a_job("j").mig("1g.5gb").model("H100-80GB"), "MIG profile '1g.5gb' does not exist on a H100-80GB (known: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, "
                  "4g.40gb, 7g.80gb)",
                  id="mig-profile-of-another-model"),
-    pytest.param(a_job("j").mig("1g.10gb").model("L4-24GB"), "MIG profile '1g.10gb' does not exist on a L4-24GB",
-                 id="mig-on-a-model-without-mig"),
+    pytest.param(a_job("j").mig("1g.10gb").model("L4-24GB"), "MIG profile '1g.10gb' does not exist on a L4-24GB: MIG is "
+                 "placed only on models whose MIG geometry is known (A100-40GB, A100-80GB, H100-80GB, H100-NVL-94GB, "
+                 "H200-141GB, H200-NVL-141GB, GH200-96GB, B200-180GB)", id="mig-on-a-model-without-mig"),
     pytest.param(a_job("j").host(cpu_milli=-1), "cpu_milli -1 is outside 0..1024000 (per node)", id="negative-cpu"),
     pytest.param(a_job("j").host(memory_mib=20 * 1024 * 1024),
                  "memory_mib 20971520 is outside 0..16777216 (per node)", id="memory-beyond-any-node"),
@@ -85,7 +88,7 @@ def test_gangs_shares_and_mig_slices_are_admitted(job):
 
 
 def test_every_reason_is_reported_at_once():
-    sub = parse_submission(raw(a_job("j").gpus(0).model("B9000").priority(-5).spec()), LIMITS)
+    sub = parse_submission(raw(a_job("j").gpus(0).model("Not a GPU").priority(-5).spec()), LIMITS)
     assert len(sub.reasons) == 3
 
 

@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     # how often node agents sample GPUs; the metrics service holds a GPU silent for 3 intervals stale
     telemetry_interval_s: float = 5.0
 
+    # the operator's GPU catalogue (YAML: aliases and display names of GPU models; gpusched_core.gpu_models),
+    # read by the doors that check a job's GPU model; unset: models are named by the normaliser's rule alone
+    gpu_catalogue: Path | None = None
+
     # tenant credentials (HMAC keys; the CLI signs with them, admission and quota verify with them); unset:
     # authentication is off (development only, logged loudly)
     tenant_keys_file: Path | None = None

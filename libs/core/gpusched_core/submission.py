@@ -1,6 +1,7 @@
 """What every door checks of a job spec (pure), with every reason at once: the cluster's limits
 (``check_spec``: sizes, shapes, GPU models, MIG profiles, priority, command) and the tenancy in force
-(``check_against_tenancy``). Admission decides with them; the gateway answers a bad request with the same
+(``check_against_tenancy``). Given the cluster's models (``gpu_models.ModelView``), a GPU model is
+accepted only when it resolves to one of them, and a share's memory is bounded by that model's inventory. Admission decides with them; the gateway answers a bad request with the same
 reasons before anything is published."""
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pydantic import ValidationError
 from gpusched_common import events as ev
 from gpusched_common.ids import is_valid_id
 from gpusched_common.resources import (
-    GPU_MODELS,
     MAX_COMMAND_BYTES,
     MAX_CPU_MILLI_PER_NODE,
     MAX_GANG_NODES,
@@ -21,15 +21,17 @@ from gpusched_common.resources import (
     MAX_GPUS_PER_JOB,
     MAX_PRIORITY,
     MAX_SUBMISSION_BYTES,
+    MEMORY_CLASSES_GB,
     canonical_model,
-    model_memory_mib,
+    model_memory_class_mib,
 )
 
 from gpusched_core.arrays import check_task
 from gpusched_core.dependencies import check_after
 from gpusched_core.durations import format_duration
+from gpusched_core.gpu_models import ModelView, Refusal
 from gpusched_core.jobenv import check_command, check_env
-from gpusched_core.placement.mig import MIG_FAMILIES
+from gpusched_core.placement.mig import MIG_FAMILIES, mig_family
 from gpusched_core.quota import Tenancy
 from gpusched_core.quota.jobs import priority_class_for, queued_job, to_pending
 from gpusched_core.quota.reasons import not_allowed, unknown_tenant
@@ -47,6 +49,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a
 
 # MIG profiles each MIG-capable model offers (the placement engine's geometry, NVIDIA's names)
 MIG_PROFILES_BY_MODEL = {model: tuple(profiles) for model, profiles in MIG_FAMILIES.items()}
+LARGEST_GPU_MIB = MEMORY_CLASSES_GB[-1] * 1024  # a share's memory bound where no GPU's is known
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,9 @@ class AdmissionLimits:
     max_memory_mib_per_node: int = MAX_MEMORY_MIB_PER_NODE
 
 
-def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
-    """Every reason the spec breaks a cluster limit, all at once (empty when admissible)."""
+def check_spec(spec: ev.JobSpec, limits: AdmissionLimits, models: ModelView | None = None) -> tuple[str, ...]:
+    """Every reason the spec breaks a cluster limit, all at once (empty when admissible). With ``models``
+    its GPU model must be one the cluster has (``resolve_model``); without, only a model name."""
     reasons = []
     if not is_valid_id(spec.tenant):
         reasons.append(f"tenant {spec.tenant!r} is not a valid name")
@@ -69,9 +73,10 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits) -> tuple[str, ...]:
         reasons.append(f"gpus must be at least 1, got {spec.gpus}")
     elif spec.gpus > limits.max_gpus_per_job:
         reasons.append(f"gpus {spec.gpus} exceeds the limit of {limits.max_gpus_per_job} GPUs per node")
-    if spec.gpu_model is not None and canonical_model(spec.gpu_model) is None:
-        reasons.append(f"unknown GPU model {spec.gpu_model!r}")
-    reasons.extend(check_shape(spec, limits))
+    model = resolve_model(spec.gpu_model, models)
+    if isinstance(model, Refusal):
+        reasons.append(model.reason)
+    reasons.extend(check_shape(spec, limits, models, None if isinstance(model, Refusal) else model))
     if not 0 <= spec.cpu_milli <= limits.max_cpu_milli_per_node:
         reasons.append(f"cpu_milli {spec.cpu_milli} is outside 0..{limits.max_cpu_milli_per_node} (per node)")
     if not 0 <= spec.memory_mib <= limits.max_memory_mib_per_node:
@@ -129,8 +134,20 @@ def check_job(job_id: str, spec: ev.JobSpec) -> tuple[str, ...]:
     return tuple(reasons + check_after(job_id, spec.after))
 
 
-def check_shape(spec: ev.JobSpec, limits: AdmissionLimits) -> list[str]:
-    """Gangs, shares and MIG slices: each within its limits, and at most one of them per job."""
+def resolve_model(requested: str | None, models: ModelView | None) -> str | Refusal | None:
+    """The model a spec's ``gpu_model`` means: the cluster's spelling of it (``ModelView.resolve``), or by
+    rule alone without a view (``canonical_model``); None: any model."""
+    if requested is None:
+        return None
+    if models is not None:
+        return models.resolve(requested)
+    return canonical_model(requested) or Refusal(f"unknown GPU model {requested!r}")
+
+
+def check_shape(spec: ev.JobSpec, limits: AdmissionLimits, models: ModelView | None = None,
+                model: str | None = None) -> list[str]:
+    """Gangs, shares and MIG slices: each within its limits, and at most one of them per job (``model``:
+    the spec's GPU model resolved, None: any or unknown; a share's memory within that model's)."""
     reasons = []
     if not 1 <= spec.nodes <= limits.max_gang_nodes:
         reasons.append(f"nodes {spec.nodes} is outside 1..{limits.max_gang_nodes} (nodes per gang)")
@@ -144,19 +161,33 @@ def check_shape(spec: ev.JobSpec, limits: AdmissionLimits) -> list[str]:
     if share is not None:
         if not 0 < share.milli < 1000:
             reasons.append(f"gpu_share.milli {share.milli} is outside 1..999 (use gpus for whole GPUs)")
-        largest = max(m.memory_mib for m in GPU_MODELS)
-        limit = model_memory_mib(spec.gpu_model) if spec.gpu_model and canonical_model(spec.gpu_model) else largest
+        limit = (models.memory_mib(model) if models is not None else model_memory_class_mib(model or "")) \
+            or LARGEST_GPU_MIB
         if not 0 <= share.memory_mib <= limit:
             reasons.append(f"gpu_share.memory_mib {share.memory_mib} is outside 0..{limit}")
     if spec.mig_profile is not None:
-        models = [canonical_model(spec.gpu_model)] if spec.gpu_model and canonical_model(spec.gpu_model) else \
-            list(MIG_PROFILES_BY_MODEL)
-        if not any(spec.mig_profile in MIG_PROFILES_BY_MODEL.get(m or "", ()) for m in models):
-            where = f"a {spec.gpu_model}" if spec.gpu_model else "any MIG-capable GPU model"
-            known = sorted({p for m in models for p in MIG_PROFILES_BY_MODEL.get(m or "", ())})
-            reasons.append(f"MIG profile {spec.mig_profile!r} does not exist on {where}"
-                           + (f" (known: {', '.join(known)})" if known else ""))
+        reasons.extend(check_mig(spec.mig_profile, model, models))
     return reasons
+
+
+def check_mig(profile: str, model: str | None, models: ModelView | None) -> list[str]:
+    """A MIG profile exists on the model (one NVIDIA's geometry for which is known), or on any MIG model."""
+    if model is None:
+        if any(profile in profiles for profiles in MIG_PROFILES_BY_MODEL.values()):
+            return []
+        known = sorted({p for profiles in MIG_PROFILES_BY_MODEL.values() for p in profiles})
+        return [f"MIG profile {profile!r} does not exist on any MIG-capable GPU model (known: {', '.join(known)})"]
+    memory = models.memory_mib(model) if models is not None else None
+    if models is None and model_memory_class_mib(model) is None:
+        return []  # a name without a memory class: admission resolves it against the cluster
+    family = mig_family(model, memory)
+    if family is None:
+        return [f"MIG profile {profile!r} does not exist on a {model}: MIG is placed only on models whose MIG "
+                f"geometry is known ({', '.join(MIG_PROFILES_BY_MODEL)})"]
+    if profile not in MIG_PROFILES_BY_MODEL[family]:
+        return [f"MIG profile {profile!r} does not exist on a {model} (known: "
+                f"{', '.join(sorted(MIG_PROFILES_BY_MODEL[family]))})"]
+    return []
 
 
 def error_reasons(exc: Exception) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ def test_check_prints_inventory_health_and_samples_as_json(run_check, capsys):
 
 
 def test_check_as_a_table(run_check, capsys):
-    assert run_check("--check", "--simulated", "L4:1", "--samples", "1") == 0
+    assert run_check("--check", "--simulated", "L4-24GB:1", "--samples", "1") == 0
     out = capsys.readouterr().out
     assert "L4-24GB" in out and "UTIL" in out
 
@@ -69,7 +69,7 @@ def test_a_bad_simulated_spec_is_a_usage_error(run_check, capsys):
 
 
 def test_the_cli_passes_every_flag_on_to_the_agent_check():
-    args = parse("--check", "--json", "--simulated", "L4:1", "--samples", "-1", "--interval", "0.25",
+    args = parse("--check", "--json", "--simulated", "L4-24GB:1", "--samples", "-1", "--interval", "0.25",
                  "--node-id=-odd")
     passed = node_check.add_check_arguments(argparse.ArgumentParser()).parse_args(check_argv(args))
     assert vars(passed) == {k: v for k, v in vars(args).items() if k not in ("cmd", "func")}

@@ -14,7 +14,7 @@ from services.node_agent.simulated import SimulatedNvml, mig_layout, parse_gpu_s
 
 
 def test_gpu_spec_with_models_counts_and_a_mig_layout():
-    groups = parse_gpu_spec("A100-80GB:2:mig=3g.40gb+2g.20gb+1g.10gb, L4:1")
+    groups = parse_gpu_spec("A100-80GB:2:mig=3g.40gb+2g.20gb+1g.10gb, L4-24GB:1")
     assert [(g.model, g.count, g.mig_profiles) for g in groups] == [
         ("A100-80GB", 2, ("3g.40gb", "2g.20gb", "1g.10gb")), ("L4-24GB", 1, ())]
 
@@ -22,7 +22,7 @@ def test_gpu_spec_with_models_counts_and_a_mig_layout():
 @pytest.mark.parametrize("spec, error", [
     ("B9000:8", "unknown GPU model"),
     ("H100-80GB:0", "outside 1..16"),
-    ("L4:1:mig=1g.6gb", "does not support MIG"),
+    ("L4-24GB:1:mig=1g.6gb", "does not support MIG"),
     ("H100-80GB:1:mig=4g.40gb+4g.40gb", "compute slices"),
     ("A100-80GB:1:mig=7g.80gb+1g.10gb", "compute slices"),
 ])
@@ -146,4 +146,4 @@ def test_mig_is_refused_on_a_gpu_not_in_mig_mode():
     with pytest.raises(ValueError, match="not in MIG mode"):
         SimulatedNvml("n1", "A100-80GB:1").mig_device_for("a", 0, "1g.10gb", 0)
     with pytest.raises(ValueError, match="does not support MIG"):
-        parse_gpu_spec("L4:1:mig")
+        parse_gpu_spec("L4-24GB:1:mig")
