@@ -122,3 +122,20 @@ def _containers_of(job_id: str) -> list[str]:
     out = subprocess.run(["podman", "ps", "--all", "--format", "json", "--filter", f"label=gpusched.job={job_id}"],
                          capture_output=True, text=True, timeout=60, env={**os.environ})
     return [c.get("Names", ["?"])[0] for c in json.loads(out.stdout or "[]")]
+
+
+async def test_stopping_the_stack_s_jobs_leaves_no_container(local_stack, stack_settings):
+    """What `gpusched down` does once the agents are stopped: a job that ignores SIGTERM outlives the grace,
+    its runtime client is killed with the job's process group, and its container, which would go on, is
+    removed."""
+    from gpusched_cli.teardown import stop_stack_jobs
+    async with Client(stack_settings) as client:
+        job_id = await client.submit(a_job("c").image(IMAGE).command("sh", "-c", 'trap "" TERM; sleep 600').spec())
+    deadline = asyncio.get_running_loop().time() + 120
+    while not _containers_of(job_id):
+        assert asyncio.get_running_loop().time() < deadline, "the container never started"
+        await asyncio.sleep(0.2)
+    lines: list[str] = []
+    await asyncio.to_thread(stop_stack_jobs, local_stack.home, local_stack.env, lines.append, 1.0)
+    assert _containers_of(job_id) == [], lines
+    assert any(line.startswith("removed    1 job container") for line in lines), lines

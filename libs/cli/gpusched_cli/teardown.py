@@ -10,6 +10,9 @@ is the contract in gpusched_common/job_records.py, so this module imports no ser
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,10 +54,37 @@ def stop_stack_jobs(home: str | Path, env: dict[str, str], progress: Progress = 
     stopped, killed = stop_job_groups(records, grace_s)
     note = f" ({killed} killed after a {grace_s:g}s grace)" if killed else ""
     progress(f"stopped    {stopped} job process(es){note}")
+    containers = remove_containers(root, env)
+    if containers:
+        progress(f"removed    {containers} job container(s)")
     watchdogs = stop_watchdogs(root)
     if watchdogs:
         progress(f"stopped    {watchdogs} node watchdog(s)")
     return stopped
+
+
+def remove_containers(root: Path, env: dict[str, str]) -> int:
+    """Remove the containers of image jobs whose job directory is under ``root`` (their ``gpusched.dir``
+    label): a killed runtime client leaves its container running. The stack's runtime is the agents'
+    ``GPUSCHED_AGENT_CONTAINER_RUNTIME`` (auto: podman, else docker); none installed: nothing to remove."""
+    configured = env.get("GPUSCHED_AGENT_CONTAINER_RUNTIME", "auto").strip()
+    if configured == "none":
+        return 0
+    runtime = shlex.split(configured) if configured != "auto" else \
+        next(([path] for path in map(shutil.which, ("podman", "docker")) if path), [])
+    if not runtime or shutil.which(runtime[0]) is None:
+        return 0
+    try:
+        listed = subprocess.run([*runtime, "ps", "--all", "--filter", "label=gpusched.dir", "--format",
+                                 "{{.ID}} {{.Labels}}"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    prefix = str(root.resolve())
+    ours = [line.split(" ", 1)[0] for line in listed.stdout.splitlines()
+            if f"gpusched.dir:{prefix}" in line or f"gpusched.dir={prefix}" in line]
+    if ours:
+        subprocess.run([*runtime, "rm", "--force", "--time", "0", *ours], capture_output=True, timeout=120)
+    return len(ours)
 
 
 def stop_watchdogs(root: Path) -> int:

@@ -12,6 +12,7 @@ followed by ``remove_command`` (the container would outlive its client). The con
   environment, so none appears in a process list), never the host's ``PATH``, ``HOME`` or locale (the
   image's own apply);
 - its job directory at the same path (its checkpoint file, its preemption notice), as working directory;
+- an init process as PID 1 (``--init``), so the job itself gets SIGTERM and can checkpoint;
 - the host network (a gang's members reach ``MASTER_ADDR:MASTER_PORT``), its CPU and memory as the
   runtime's limits, the user the node runs the tenant's jobs as, and the MPS pipe for a GPU share.
 """
@@ -55,7 +56,7 @@ def run_command(runtime: Sequence[str], run: ContainerRun, env: Mapping[str, str
     """``<runtime> run ...`` for ``run``; ``env`` is the job's whole environment (its names are passed)."""
     argv = [*runtime, "run", "--rm", "--name", container_name(run.node_id, run.job_id, run.attempt),
             "--label", f"gpusched.job={run.job_id}", "--label", f"gpusched.node={run.node_id}",
-            "--network", "host", "--volume", f"{run.job_dir}:{run.job_dir}", "--workdir", run.job_dir]
+            "--label", f"gpusched.dir={run.job_dir}", "--init", "--network", "host", "--volume", f"{run.job_dir}:{run.job_dir}", "--workdir", run.job_dir]
     for device in run.devices:
         argv += ["--device", f"nvidia.com/gpu={device}"]
     if run.cpu_milli:
