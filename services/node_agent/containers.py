@@ -6,12 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shlex
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from gpusched_core.agent.container import CONTAINER_RUNTIMES, ContainerRun, remove_command, run_command, runtime_name
+from gpusched_common.files import write_private
+from gpusched_core.agent.container import (
+    CONTAINER_RUNTIMES,
+    OCI_RUNTIMES,
+    ContainerRun,
+    apptainer_command,
+    env_file_text,
+    remove_command,
+    run_command,
+    runtime_name,
+)
 from gpusched_core.placement.model import CONTAINERS_LABEL
 
 log = logging.getLogger(__name__)
@@ -35,13 +47,28 @@ class ContainerRuntime:
     def labels(self) -> dict[str, str]:
         return {CONTAINERS_LABEL: "true", RUNTIME_LABEL: self.name}
 
+    @property
+    def keeps_containers(self) -> bool:
+        """Whether a container outlives a killed client (podman, docker), so it must be removed."""
+        return runtime_name(self.runtime) in OCI_RUNTIMES
+
     def command(self, run: ContainerRun, env: Mapping[str, str]) -> list[str]:
-        argv = run_command(self.runtime, run, env)
-        at = argv.index("run") + 1
+        if not self.keeps_containers:  # apptainer: the environment in a private file of the job's
+            env_file = Path(run.job_dir) / ".container-env"
+            write_private(env_file, env_file_text(env))
+            if run.user is not None:  # the runtime runs as the tenant's user: its file
+                os.chown(env_file, *run.user)
+            argv = apptainer_command(self.runtime, run, str(env_file))
+            at = len(self.runtime) + 1
+        else:
+            argv = run_command(self.runtime, run, env)
+            at = argv.index("run") + 1
         return [*argv[:at], *self.run_args, *argv[at:]]
 
     async def remove(self, node_id: str, job_id: str, attempt: int) -> None:
         """Remove the run's container now (its client was killed: the container would go on)."""
+        if not self.keeps_containers:
+            return
         argv = remove_command(self.runtime, node_id, job_id, attempt)
         try:
             proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
@@ -55,7 +82,8 @@ class ContainerRuntime:
 
 
 def container_runtime(setting: str, run_args: str, *, devices: bool) -> ContainerRuntime | None:
-    """The runtime configured: ``auto`` (podman, else docker, where found on PATH), ``none``, or a command
+    """The runtime configured: ``auto`` (podman, docker, apptainer or singularity, the first found on PATH),
+    ``none``, or a command
     line; None where the node runs no containers."""
     setting = setting.strip()
     if setting == "none":

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from gpusched_core import placement as engine
-from gpusched_core.agent.container import ContainerRun, container_name, remove_command, run_command
+from gpusched_core.agent.container import (
+    ContainerRun,
+    apptainer_command,
+    container_name,
+    env_file_text,
+    remove_command,
+    run_command,
+)
 from gpusched_core.placement.cycle import (
     GpuRow,
     Member,
@@ -108,3 +115,26 @@ def test_every_member_gets_the_same_port_and_the_next_attempt_another():
 
 def test_a_single_node_job_learns_no_gang():
     assert gang_env(Placement("j", "n", (0,), ("u",), "H100-80GB", "r"), 0, {}) == {}
+
+
+def test_apptainer_runs_a_command_or_the_runscript_with_a_clean_environment_from_a_file():
+    argv = apptainer_command(["apptainer"], RUN, "/d/.container-env")
+    assert argv[:2] == ["apptainer", "run"] and argv[-1] == RUN.image  # no command: the runscript
+    assert "--cleanenv" in argv and argv[argv.index("--env-file") + 1] == "/d/.container-env" and "--nv" in argv
+    run = ContainerRun("j", "n", 1, "/images/train.sif", ("python", "train.py"), "/d")
+    assert apptainer_command(["apptainer"], run, "/e")[-3:] == ["/images/train.sif", "python", "train.py"]
+    assert "--nv" not in apptainer_command(["apptainer"], run, "/e")
+    text = env_file_text({"PATH": "/x", "GREETING": "it's $HOME", "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert text == "CUDA_VISIBLE_DEVICES=2,3\nGREETING='it'\"'\"'s $HOME'\n"  # quoted; the host's PATH stays out
+
+
+def test_the_node_s_runtime_adds_the_operator_s_arguments_to_every_run(tmp_path):
+    from services.node_agent.containers import ContainerRuntime
+    runtime = ContainerRuntime(("podman", "--runtime", "runc"), ("--ulimit", "nproc=4096:4096"), devices=False)
+    argv = runtime.command(ContainerRun("j", "n", 1, "busybox", (), str(tmp_path)), {})
+    assert argv[:6] == ["podman", "--runtime", "runc", "run", "--ulimit", "nproc=4096:4096"] and runtime.keeps_containers
+    assert runtime.labels() == {"gpusched.io/containers": "true", "gpusched.io/container-runtime": "podman"}
+    apptainer = ContainerRuntime(("apptainer",), ("--contain",), devices=True)
+    argv = apptainer.command(ContainerRun("j", "n", 1, "x.sif", ("true",), str(tmp_path)), {"A": "1"})
+    assert argv[:3] == ["apptainer", "exec", "--contain"] and not apptainer.keeps_containers
+    assert (tmp_path / ".container-env").read_text() == "A=1\n" and (tmp_path / ".container-env").stat().st_mode & 0o077 == 0

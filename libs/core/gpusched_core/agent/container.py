@@ -1,4 +1,5 @@
-"""How a node agent runs a job of an image (pure): the container runtime's command line.
+"""How a node agent runs a job of an image (pure): the container runtime's command line (podman or docker;
+apptainer and singularity, ``apptainer_command``, at the end).
 
 The job's shell wrapper runs it in the foreground (``podman run``/``docker run`` without a TTY), so the
 agent's stops reach the job as they reach a host process: SIGTERM goes to the runtime, which passes it
@@ -19,10 +20,12 @@ followed by ``remove_command`` (the container would outlive its client). The con
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-CONTAINER_RUNTIMES = ("podman", "docker")
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer", "singularity")
+OCI_RUNTIMES = ("podman", "docker")  # a daemon or conmon keeps the container: named, labelled, removed
 # what the runtime takes from the host, never into the container: the image's own PATH and home apply;
 # with CDI devices the GPUs are renumbered from 0 inside, so the host's indices would be wrong
 HOST_ONLY = frozenset({"PATH", "HOME", "TMPDIR", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM"})
@@ -74,6 +77,25 @@ def run_command(runtime: Sequence[str], run: ContainerRun, env: Mapping[str, str
     if run.command:  # the spec's command replaces the image's entrypoint (as a pod's ``command`` does)
         argv += ["--entrypoint", run.command[0]]
     return [*argv, run.image, *run.command[1:]]
+
+
+def apptainer_command(runtime: Sequence[str], run: ContainerRun, env_file: str) -> list[str]:
+    """``apptainer exec`` (a command) or ``apptainer run`` (the image's runscript) for ``run``: a clean
+    environment read from ``env_file`` (the shell writes it, private to the job), the job directory bound
+    and as working directory, and the node's GPUs with ``--nv`` where the job has devices. Apptainer has no
+    per-device option: ``--nv`` binds the driver and the devices, and ``CUDA_VISIBLE_DEVICES`` (passed)
+    names the job's. Its processes are children of the runtime's: the job's process group is all of it."""
+    argv = [*runtime, "exec" if run.command else "run", "--cleanenv", "--env-file", env_file,
+            "--bind", run.job_dir, "--pwd", run.job_dir]
+    if run.devices:
+        argv.append("--nv")
+    return [*argv, run.image, *run.command]
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """The job's environment as an apptainer ``--env-file`` (shell assignments, each value quoted)."""
+    return "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(env.items())
+                   if name not in HOST_ONLY)
 
 
 def remove_command(runtime: Sequence[str], node_id: str, job_id: str, attempt: int) -> list[str]:
