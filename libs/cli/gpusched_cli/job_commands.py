@@ -1,4 +1,4 @@
-"""`gpusched submit | jobs | job | queue | cancel | hold | release | watch`: submit jobs and read where they stand, through the gateway
+"""`gpusched submit | convert | jobs | job | queue | cancel | hold | release | watch`: submit jobs and read where they stand, through the gateway
 (``gpusched.Client``; the server and token come from GPUSCHED_SERVER/GPUSCHED_TOKEN or the config file
 that `gpusched up` writes). None of these commands holds a database or broker credential."""
 
@@ -8,22 +8,24 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpusched import ApiError, Client, NoServer
 from gpusched_common.table import render
 from gpusched_core.durations import parse_duration
 from gpusched_core.dependencies import parse_after
-from gpusched_core.podspec import AFTER_ANNOTATION, PodSpecError, cpu_milli, memory_mib
+from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
+from gpusched_core.workloads import WorkloadError
+
+from gpusched_cli.job_files import (add_convert_parser, file_workloads, flag_workload, problems, show, submission,
+                                    warn)
 
 FINISHED = ("Succeeded", "Failed", "Cancelled", "Rejected")
 
 
 def add_job_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("submit", help="submit a job: flags and `-- command...`, or -f pod.yaml")
+    p = sub.add_parser("submit", help="submit a job: flags and `-- command...`, or -f FILE (Pods, Jobs, PyTorchJobs, "
+                                      "JobSets: every job of the file)")
     p.add_argument("--tenant", help="the tenant to submit for (default: the one your token is bound to)")
     p.add_argument("--gpus", type=int, default=1, help="whole GPUs (per node for a gang)")
     p.add_argument("--gpu-model")
@@ -36,7 +38,8 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--priority", type=int)
     p.add_argument("--name")
     p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")
-    p.add_argument("-f", "--file", help="a Kubernetes pod spec (YAML); `-` reads stdin")
+    p.add_argument("-f", "--file", help="a workload file (YAML, one job per document); `-` reads stdin")
+    p.add_argument("--dry-run", action="store_true", help="show the JobSpec of each job it would submit; send nothing")
     p.add_argument("--time-limit", metavar="DURATION", help="stop the job after this long, e.g. 90m, 2h, 3600")
     p.add_argument("--hold", action="store_true", help="submit held: it waits for `gpusched release`")
     p.add_argument("--array", metavar="INDICES", help="a job array: 0-99, 1,3,5-7 or 0-20:5; %%8 runs at most 8 "
@@ -47,6 +50,7 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_submit)
+    add_convert_parser(sub)
 
     p = sub.add_parser("watch", help="follow a job's events until it ends; exit with its exit code")
     p.add_argument("job_id")
@@ -113,29 +117,9 @@ def through_gateway(command: str, work: Callable[[Client], int]) -> int:
         return 2 if exc.status in (400, 413, 415, 422) else 1
 
 
-def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
-    """("yaml", pod spec text) or ("json", a JobSpec as a dict) from the flags; ValueError when they
-    cannot make one. The gateway checks the rest (and says why)."""
-    if args.file:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        if args.tenant is None and args.priority is None and args.time_limit is None and not args.after:
-            return "yaml", text
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{args.file}: not valid YAML: {exc}") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"{args.file}: a pod spec must be a YAML mapping")
-        if args.tenant is not None:
-            doc.setdefault("metadata", {})["namespace"] = args.tenant
-        if args.priority is not None:
-            doc.setdefault("spec", {})["priority"] = args.priority
-        if args.time_limit is not None:
-            doc.setdefault("spec", {})["activeDeadlineSeconds"] = parse_duration(args.time_limit)
-        if args.after:
-            annotations = doc.setdefault("metadata", {}).setdefault("annotations", {})
-            annotations[AFTER_ANNOTATION] = ",".join(args.after)
-        return "yaml", yaml.safe_dump(doc, sort_keys=False)
+def build_request(args: argparse.Namespace) -> dict[str, Any]:
+    """A JobSpec as a dict from the flags; ValueError when they cannot make one. The gateway checks the
+    rest (and says why)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ValueError("give the command after --, e.g. gpusched submit --gpus 1 -- python train.py")
@@ -151,38 +135,59 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any] | str]:
                 if args.gpu_share is not None else None,
                 "after": [parse_after(a).model_dump() for a in args.after] or None}
     spec.update({k: v for k, v in optional.items() if v is not None})
-    return "json", spec
+    return spec
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    """Submit the job of the flags, or every job of ``-f FILE`` (each its JobSpec, in order; a failure stops
+    the rest: submitting again with the same --request-id replays those that went); --dry-run shows them."""
     try:
-        kind, body = build_request(args)
+        if args.file:
+            shown = file_workloads(args)
+            jobs = [(submission(w), args.array or w.array) for w in shown]
+        else:
+            jobs = [(build_request(args), args.array)]
+            shown = [flag_workload(*jobs[0])] if args.dry_run else []
+    except WorkloadError as exc:
+        return problems("submit", exc)
     except (ValueError, PodSpecError, OSError) as exc:
         print(f"gpusched submit: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print(show(shown, "json" if args.json else "table"))
+        return 0
+    warn("submit", shown)
+    if args.wait and len(jobs) > 1:
+        print(f"gpusched submit: --wait follows one job; {args.file} defines {len(jobs)}", file=sys.stderr)
+        return 2
 
     def work(client: Client) -> int:
-        if kind == "yaml":
-            assert isinstance(body, str)
-            job = client.submit_pod(body, idempotency_key=args.request_id, hold=args.hold, array=args.array)
-        else:
-            assert isinstance(body, dict)
-            job = client.submit(body, idempotency_key=args.request_id, hold=args.hold, array=args.array)
-        again = " (already submitted with this request id)" if job.get("replayed") else ""
-        if "array_id" in job:
+        for index, (body, array) in enumerate(jobs):
+            key = args.request_id if args.request_id is None or len(jobs) == 1 else f"{args.request_id}.{index}"
+            job = client.submit(body, idempotency_key=key, hold=args.hold, array=array)
             if args.wait:
-                print("gpusched submit: --wait follows one job; follow the array with "
-                      f"`gpusched jobs --array {job['array_id']}`", file=sys.stderr)
-            output(job, args.json, f"submitted array {job['array_id']} for tenant {job['tenant']}: {job['tasks']} "
-                   f"tasks ({job['indices']}), jobs {job['array_id']}.<index>{again}")
-            return 0
-        if args.wait:
-            print(f"submitted {job['job_id']} for tenant {job['tenant']}{again}; following it", file=sys.stderr)
-            return _follow(client, job["job_id"], args.json)
-        output(job, args.json, f"submitted {job['job_id']} for tenant {job['tenant']}: {job['state']}{again}")
+                return _submitted(client, args, job)
+            _submitted(client, args, job)
         return 0
 
     return through_gateway("submit", work)
+
+
+def _submitted(client: Client, args: argparse.Namespace, job: dict[str, Any]) -> int:
+    """Say what the gateway answered for one job (an array: its tasks); --wait: follow it."""
+    again = " (already submitted with this request id)" if job.get("replayed") else ""
+    if "array_id" in job:
+        if args.wait:
+            print("gpusched submit: --wait follows one job; follow the array with "
+                  f"`gpusched jobs --array {job['array_id']}`", file=sys.stderr)
+        output(job, args.json, f"submitted array {job['array_id']} for tenant {job['tenant']}: {job['tasks']} "
+               f"tasks ({job['indices']}), jobs {job['array_id']}.<index>{again}")
+        return 0
+    if args.wait:
+        print(f"submitted {job['job_id']} for tenant {job['tenant']}{again}; following it", file=sys.stderr)
+        return _follow(client, job["job_id"], args.json)
+    output(job, args.json, f"submitted {job['job_id']} for tenant {job['tenant']}: {job['state']}{again}")
+    return 0
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:

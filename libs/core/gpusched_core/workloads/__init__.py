@@ -65,7 +65,7 @@ def read_workloads(data: str | bytes, *, tenant: str | None = None, priority: in
         for number, value in documents(data):
             doc = Doc()
             label, workload = _document(doc, value, tenant, priority, tenant_required)
-            source = f"document {number} ({label})"
+            source = f"document {number} ({label})" if label else f"document {number}"
             if doc.problems:
                 problems.extend(f"{source}: {problem}" for problem in doc.problems)
             elif workload is not None:
@@ -94,10 +94,10 @@ def named_namespace(data: str | bytes) -> str | None:
 
 
 def _document(doc: Doc, value: Any, tenant: str | None, priority: int | None,
-              tenant_required: bool) -> tuple[str, tuple[ev.JobSpec, str | None] | None]:
+              tenant_required: bool) -> tuple[str | None, tuple[ev.JobSpec, str | None] | None]:
     if not isinstance(value, dict):
         doc.problem("", f"a document is a mapping (a Kubernetes object or a pod spec), got {type_name(value)}")
-        return "document", None
+        return None, None
     label, template = read_object(doc, value)
     if template is None:
         return label, None
@@ -131,6 +131,7 @@ def _companions(doc: Doc, lead: Template, fields: dict[str, Any]) -> None:
     what runs is the first's."""
     first = "Master" if ".Master." in lead.path else "first replica"
     for path, other in lead.companions:
+        other.env = dict(lead.env)  # what the kind adds, for every member
         theirs = job_fields(doc, other)
         for key in _SAME_ASKS:
             if key in theirs and theirs[key] != fields.get(key):

@@ -30,7 +30,7 @@ def kinds_read() -> str:
     return ", ".join(f"{api} {kind}" for kind, api in API_VERSIONS.items())
 
 
-def read_object(doc: Doc, obj: dict[str, Any]) -> tuple[str, Template | None]:
+def read_object(doc: Doc, obj: dict[str, Any]) -> tuple[str | None, Template | None]:
     """(what the document is, e.g. ``batch/v1 Job sweep``; its template, None when it has problems that
     leave none)."""
     api, kind = obj.get("apiVersion"), obj.get("kind")
@@ -40,13 +40,13 @@ def read_object(doc: Doc, obj: dict[str, Any]) -> tuple[str, Template | None]:
         if "spec" in obj:
             return _object(doc, obj, "v1", "Pod")
         doc.problem("", "neither a Kubernetes object (apiVersion and kind) nor a pod spec (containers)")
-        return "document", None
+        return None, None
     if kind is None:
         doc.problem("kind", f"missing: the kind of object ({', '.join(API_VERSIONS)})")
-        return "document", None
+        return None, None
     if not isinstance(kind, str) or not isinstance(api, str | None):
         doc.wrong("kind" if not isinstance(kind, str) else "apiVersion", "a string", kind if not isinstance(kind, str) else api)
-        return "document", None
+        return None, None
     if kind not in API_VERSIONS or api not in (None, API_VERSIONS[kind]):
         doc.problem("", f"apiVersion {api or '(none)'}, kind {kind}: not a kind gpusched reads (it reads {kinds_read()})")
         return f"{api} {kind}", None
@@ -55,7 +55,7 @@ def read_object(doc: Doc, obj: dict[str, Any]) -> tuple[str, Template | None]:
     return _object(doc, obj, API_VERSIONS[kind], kind)
 
 
-def _object(doc: Doc, obj: dict[str, Any], api: str, kind: str) -> tuple[str, Template | None]:
+def _object(doc: Doc, obj: dict[str, Any], api: str, kind: str) -> tuple[str | None, Template | None]:
     doc.rest(obj, "", OBJECT_READ, OBJECT_IGNORED, what="field of an object")
     meta = doc.mapping(obj, "metadata", "")
     name = doc.string(meta, "name", "metadata") or doc.string(meta, "generateName", "metadata")

@@ -10,10 +10,11 @@ acted on is a warning; what cannot be honoured is a problem."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from gpusched_core.dependencies import parse_after
-from gpusched_core.workloads.quantities import QuantityError, cpu_milli, memory_mib, whole_count
+from gpusched_core.workloads.quantities import MIB, QuantityError, ceil, parse_quantity, whole_count
 from gpusched_core.workloads.reading import Doc, at
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -89,8 +90,8 @@ class Template:
 class Resources:
     gpus: int = 0
     migs: dict[str, int] = field(default_factory=dict)
-    cpu_milli: int = 0
-    memory_mib: int = 0
+    cpu: Decimal = Decimal(0)  # cores, exactly
+    memory: Decimal = Decimal(0)  # bytes, exactly
 
 
 def job_fields(doc: Doc, t: Template) -> dict[str, Any]:
@@ -111,8 +112,8 @@ def job_fields(doc: Doc, t: Template) -> dict[str, Any]:
     for index, (cpath, container) in enumerate(containers):
         own = resources(doc, container, cpath)
         total.gpus += own.gpus
-        total.cpu_milli += own.cpu_milli
-        total.memory_mib += own.memory_mib
+        total.cpu += own.cpu
+        total.memory += own.memory
         for profile, count in own.migs.items():
             total.migs[profile] = total.migs.get(profile, 0) + count
         if index != main:
@@ -137,7 +138,7 @@ def job_fields(doc: Doc, t: Template) -> dict[str, Any]:
     fields.update(
         gpus=max(total.gpus, 1) if (mig or share) else total.gpus, gpu_model=selector.pop(PRODUCT_LABEL, None),
         node_selector=selector, nodes=t.nodes or nodes or 1, gpu_share=share, mig_profile=mig,
-        cpu_milli=total.cpu_milli, memory_mib=total.memory_mib, priority=priority or 0,
+        cpu_milli=ceil(total.cpu * 1000), memory_mib=ceil(total.memory / MIB), priority=priority or 0,
         priority_class=doc.string(pod, "priorityClassName", path) or t.priority_class,
         time_limit_s=min(deadlines) if deadlines else None, name=t.name, after=_after(doc, t))
     return fields
@@ -162,7 +163,7 @@ def _run(doc: Doc, cpath: str, container: dict[str, Any]) -> dict[str, Any]:
     if image is not None and args and not command:
         doc.problem(at(cpath, "args"), "args without command: gpusched runs the command in the image, or the "
                                        "image's entrypoint without arguments; give the entrypoint as command too")
-    elif not command and not args and image is None:
+    elif not command and not args and container.get("image") is None:
         doc.problem(cpath, "no command and no image: give command (a process on the node) or image (its entrypoint runs)")
     env: dict[str, str] = {}
     for epath, item in doc.items(container, "env", cpath):
@@ -194,9 +195,9 @@ def resources(doc: Doc, container: dict[str, Any], cpath: str) -> Resources:
         where = at(at(rpath, source), name)
         try:
             if name == "cpu":
-                out.cpu_milli = cpu_milli(value)
+                out.cpu = parse_quantity(value)
             elif name == "memory":
-                out.memory_mib = memory_mib(value)
+                out.memory = parse_quantity(value)
             elif name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
                 count = whole_count(value)
                 if name in requests and name in limits and whole_count(requests[name]) != count:

@@ -76,7 +76,8 @@ def decode(data: str | bytes) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise YamlProblem(f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise YamlProblem(f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line})") from None
 
 
 def documents(data: str | bytes) -> Iterator[tuple[int, Any]]:
