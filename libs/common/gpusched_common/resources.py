@@ -35,8 +35,8 @@ MAX_SUBMISSION_BYTES = 1024 * 1024
 
 MAX_MODEL_NAME_CHARS = 100
 # the memory sizes GPUs are sold with, in GB; NVML reports a little less than the nominal size (an L40S:
-# 46068 MiB, about 45 GiB, of its 48 GB), so a reported size is snapped to the nearest of these when it is
-# within MEMORY_SNAP of it, else rounded up to whole GiB
+# 46068 MiB, about 45 GiB, of its 48 GB), never more, so a reported size is snapped up to the smallest of
+# these at most MEMORY_SNAP above it, else rounded up to whole GiB
 MEMORY_CLASSES_GB = (1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 128, 141, 144,
                      180, 186, 192, 256, 288)
 MEMORY_SNAP = 0.08
@@ -117,8 +117,8 @@ def memory_class_gb(memory_mib: int) -> int | None:
     if memory_mib <= 0:
         return None
     gib = memory_mib / 1024
-    nearest = min(MEMORY_CLASSES_GB, key=lambda size: abs(math.log(size / gib)))
-    return nearest if abs(nearest - gib) <= MEMORY_SNAP * nearest else math.ceil(gib - 0.01)
+    above = [size for size in MEMORY_CLASSES_GB if gib * 0.995 <= size <= gib * (1 + MEMORY_SNAP)]
+    return above[0] if above else math.ceil(gib - 0.01)
 
 
 def canonical_model(name: str, memory_mib: int | None = None) -> str | None:
