@@ -100,6 +100,8 @@ def _document(doc: Doc, value: Any, tenant: str | None, priority: int | None,
         return None, None
     label, template = read_object(doc, value)
     if template is None:
+        if not doc.problems:
+            doc.problem("", "defines nothing to run")
         return label, None
     fields = job_fields(doc, template)
     _companions(doc, template, fields)

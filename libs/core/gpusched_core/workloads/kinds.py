@@ -64,6 +64,8 @@ def _object(doc: Doc, obj: dict[str, Any], api: str, kind: str) -> tuple[str | N
     label = f"{api} {kind}" + (f" {name}" if name else "")
     spec = doc.mapping(obj, "spec", "", required=True)
     if not spec:
+        if not doc.problems:
+            doc.problem("spec", "empty: nothing to run")
         return label, None
     reader = {"Pod": _pod, "Job": _job, "PyTorchJob": _pytorchjob, "JobSet": _jobset}[kind]
     return label, reader(doc, spec, base)
@@ -90,7 +92,7 @@ def _template(doc: Doc, parent: dict[str, Any], path: str, base: Template) -> Te
     tpath = at(path, "template")
     template = doc.mapping(parent, "template", path, required=True)
     doc.rest(template, tpath, {"metadata", "spec"}, {})
-    pod = doc.mapping(template, "spec", tpath, required=bool(template))
+    pod = doc.mapping(template, "spec", tpath, required=bool(template) or "template" in parent)
     if not pod:
         return None
     t = _with_pod(base, pod, at(tpath, "spec"))
