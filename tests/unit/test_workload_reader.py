@@ -13,7 +13,7 @@ from gpusched_core.podspec import PodSpecError, pod_array, spec_from_pod_yaml
 from gpusched_core.workloads import UNBOUND_TENANT, WorkloadError, named_namespace, read_workloads
 from gpusched_core.workloads.quantities import (MAX_VALUE, SUFFIXES, QuantityError, ceil, cpu_milli, memory_mib,
                                                 parse_quantity, whole_count)
-from gpusched_core.workloads.yamlread import MAX_BYTES, MAX_DEPTH, YamlProblem, documents
+from gpusched_core.workloads.yamlread import MAX_BYTES, MAX_DEPTH, MAX_VALUES, YamlProblem, documents
 from services.gateway import core
 
 POD = """apiVersion: v1
@@ -55,6 +55,12 @@ def test_size_is_bounded_before_parsing_and_a_bom_is_read():
     with pytest.raises(YamlProblem, match="at most 1,048,576"):
         list(documents(b"#" * (MAX_BYTES + 1)))
     assert list(documents("\ufeffa: 1\n".encode())) == [(1, {"a": 1})]
+
+
+def test_the_values_of_a_file_are_bounded():
+    assert list(documents("[" + "1," * (MAX_VALUES - 2) + "1]"))
+    with pytest.raises(YamlProblem, match="more than 100,000 keys and values"):
+        list(documents("a: [" + "1," * MAX_VALUES + "1]"))
 
 
 def test_documents_keep_their_number_in_the_file_and_empty_ones_are_skipped():

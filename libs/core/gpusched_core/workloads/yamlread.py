@@ -1,6 +1,6 @@
 """A strict YAML reader for workload files (pure): the documents of a file as plain values, or every
 reason it cannot be read, each with its line. Bounded: at most ``MAX_BYTES`` of UTF-8 text, values nested
-at most ``MAX_DEPTH`` deep, ``MAX_DOCUMENTS`` documents. Refused: a key given twice in one mapping (both
+at most ``MAX_DEPTH`` deep, ``MAX_DOCUMENTS`` documents, ``MAX_VALUES`` keys and values. Refused: a key given twice in one mapping (both
 lines named), aliases (``*name``: an alias bomb is a few lines that expand to billions of values; a
 workload file needs none), merge keys (``<<``), keys that are not plain values, and tags YAML's safe
 schema does not know. Empty documents are skipped; each document keeps its number in the file."""
@@ -15,6 +15,7 @@ import yaml
 MAX_BYTES = 1 << 20  # 1 MiB
 MAX_DEPTH = 64
 MAX_DOCUMENTS = 1000
+MAX_VALUES = 100_000  # keys and values of the whole file: what a pure-Python parse does in a second or two
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -37,6 +38,7 @@ class _StrictLoader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._values = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -44,7 +46,10 @@ class _StrictLoader(yaml.SafeLoader):
             raise _Refused(event.start_mark, f"alias *{event.anchor}: anchors and aliases are not supported "
                                              "(write the value out where it is used)")
         self._depth += 1
+        self._values += 1
         try:
+            if self._values > MAX_VALUES:
+                raise _Refused(self.peek_event().start_mark, f"more than {MAX_VALUES:,} keys and values in the file")
             if self._depth > MAX_DEPTH:
                 raise _Refused(self.peek_event().start_mark, f"values nested deeper than {MAX_DEPTH} levels")
             return super().compose_node(parent, index)
