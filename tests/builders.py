@@ -50,6 +50,9 @@ class JobBuilder:
     def image(self, image: str) -> JobBuilder:
         return replace(self, _extra={**self._extra, "image": image})
 
+    def args(self, *argv: str) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "args": list(argv)})
+
     def selector(self, labels: dict[str, str]) -> JobBuilder:
         return replace(self, _extra={**self._extra, "node_selector": labels})
 

@@ -126,7 +126,7 @@ class Commands:
                                         attempt=command.attempt, time_limit_s=command.time_limit_s,
                                         limits=limits_for(command.cpu_milli, command.host_memory_mib,
                                                           tuple(command.gpu_indices), ctx.backend.device_minors()),
-                                        image=command.image, devices=uuids)
+                                        image=command.image, devices=uuids, args=tuple(command.args))
         if isinstance(result, JobExit):
             ctx.reporter.in_order(ev.JobExitReported(job_id=result.job_id, node_id=ctx.node_id,
                                                      exit_code=result.exit_code, runtime_s=0.0, error=result.error,

@@ -258,7 +258,7 @@ class JobRunner:
                     memory_mib: int | None = None, attempt: int = 1,
                     time_limit_s: float | None = None, owned: Mapping[str, str] | None = None,
                     tenant: str | None = None, limits: Limits | None = None, image: str | None = None,
-                    devices: tuple[str, ...] = ()) -> JobRecord | JobExit:
+                    devices: tuple[str, ...] = (), args: tuple[str, ...] = ()) -> JobRecord | JobExit:
         """Start `command` with `env` (the job's own and what placement told it) over an allowlist of the
         agent's environment; `owned` (the agent's: GPU devices, MPS limits) and the job's files come last.
         With an `image`, the command (or the image's entrypoint) runs in a container of it, with `devices`."""
@@ -287,7 +287,7 @@ class JobRunner:
                 devices if self.containers.devices else (),
                 round(limits.cpu_quota_us * 1000 / CPU_PERIOD_US) if limits and limits.cpu_quota_us else 0,
                 (limits.memory_bytes or 0) // 2**20 if limits else 0, (user.pw_uid, user.pw_gid) if user is not None else None,
-                job_env.get("CUDA_MPS_PIPE_DIRECTORY")), job_env)
+                job_env.get("CUDA_MPS_PIPE_DIRECTORY"), args), job_env)
         started = time.time()
         output = os.fdopen(os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user is not None else {}

@@ -24,6 +24,7 @@ from tests.e2e.test_job_control import token_for
 from tests.e2e.test_pipeline import job_view
 
 IMAGE = "localhost/gpusched-e2e-busybox:1"
+ECHO_IMAGE = "localhost/gpusched-e2e-echo:1"  # its entrypoint echoes its arguments
 STACK_NODES = 1
 STACK_GPU_MODELS = ["H100-80GB"]
 STACK_GPUS_PER_NODE = 2
@@ -58,6 +59,8 @@ def _image_and_runtime() -> tuple[str, str] | str:
                                    str(tarball), IMAGE], capture_output=True, text=True, timeout=120)
         if imported.returncode != 0:
             return f"podman import failed: {imported.stderr.strip()[-300:]}"
+        subprocess.run([podman, "import", "--change", 'ENTRYPOINT ["/bin/echo", "entry:"]', str(tarball), ECHO_IMAGE],
+                       capture_output=True, text=True, timeout=120, check=True)
     said = []
     for runtime, args in _candidates():
         probe = subprocess.run([*runtime.split(), "run", "--rm", *args.split(), "--entrypoint", "echo", IMAGE, "ok"],
@@ -98,6 +101,32 @@ async def test_a_command_runs_in_the_container_with_the_job_s_environment_and_fi
     job = await job_view(local_stack.database_url, job_id)
     assert job["status"] == "Succeeded", (job, await _log(local_stack, job_id))
     assert "inside" in await _log(local_stack, job_id)
+
+
+POD = """apiVersion: v1
+kind: Pod
+metadata: {name: echo-server, namespace: research}
+spec:
+  containers:
+  - name: server
+    image: %s
+    args: ["hello", "from", "the", "pod"]
+    resources: {limits: {nvidia.com/gpu: 1}}
+"""
+
+
+async def test_a_pod_file_with_an_image_and_args_runs_the_entrypoint_with_them(local_stack, tmp_path):
+    path = tmp_path / "pod.yaml"
+    path.write_text(POD % ECHO_IMAGE)
+    token = await token_for(local_stack, "user", "research", "pod-submitter")
+    submitted = await asyncio.to_thread(cli, local_stack, token, "submit", "-f", str(path), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job_id"] if submitted.stdout.strip().startswith("{") else \
+        json.loads(submitted.stdout)[0]["job_id"]
+    await wait_until_finished(local_stack.database_url, [job_id], timeout_s=120, interval_s=0.2)
+    job = await job_view(local_stack.database_url, job_id)
+    assert job["status"] == "Succeeded", (job, await _log(local_stack, job_id))
+    assert "entry: hello from the pod" in await _log(local_stack, job_id)
 
 
 async def test_a_cancelled_container_job_leaves_no_container(local_stack, stack_settings):

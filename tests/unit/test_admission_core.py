@@ -31,6 +31,10 @@ def test_a_valid_submission_has_no_reasons_and_a_canonical_model():
     pytest.param(a_job("j").priority(-1), "priority -1 is outside 0..1000", id="negative-priority"),
     pytest.param(a_job("j").command(), "command is empty: a job without an image needs one", id="empty-command"),
     pytest.param(a_job("j").command("python", ""), "command has an empty part", id="empty-command-part"),
+    pytest.param(a_job("j").args("--epochs", "3"), "args are the arguments of an image's entrypoint: with a command, "
+                 "put them in the command", id="args-with-a-command"),
+    pytest.param(a_job("j").command().args("--epochs"), "args are the arguments of an image's entrypoint: give an image",
+                 id="args-without-an-image"),
     pytest.param(a_job("j").image("Not An Image"), "image 'Not An Image' is not an image reference such as "
                  "registry.example/team/train:1.2 (at most 512 characters)", id="bad-image"),
     pytest.param(a_job("j").selector({"-zone": "a"}), "node_selector key '-zone' is not a label name (prefix/name, "
@@ -81,6 +85,7 @@ def test_limits_are_reported_as_reasons(job, reason):
                  id="an-image-s-entrypoint"),
     pytest.param(a_job("j").image("localhost:5000/team/train@sha256:" + "0" * 64)
                  .selector({"nvidia.com/gpu.family": "hopper", "zone": "eu-1"}), id="image-and-selector"),
+    pytest.param(a_job("j").command().image("vllm/vllm-openai:v0.6.3").args("--model", "m"), id="entrypoint-args"),
 ])
 def test_gangs_shares_and_mig_slices_are_admitted(job):
     sub = parse_submission(raw(job.spec()), LIMITS)

@@ -85,11 +85,11 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits, models: ModelView | No
         reasons.append(f"priority {spec.priority} is outside 0..{limits.max_priority}")
     if spec.time_limit_s is not None and not 0 < spec.time_limit_s <= MAX_TIME_LIMIT_S:
         reasons.append(f"time_limit_s {spec.time_limit_s:g} is outside (0, {MAX_TIME_LIMIT_S:g}] seconds")
-    reasons.extend(check_env(spec.env) + check_command(spec.command) + check_runtime(spec))
+    reasons.extend(check_env(spec.env) + check_command([*spec.command, *spec.args]) + check_runtime(spec))
     if not all(spec.command) or (not spec.command and spec.image is None):
         reasons.append("command is empty: a job without an image needs one" if not spec.command else
                        "command has an empty part")
-    elif sum(len(part.encode()) for part in spec.command) > limits.max_command_bytes:
+    elif sum(len(part.encode()) for part in [*spec.command, *spec.args]) > limits.max_command_bytes:
         reasons.append(f"command is longer than {limits.max_command_bytes} bytes")
     return tuple(reasons)
 
@@ -97,6 +97,9 @@ def check_spec(spec: ev.JobSpec, limits: AdmissionLimits, models: ModelView | No
 def check_runtime(spec: ev.JobSpec) -> list[str]:
     """The image reference, the node selector and the priority class name: each well formed and bounded."""
     reasons = []
+    if spec.args and (spec.image is None or spec.command):
+        reasons.append("args are the arguments of an image's entrypoint: with a command, put them in the command"
+                       if spec.command else "args are the arguments of an image's entrypoint: give an image")
     if spec.image is not None and not is_image_reference(spec.image):
         reasons.append(f"image {spec.image[:80]!r} is not an image reference such as registry.example/team/train:1.2 "
                        f"(at most {MAX_IMAGE_CHARS} characters)")

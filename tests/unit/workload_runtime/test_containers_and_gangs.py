@@ -138,3 +138,11 @@ def test_the_node_s_runtime_adds_the_operator_s_arguments_to_every_run(tmp_path)
     argv = apptainer.command(ContainerRun("j", "n", 1, "x.sif", ("true",), str(tmp_path)), {"A": "1"})
     assert argv[:3] == ["apptainer", "exec", "--contain"] and not apptainer.keeps_containers
     assert (tmp_path / ".container-env").read_text() == "A=1\n" and (tmp_path / ".container-env").stat().st_mode & 0o077 == 0
+
+
+def test_an_image_s_entrypoint_runs_with_the_spec_s_args():
+    run = ContainerRun("j", "n", 1, "vllm/vllm-openai:v0.6.3", (), "/d", args=("--model", "m"))
+    assert run_command(["podman"], run, {})[-3:] == ["vllm/vllm-openai:v0.6.3", "--model", "m"]
+    assert "--entrypoint" not in run_command(["podman"], run, {})
+    argv = apptainer_command(["apptainer"], run, "/e")
+    assert argv[1] == "run" and argv[-3:] == ["vllm/vllm-openai:v0.6.3", "--model", "m"]

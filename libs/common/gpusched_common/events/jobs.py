@@ -67,6 +67,8 @@ class JobSpec(Frozen):
     # runtime (an empty ``command`` then runs the image's entrypoint)
     command: list[str] = Field(default_factory=list)
     image: str | None = None
+    # with an image and no command: the arguments its entrypoint runs with (a pod's ``args`` alone)
+    args: list[str] = Field(default_factory=list)
     name: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # the longest one run may hold its GPUs: the agent stops it then (SIGTERM, a grace, SIGKILL) and it

@@ -23,6 +23,7 @@ class StartJob(Payload):
     gpu_uuids: list[str]
     command: list[str]  # empty with an image: the image's entrypoint
     image: str | None = None  # run in a container of this image (the node has a runtime: its containers label)
+    args: list[str] = Field(default_factory=list)  # with an image and no command: its entrypoint's arguments
     env: dict[str, str] = Field(default_factory=dict)
     attempt: int = 1  # which run of the job this is: a requeued or preempted job runs again
     # a fraction of one GPU (DESIGN.md section 5): enforced through MPS where the node runs it

@@ -47,6 +47,7 @@ class ContainerRun:
     memory_mib: int = 0
     user: tuple[int, int] | None = None  # uid, gid (None: the image's user)
     mps_pipe_dir: str | None = None
+    args: Sequence[str] = ()  # with no command: the entrypoint's arguments
 
 
 def container_name(node_id: str, job_id: str, attempt: int) -> str:
@@ -76,7 +77,8 @@ def run_command(runtime: Sequence[str], run: ContainerRun, env: Mapping[str, str
             argv += ["--env", name]
     if run.command:  # the spec's command replaces the image's entrypoint (as a pod's ``command`` does)
         argv += ["--entrypoint", run.command[0]]
-    return [*argv, run.image, *run.command[1:]]
+        return [*argv, run.image, *run.command[1:]]
+    return [*argv, run.image, *run.args]
 
 
 def apptainer_command(runtime: Sequence[str], run: ContainerRun, env_file: str) -> list[str]:
@@ -89,7 +91,7 @@ def apptainer_command(runtime: Sequence[str], run: ContainerRun, env_file: str) 
             "--bind", run.job_dir, "--pwd", run.job_dir]
     if run.devices:
         argv.append("--nv")
-    return [*argv, run.image, *run.command]
+    return [*argv, run.image, *(run.command or run.args)]
 
 
 def env_file_text(env: Mapping[str, str]) -> str:

@@ -47,7 +47,7 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
     node's lease epoch, the run's fencing token (an agent at another epoch ignores the command)."""
     return [ev.StartJob(job_id=placement.job_id, node_id=member.node_id, tenant=spec.tenant,
                         gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
-                        command=spec.command, image=spec.image, env={**resume_env(spec.env, checkpoint_ref),
+                        command=spec.command, image=spec.image, args=spec.args, env={**resume_env(spec.env, checkpoint_ref),
                                                    **host_env(placement, spec.env),
                                                    **gang_env(placement, rank, hostnames, attempt),
                                                    **array_env(spec.array)},

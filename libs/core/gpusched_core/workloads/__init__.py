@@ -139,7 +139,7 @@ def _companions(doc: Doc, lead: Template, fields: dict[str, Any]) -> None:
             if key in theirs and theirs[key] != fields.get(key):
                 doc.problem(path, f"asks for {key} {_show(theirs[key])}, the {first} {_show(fields.get(key))}: "
                                   "every member of a gang asks for the same")
-        for key in ("image", "command", "env"):
+        for key in ("image", "command", "args", "env"):
             if key in theirs and theirs[key] != fields.get(key):
                 doc.warn(path, f"its {key} differs from the {first}'s: gpusched runs the {first}'s on every member")
 

@@ -160,9 +160,8 @@ def _run(doc: Doc, cpath: str, container: dict[str, Any]) -> dict[str, Any]:
     doc.rest(container, cpath, CONTAINER_READ, CONTAINER_IGNORED, CONTAINER_REFUSED, what="container field")
     image = doc.string(container, "image", cpath)
     command, args = doc.strings(container, "command", cpath), doc.strings(container, "args", cpath)
-    if image is not None and args and not command:
-        doc.problem(at(cpath, "args"), "args without command: gpusched runs the command in the image, or the "
-                                       "image's entrypoint without arguments; give the entrypoint as command too")
+    if image is None and args and not command:
+        doc.problem(at(cpath, "args"), "args without command or image: give the command the args are for")
     elif not command and not args and container.get("image") is None:
         doc.problem(cpath, "no command and no image: give command (a process on the node) or image (its entrypoint runs)")
     env: dict[str, str] = {}
@@ -174,6 +173,8 @@ def _run(doc: Doc, cpath: str, container: dict[str, Any]) -> dict[str, Any]:
             if name in env:
                 doc.warn(at(epath, "name"), f"{name} is set twice: the last value is kept")
             env[name] = value or ""
+    if image is not None and args and not command:  # the image's entrypoint, with these arguments
+        return {"image": image, "command": [], "args": args, "env": env}
     return {"image": image, "command": command + args, "env": env}
 
 
