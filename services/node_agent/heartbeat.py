@@ -12,12 +12,12 @@ import logging
 
 from gpusched_common import events as ev
 from gpusched_core.agent import lease as leases
+from gpusched_core.agent.labels import discovered_labels, node_labels
 from gpusched_core.agent.reconcile import plan_reconcile
 
 from services.node_agent.context import AgentContext
 from services.node_agent import watchdog
 from services.node_agent.exits import JobExits
-
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +33,8 @@ class Heartbeat:
         gpus = [g.model_copy(update={"healthy": g.healthy and g.index not in unhealthy}) for g in info.gpus]
         ctx.reporter.in_order(ev.NodeRegistered(
             node_id=ctx.node_id, hostname=info.hostname, gpus=gpus, cpu_milli=info.cpu_milli,
-            memory_mib=info.memory_mib, labels=dict(ctx.config.labels), driver_version=info.driver_version,
+            memory_mib=info.memory_mib, driver_version=info.driver_version,
+            labels=node_labels(discovered_labels(info.gpus, info.driver_version, info.cuda_version), ctx.config.labels),
             cuda_version=info.cuda_version, nvml_backend=info.backend, lease_epoch=ctx.lease.epoch,
             running_jobs=ctx.runner.running_job_ids(), log_url=ctx.config.log_url,
             isolation=ctx.runner.isolation()))

@@ -144,3 +144,47 @@ async def test_the_cli_works_with_only_a_server_and_a_token(local_stack):
     assert refused.returncode == 2 and "gpus must be at least 1" in refused.stderr
     bad = await asyncio.to_thread(cli, local_stack, "gst_0123456789abcdef_" + "x" * 43, "jobs")
     assert bad.returncode == 1 and "API token refused" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# a pod written for Kubernetes GPU nodes: GPU feature discovery's product label (NVIDIA's spelling for an
+# A100 80GB, which no model name of ours spells so) and gpu.present, which gpusched's agents label too
+KUBERNETES_POD = """apiVersion: v1
+kind: Pod
+metadata: {name: k8s-pod, namespace: research}
+spec:
+  nodeSelector:
+    nvidia.com/gpu.product: NVIDIA-A100-80GB-HBM2e
+    nvidia.com/gpu.present: "true"
+  priorityClassName: high
+  activeDeadlineSeconds: 600
+  containers:
+  - name: main
+    command: ["sh", "-c"]
+    args: ['test "$CUDA_VISIBLE_DEVICES" = 0,1 && echo ran']
+    resources:
+      limits: {nvidia.com/gpu: 2, cpu: "1.5", memory: 129e6}
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+"""
+
+
+async def test_a_kubernetes_pod_file_runs_on_the_node_its_labels_select(local_stack, tmp_path):
+    token = await user_token(local_stack, "research")
+    path = tmp_path / "pod.yaml"
+    path.write_text(KUBERNETES_POD)
+    dry = await asyncio.to_thread(cli, local_stack, token, "submit", "-f", str(path), "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert "spec.tolerations" in dry.stdout  # warned, not dropped in silence
+    submitted = await asyncio.to_thread(cli, local_stack, token, "submit", "-f", str(path), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    answer = json.loads(submitted.stdout)
+    job_id = (answer[0] if isinstance(answer, list) else answer)["job_id"]
+    with Client(local_stack.gateway, token) as client:
+        deadline = asyncio.get_running_loop().time() + 90
+        while (job := client.job(job_id))["state"] not in ("Succeeded", "Failed", "Cancelled", "Rejected"):
+            assert asyncio.get_running_loop().time() < deadline, job
+            await asyncio.sleep(0.2)
+    assert job["state"] == "Succeeded", job
+    placed = next(e for e in job["events"] if e["type"] == "JobPlaced")["payload"]
+    assert placed["gpu_model"] == "A100-80GB", placed
+    admitted = next(e for e in job["events"] if e["type"] == "JobAdmitted")["payload"]["spec"]
+    assert admitted["priority"] == 50 and admitted["time_limit_s"] == 600 and admitted["cpu_milli"] == 1500
