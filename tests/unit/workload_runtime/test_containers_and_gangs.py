@@ -104,6 +104,10 @@ def test_a_gang_member_learns_what_torchrun_and_pytorchjob_read():
     assert (env["WORLD_SIZE"], env["RANK"], env["NNODES"], env["NODE_RANK"]) == ("2", "1", "2", "1")
 
 
+def test_a_job_s_own_processes_per_node_are_kept():
+    assert gang_env(GANG, 0, {}, 1, {"PET_NPROC_PER_NODE": "1"})["PET_NPROC_PER_NODE"] == "1"
+
+
 def test_every_member_gets_the_same_port_and_the_next_attempt_another():
     spec = a_job("j-9").gpus(2).gang(2).image("busybox").spec()
     starts = start_commands(GANG, spec, attempt=1, checkpoint_ref=None, hostnames={})

@@ -49,7 +49,7 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
                         gpu_indices=list(member.gpu_indices), gpu_uuids=list(member.gpu_uuids),
                         command=spec.command, image=spec.image, args=spec.args, env={**resume_env(spec.env, checkpoint_ref),
                                                    **host_env(placement, spec.env),
-                                                   **gang_env(placement, rank, hostnames, attempt),
+                                                   **gang_env(placement, rank, hostnames, attempt, spec.env),
                                                    **array_env(spec.array)},
                         attempt=attempt, gpu_share_milli=placement.share_milli,
                         gpu_memory_mib=placement.share_memory_mib or None, mig_profile=placement.mig_profile,
@@ -59,16 +59,19 @@ def start_commands(placement: Placement, spec: ev.JobSpec, *, attempt: int, chec
             for rank, member in enumerate(placement.all_members)]
 
 
-def gang_env(placement: Placement, rank: int, hostnames: Mapping[str, str], attempt: int = 1) -> dict[str, str]:
+def gang_env(placement: Placement, rank: int, hostnames: Mapping[str, str], attempt: int = 1,
+             env: Mapping[str, str] | None = None) -> dict[str, str]:
     """What each member of a gang learns about the others: gpusched's own names, the rendezvous torchrun
     reads from its ``PET_*`` variables (so ``torchrun train.py`` with no flags joins the gang), and what
     Kubeflow's PyTorchJob sets (``MASTER_ADDR``/``MASTER_PORT``, ``WORLD_SIZE`` the members, ``RANK`` this
-    one's; torchrun sets its workers' own). The port is the same on every member, from the job and attempt."""
+    one's; torchrun sets its workers' own). The port is the same on every member, from the job and attempt.
+    Processes per node are the member's GPUs unless the job's ``env`` sets ``PET_NPROC_PER_NODE`` itself
+    (a PyTorchJob's ``nprocPerNode``)."""
     if not placement.members:
         return {}
     nodes = [m.node_id for m in placement.members]
     master, port, size = hostnames.get(nodes[0], nodes[0]), str(master_port(placement.job_id, attempt)), str(len(nodes))
-    per_node = str(len(placement.members[rank].gpu_indices))
+    per_node = (env or {}).get("PET_NPROC_PER_NODE") or str(len(placement.members[rank].gpu_indices))
     return {"GPUSCHED_GANG_SIZE": size, "GPUSCHED_GANG_RANK": str(rank), "GPUSCHED_GANG_NODES": ",".join(nodes),
             "NNODES": size, "NODE_RANK": str(rank), "MASTER_ADDR": master, "MASTER_PORT": port,
             "WORLD_SIZE": size, "RANK": str(rank),
