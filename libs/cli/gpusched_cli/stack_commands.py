@@ -1,4 +1,4 @@
-"""`gpusched up | down | demo | bench-e2e`: the local stack and what runs on it."""
+"""`gpusched up | down | demo | bench-e2e | bench-turnover`: the local stack and what runs on it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 
 from gpusched_cli import stack
 from gpusched_cli.bench import add_bench_arguments, cmd_bench
+from gpusched_cli.bench_turnover import add_turnover_arguments, cmd_turnover
 from gpusched_cli.demo import add_demo_arguments, cmd_demo
 
 
@@ -32,6 +33,10 @@ def add_workload_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench-e2e", help="benchmark the running local stack end to end")
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("bench-turnover", help="GPU idle time between jobs on a cluster kept full of short jobs")
+    add_turnover_arguments(p)
+    p.set_defaults(func=cmd_turnover)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -1,0 +1,126 @@
+"""`gpusched bench-turnover` (`make bench-turnover`): how long a GPU stays idle between one job's exit and
+the next job's start on it, on a cluster kept full of short jobs (issue 16).
+
+Every GPU of the running local stack gets ``--per-gpu`` one-GPU jobs of ``--run-s`` seconds, submitted at
+once, so a job always waits for each GPU that frees. A gap is measured per GPU from what its node agent
+reported, on the node's one clock: the next run's start (``JobStarted.started_at``) minus the previous
+run's exit (its start plus ``JobSucceeded.runtime_s``). Beside it, the broker's produce -> consume round
+trip of the same run: the gap is a chain of hops (the exit report, placement, quota, placement, the
+StartJob, the start), each at least one round trip. Results: a table, and bench-results/turnover.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import asyncpg
+
+from gpusched_common import events as ev
+from gpusched_common.table import render
+
+from gpusched_cli import stack
+from gpusched_cli.bench import floor_broker_rtt_ms
+from gpusched_cli.workload import progress_line, submit_all, wait_until_finished
+
+
+def add_turnover_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--per-gpu", type=int, default=8, help="jobs per GPU of the cluster (default 8)")
+    p.add_argument("--run-s", type=float, default=0.5, help="how long each job runs (default 0.5 s)")
+    p.add_argument("--tenants", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--out", default="bench-results/turnover.json")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def cmd_turnover(args: argparse.Namespace) -> int:
+    state = stack.load()
+    if state is None:
+        print("gpusched bench-turnover: no local stack is up; run `gpusched up` first (or `make bench-turnover`)")
+        return 1
+    return asyncio.run(run_turnover(args, state))
+
+
+def gaps_ms(runs: list[tuple[str, int, float, float]]) -> list[float]:
+    """Idle gaps per GPU: ``runs`` are (node, GPU index, start, exit) in seconds of the node's clock; each
+    GPU's runs in start order, the gap from one's exit to the next one's start (a negative gap, a start
+    reported before the previous exit by a few clock ticks, counts as 0)."""
+    by_gpu: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for node, gpu, start, end in runs:
+        by_gpu[(node, gpu)].append((start, end))
+    out = []
+    for spans in by_gpu.values():
+        spans.sort()
+        out += [max(0.0, (nxt[0] - prev[1]) * 1000) for prev, nxt in zip(spans, spans[1:], strict=False)]
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+async def _runs(database_url: str, ids: list[str]) -> list[tuple[str, int, float, float]]:
+    streams = [f"job-{i}" for i in ids]
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT stream_id, type, payload FROM events WHERE stream_id = ANY($1::text[])"
+            " AND type IN ('JobPlaced', 'JobStarted', 'JobSucceeded') ORDER BY global_position", streams)
+    finally:
+        await conn.close()
+    placed: dict[str, tuple[str, int]] = {}
+    started: dict[str, float] = {}
+    runs = []
+    for row in rows:
+        payload = row["payload"] if isinstance(row["payload"], dict) else json.loads(row["payload"])
+        if row["type"] == "JobPlaced":
+            placed[row["stream_id"]] = (payload["node_id"], payload["gpu_indices"][0])
+        elif row["type"] == "JobStarted":
+            started[row["stream_id"]] = ev.JobStarted.model_validate(payload).started_at.timestamp()
+        elif row["stream_id"] in placed and row["stream_id"] in started:
+            start = started[row["stream_id"]]
+            runs.append((*placed[row["stream_id"]], start, start + float(payload["runtime_s"])))
+    return runs
+
+
+async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int:
+    settings = stack.client_settings(state)
+    conn = await asyncpg.connect(state.database_url)
+    try:
+        gpus = await conn.fetchval("SELECT count(*) FROM gpus g JOIN nodes n USING (node_id) WHERE n.status = 'Ready'")
+    finally:
+        await conn.close()
+    if not gpus:
+        print("gpusched bench-turnover: the stack has no ready GPUs")
+        return 1
+    print("measuring the broker's round trip ...")
+    rtt = await floor_broker_rtt_ms(state.kafka_bootstrap)
+    count = gpus * args.per_gpu
+    specs = [ev.JobSpec(tenant=f"turnover-{i % args.tenants}", gpus=1, command=["sleep", f"{args.run_s:g}"],
+                        name=f"turnover-{i}") for i in range(count)]
+    print(f"submitting {count} one-GPU jobs of {args.run_s:g}s to {gpus} GPUs ...")
+    started = time.monotonic()
+    ids = await submit_all(settings, specs)
+    await wait_until_finished(state.database_url, ids, timeout_s=args.timeout, progress=progress_line(len(ids)),
+                              interval_s=1.0)
+    wall = time.monotonic() - started
+    gaps = gaps_ms(await _runs(state.database_url, ids))
+    result = {"gpus": gpus, "jobs": count, "run_s": args.run_s, "gaps": len(gaps),
+              "exit_to_next_start_p50_ms": round(percentile(gaps, 0.5), 1),
+              "exit_to_next_start_p99_ms": round(percentile(gaps, 0.99), 1),
+              "exit_to_next_start_mean_ms": round(statistics.fmean(gaps), 1) if gaps else None,
+              "jobs_per_s": round(count / wall, 1), "floor_broker_rtt_ms": round(rtt, 2)}
+    result["ratio_p50_to_broker_rtt"] = round(result["exit_to_next_start_p50_ms"] / result["floor_broker_rtt_ms"], 1)
+    result["gpu_busy_share"] = round(count * args.run_s / (gpus * wall), 3)  # the rest: idle between jobs
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2) if args.json else "\n" + render(["METRIC", "VALUE"], list(result.items())))
+    print(f"\nwritten to {out}")
+    return 0
