@@ -7,9 +7,13 @@
                        idempotency_key="nightly-2026-12-01")
         for event in c.events(job["job_id"], follow=True):  # until the job ends
             print(event["type"])
+        c.submit({"gpus": 1, "image": "registry.example/team/train:1.2", "args": ["--epochs", "3"],
+                  "node_selector": {"zone": "us-east-1a"}, "priority_class": "high"})
+        c.submit_workloads(Path("jobs.yaml").read_text())  # every job of a Kubernetes file
 
 Every refusal raises ``ApiError`` with the problem detail the gateway sent (``status``, ``detail``,
-``reasons``); a gateway that cannot be reached raises ``ApiError`` with status 0.
+``reasons``); a gateway that cannot be reached raises ``ApiError`` with status 0. A workload file that
+cannot be read here raises ``WorkloadError`` (a ValueError: ``problems``, one line each).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+from pydantic import BaseModel
+
+from gpusched_core.workloads import UNBOUND_TENANT, Workload, WorkloadError, read_workloads
+from gpusched_core.workloads.yamlread import YamlProblem, documents
 
 from gpusched.config import ClientConfig, resolve
 
@@ -58,18 +66,46 @@ class Client:
 
     # --- submissions ---
 
-    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None, hold: bool = False,
+    def submit(self, spec: dict[str, Any] | BaseModel, *, idempotency_key: str | None = None, hold: bool = False,
                array: str | None = None) -> dict[str, Any]:
-        """Submit one JobSpec (a dict; ``tenant`` may be omitted by a caller bound to one); ``hold``: held;
-        ``array``: a job array (``0-99%8``), one job per index, the answer naming the array."""
-        return self._call("POST", "/v1/jobs", json=spec, headers=_idempotency(idempotency_key),
+        """Submit one JobSpec: a dict (``tenant`` may be omitted by a caller bound to one) or a
+        ``gpusched_common.events.JobSpec``, with any of its fields: ``command``, or ``image`` (an empty
+        command runs the image's entrypoint, with ``args``), ``node_selector`` (labels every node must
+        carry), ``priority_class`` (a tenancy class by name; admission refuses one it does not have)...
+        ``hold``: held; ``array``: a job array (``0-99%8``), one job per index, the answer naming the array."""
+        body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, BaseModel) else spec
+        return self._call("POST", "/v1/jobs", json=body, headers=_idempotency(idempotency_key),
                           params=_submit_params(hold, array))
 
     def submit_pod(self, pod_yaml: str, *, idempotency_key: str | None = None, hold: bool = False,
                    array: str | None = None) -> dict[str, Any]:
-        """Submit a Kubernetes pod spec (YAML text)."""
+        """Submit one workload as YAML text (a pod spec, a Pod, a Job, a PyTorchJob, a JobSet); the gateway
+        reads it. A file of several documents is refused here (``WorkloadError``), as the gateway would:
+        ``submit_workloads`` (like ``gpusched submit -f``) sends each of its jobs."""
+        try:
+            count = sum(1 for _ in documents(pod_yaml))
+        except YamlProblem:
+            count = 1  # unreadable: the gateway says why, with the line
+        if count > 1:
+            raise WorkloadError([f"the YAML has {count} documents: submit_pod sends one workload; "
+                                 "submit_workloads (or `gpusched submit -f`) sends each"])
         return self._call("POST", "/v1/jobs", content=pod_yaml.encode(), params=_submit_params(hold, array),
                           headers={"Content-Type": "application/yaml", **_idempotency(idempotency_key)})
+
+    def submit_workloads(self, text: str | bytes, *, tenant: str | None = None, idempotency_key: str | None = None,
+                         hold: bool = False) -> list[dict[str, Any]]:
+        """Submit every job of a workload file (YAML of one or more documents), as ``gpusched submit -f``
+        does: read here by ``gpusched_core.workloads.read_workloads`` (``WorkloadError`` with every problem,
+        nothing sent), then each job sent in order as its JobSpec, with its array; ``tenant`` overrides the
+        file's ``metadata.namespace`` (neither: the caller's). With several jobs the key of job ``i`` is
+        ``<idempotency_key>.<i>``. A refusal (``ApiError``) stops the rest; submitting again with the same
+        key replays those that went. The gateway's answers, in order."""
+        workloads = read_workloads(text, tenant=tenant, tenant_required=False)
+        answers = []
+        for index, workload in enumerate(workloads):
+            key = idempotency_key if idempotency_key is None or len(workloads) == 1 else f"{idempotency_key}.{index}"
+            answers.append(self.submit(job_body(workload), idempotency_key=key, hold=hold, array=workload.array))
+        return answers
 
     def submit_batch(self, specs: list[dict[str, Any]], *, idempotency_key: str | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs:batch", json={"jobs": specs}, headers=_idempotency(idempotency_key))
@@ -163,6 +199,16 @@ class Client:
         if response.status_code >= 400:
             raise _error(response)
         return response.json()
+
+
+def job_body(workload: Workload) -> dict[str, Any]:
+    """A workload's JobSpec as the gateway takes it: its array apart (a request parameter), no tenant when
+    the file names none (the caller's then)."""
+    body = workload.spec.model_dump(mode="json", exclude_none=True)
+    body.pop("array", None)
+    if body.get("tenant") == UNBOUND_TENANT:
+        del body["tenant"]
+    return body
 
 
 def _submit_params(hold: bool, array: str | None) -> dict[str, str] | None:

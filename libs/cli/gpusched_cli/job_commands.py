@@ -17,8 +17,8 @@ from gpusched_core.dependencies import parse_after
 from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
 from gpusched_core.workloads import WorkloadError
 
-from gpusched_cli.job_files import (add_convert_parser, file_workloads, flag_workload, problems, show, submission,
-                                    warn)
+from gpusched_cli.job_files import (add_convert_parser, file_workloads, flag_workload, node_selector, problems, show,
+                                    submission, warn)
 
 FINISHED = ("Succeeded", "Failed", "Cancelled", "Rejected")
 
@@ -36,6 +36,12 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu", metavar="QUANTITY", help="host CPU per node, e.g. 8 or 500m")
     p.add_argument("--memory", metavar="QUANTITY", help="host memory per node, e.g. 64Gi")
     p.add_argument("--priority", type=int)
+    p.add_argument("--priority-class", metavar="NAME", help="a priority class of the tenancy (sets the priority)")
+    p.add_argument("--image", help="run in a container of IMAGE; with no command, its entrypoint")
+    p.add_argument("--arg", action="append", default=[], dest="entrypoint_args", metavar="VALUE",
+                   help="an argument of the image's entrypoint (--image, no command); repeatable; --arg=-v")
+    p.add_argument("--selector", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label every node of the job must carry; repeatable")
     p.add_argument("--name")
     p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")
     p.add_argument("-f", "--file", help="a workload file (YAML, one job per document); `-` reads stdin")
@@ -121,13 +127,18 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
     """A JobSpec as a dict from the flags; ValueError when they cannot make one. The gateway checks the
     rest (and says why)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise ValueError("give the command after --, e.g. gpusched submit --gpus 1 -- python train.py")
+    if args.entrypoint_args and (args.image is None or command):
+        raise ValueError("--arg is an argument of the image's entrypoint: " + (
+            "with a command, put it in the command" if command else "give an --image"))
+    if not command and args.image is None:
+        raise ValueError("give the command after --, e.g. gpusched submit --gpus 1 -- python train.py (or an "
+                         "--image, to run its entrypoint)")
     if args.gpu_memory_mib is not None and args.gpu_share is None:
         raise ValueError("--gpu-memory-mib goes with --gpu-share")
     spec: dict[str, Any] = {"gpus": args.gpus, "nodes": args.nodes, "command": command}
     optional = {"tenant": args.tenant, "gpu_model": args.gpu_model, "priority": args.priority, "name": args.name,
-                "mig_profile": args.mig,
+                "mig_profile": args.mig, "image": args.image, "priority_class": args.priority_class,
+                "args": args.entrypoint_args or None, "node_selector": node_selector(args.selector) or None,
                 "cpu_milli": cpu_milli(args.cpu) if args.cpu is not None else None,
                 "memory_mib": memory_mib(args.memory) if args.memory is not None else None,
                 "time_limit_s": parse_duration(args.time_limit) if args.time_limit is not None else None,
@@ -143,6 +154,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     the rest: submitting again with the same --request-id replays those that went); --dry-run shows them."""
     try:
         if args.file:
+            if args.image is not None or args.entrypoint_args or args.selector:
+                raise ValueError("--image, --arg and --selector describe the job of the flags; with -f the file "
+                                 "does (its image, args and nodeSelector)")
             shown = file_workloads(args)
             jobs = [(submission(w), args.array or w.array) for w in shown]
         else:

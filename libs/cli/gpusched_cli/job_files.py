@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from gpusched import job_body
 from gpusched_common import events as ev
 from gpusched_common.table import render
 from gpusched_core.dependencies import parse_after
@@ -43,7 +44,8 @@ def read_file(name: str) -> bytes:
 
 def file_workloads(args: argparse.Namespace) -> list[Workload]:
     """The jobs of ``args.file`` with the flags that override a file: ``--tenant``, ``--priority``,
-    ``--time-limit``, ``--after``. WorkloadError with every problem (an unreadable file is one)."""
+    ``--priority-class``, ``--time-limit``, ``--after``. WorkloadError with every problem (an unreadable
+    file is one)."""
     try:
         data = read_file(args.file)
     except OSError as exc:
@@ -56,6 +58,8 @@ def file_workloads(args: argparse.Namespace) -> list[Workload]:
             update["time_limit_s"] = parse_duration(args.time_limit)
         if getattr(args, "after", None):
             update["after"] = [parse_after(a) for a in args.after]
+        if getattr(args, "priority_class", None) is not None:
+            update["priority_class"] = args.priority_class
     except ValueError as exc:
         raise WorkloadError([str(exc)]) from None
     return [replace(w, spec=w.spec.model_copy(update=update)) for w in workloads] if update else workloads
@@ -70,12 +74,22 @@ def flag_workload(spec: dict[str, Any], array: str | None) -> Workload:
 
 
 def submission(workload: Workload) -> dict[str, Any]:
-    """The JobSpec as the gateway takes it: no tenant when the file names none (the caller's then)."""
-    body = workload.spec.model_dump(mode="json", exclude_none=True)
-    body.pop("array", None)
-    if body.get("tenant") == UNBOUND_TENANT:
-        del body["tenant"]
-    return body
+    """The JobSpec as the gateway takes it (``gpusched.job_body``: what ``Client.submit_workloads`` sends)."""
+    return job_body(workload)
+
+
+def node_selector(pairs: list[str]) -> dict[str, str]:
+    """``--selector KEY=VALUE`` (repeatable) as a node selector; ValueError for a pair that is not one, or
+    a key given two values. Admission checks that each is a label name and value."""
+    selector: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise ValueError(f"--selector {pair!r} is not KEY=VALUE, e.g. --selector zone=us-east-1a")
+        if selector.get(key, value) != value:
+            raise ValueError(f"--selector {key} is given twice ({selector[key]!r} and {value!r})")
+        selector[key] = value
+    return selector
 
 
 def problems(command: str, error: WorkloadError) -> int:
@@ -118,7 +132,8 @@ def _asks(spec: ev.JobSpec) -> str:
 
 
 def _runs(spec: ev.JobSpec) -> str:
-    command = " ".join(spec.command) if spec.command else "(its entrypoint)" if spec.image else ""
+    entrypoint = " ".join(["(its entrypoint)", *getattr(spec, "args", ())])
+    command = " ".join(spec.command) if spec.command else entrypoint if spec.image else ""
     text = f"{spec.image}: {command}" if spec.image else command
     return text if len(text) <= 60 else text[:57] + "..."
 
