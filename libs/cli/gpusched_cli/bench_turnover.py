@@ -22,6 +22,7 @@ from pathlib import Path
 import asyncpg
 
 from gpusched_common import events as ev
+from gpusched_common.stores import cluster
 from gpusched_common.table import render
 
 from gpusched_cli import stack
@@ -93,11 +94,11 @@ async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int
     settings = stack.client_settings(state)
     conn = await asyncpg.connect(state.database_url)
     try:
-        gpus = await conn.fetchval("SELECT count(*) FROM gpus g JOIN nodes n USING (node_id) WHERE n.status = 'Ready'")
+        _, gpus = await cluster.counts(conn)
     finally:
         await conn.close()
     if not gpus:
-        print("gpusched bench-turnover: the stack has no ready GPUs")
+        print("gpusched bench-turnover: the stack has no GPUs registered")
         return 1
     print("measuring the broker's round trip ...")
     rtt = await floor_broker_rtt_ms(state.kafka_bootstrap)
