@@ -15,32 +15,12 @@ from gpusched import Client, WorkloadError
 from gpusched_cli import job_commands
 from gpusched_cli.main import main
 
+from tests.unit.test_workload_cli import NoGateway, RecordingGateway
+
 CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "workloads"
 IMAGE = "registry.example/team/train:1.2"
 
 
-class NoGateway:
-    @classmethod
-    def from_config(cls):
-        raise AssertionError("a dry run or a refused submission sent something")
-
-
-class RecordingGateway:
-    submitted: list[tuple[dict, str | None, str | None]] = []
-
-    @classmethod
-    def from_config(cls):
-        return cls()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def submit(self, spec, *, idempotency_key=None, hold=False, array=None):
-        self.submitted.append((spec, idempotency_key, array))
-        return {"job_id": f"j-{len(self.submitted)}", "tenant": spec.get("tenant", "bound"), "state": "Submitted"}
 
 
 @pytest.fixture
