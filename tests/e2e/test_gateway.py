@@ -109,7 +109,8 @@ async def test_refusals_are_problems_with_every_reason_and_other_tenants_jobs_ar
         assert other.value.status == 403
         with pytest.raises(ApiError) as unknown:
             client.submit({"gpus": 1, "gpu_model": "nope", "command": ["true"]})
-        assert unknown.value.reasons == ["unknown GPU model 'nope'"]
+        assert unknown.value.reasons == ["unknown GPU model 'nope': it is no GPU model name (e.g. H100-80GB, "
+                                         "NVIDIA A100-SXM4-80GB, NVIDIA-L40S)"]
     with operator(local_stack) as admin:
         research_job = admin.submit({"tenant": "research", "gpus": 1, "command": ["true"]})["job_id"]
     with Client(local_stack.gateway, token) as client, pytest.raises(ApiError) as hidden:
