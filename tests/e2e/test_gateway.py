@@ -161,7 +161,7 @@ spec:
   containers:
   - name: main
     command: ["sh", "-c"]
-    args: ['test "$CUDA_VISIBLE_DEVICES" = 0,1 && echo ran']
+    args: ['test "$(echo "$CUDA_VISIBLE_DEVICES" | tr , " " | wc -w)" = 2 && echo ran']
     resources:
       limits: {nvidia.com/gpu: 2, cpu: "1.5", memory: 129e6}
   tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
