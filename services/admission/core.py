@@ -21,7 +21,7 @@ from gpusched_core.submission import (
     check_job,
     check_spec,
     error_reasons,
-    resolve_model,
+    with_resolved_model,
 )
 
 
@@ -78,9 +78,8 @@ def parse_submission(raw: bytes, limits: AdmissionLimits, models: ModelView | No
     assert isinstance(payload_model, ev.JobSubmitted)
     reasons = check_spec(payload_model.spec, limits, models) + check_job(job_id, payload_model.spec)
     spec = payload_model.spec
-    model = resolve_model(spec.gpu_model, models)
-    if not reasons and isinstance(model, str) and model != spec.gpu_model:
-        spec = spec.model_copy(update={"gpu_model": model})
+    if not reasons:
+        spec = with_resolved_model(spec, models)
     return Submission(event_id, job_id, payload_model.submitted_at, None if reasons else spec, reasons,
                       tenant_hint, envelope.traceparent, payload_model.request_id, payload_model.submitted_by,
                       payload_model.hold)

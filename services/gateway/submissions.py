@@ -8,7 +8,6 @@ Admission still decides: ``state`` is ``Submitted`` until it has."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -22,7 +21,13 @@ from gpusched_common.jobs import new_job_id, submission_bytes
 from gpusched_common.tracing import current_traceparent, tracer
 from gpusched_core.access import Action, Decision, Principal, Resource, authorize, never
 from gpusched_core.arrays import ArrayError, ArrayRequest, parse_array, task_specs
-from gpusched_core.submission import AdmissionLimits, check_against_tenancy, check_job, check_spec, resolve_model
+from gpusched_core.submission import (
+    AdmissionLimits,
+    check_against_tenancy,
+    check_job,
+    check_spec,
+    with_resolved_model,
+)
 
 from services.gateway import core, store
 from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
@@ -40,14 +45,6 @@ def _job_body(job_id: str, tenant: str, state: str, replayed: bool, warnings: tu
     return {**body, "warnings": list(warnings)} if warnings else body
 
 
-def _warned(response: JSONResponse, warnings: tuple[str, ...]) -> JSONResponse:
-    if not warnings:
-        return response
-    body = json.loads(bytes(response.body))
-    return JSONResponse({**body, "warnings": list(warnings)}, status_code=response.status_code,
-                        headers={k: v for k, v in response.headers.items() if k.lower() == "location"})
-
-
 async def _checked(request: Request, spec: ev.JobSpec, job_id: str) -> tuple[str, ...]:
     """Every reason admission would refuse ``spec`` for: the cluster's limits and GPU models, then the
     tenancy in force, then its dependencies (each a job of the same tenant)."""
@@ -58,8 +55,7 @@ async def _checked(request: Request, spec: ev.JobSpec, job_id: str) -> tuple[str
     reasons = check_spec(spec, LIMITS, models) + check_job(job_id, spec)
     if reasons:
         return reasons
-    model = resolve_model(spec.gpu_model, models)  # the tenancy's flavors name models as the cluster does
-    resolved = spec.model_copy(update={"gpu_model": model}) if isinstance(model, str) else spec
+    resolved = with_resolved_model(spec, models)  # the tenancy's flavors name models as the cluster does
     reasons = check_against_tenancy(job_id, resolved, tenancy) if tenancy is not None else ()
     if reasons:
         return reasons
@@ -133,8 +129,8 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
         raise Problem(422, str(exc), reasons=[str(exc)]) from None
     derived, request_id = core.request_ids(tenant, idempotency_key)
     if tasks is not None:
-        return _warned(await _submit_array(request, principal, spec, tasks, derived or new_job_id(), request_id, hold),
-                       warnings)
+        return await _submit_array(request, principal, spec, tasks, derived or new_job_id(), request_id, hold,
+                                   warnings)
     job_id = derived or new_job_id()
     if derived is not None:
         async with request.app.state.pool.acquire() as conn:
@@ -152,11 +148,13 @@ async def submit_job(request: Request, principal: Caller, idempotency_key: Idemp
 
 
 async def _submit_array(request: Request, principal: Principal, spec: ev.JobSpec, tasks: ArrayRequest,
-                        array_id: str, request_id: str | None, hold: bool) -> JSONResponse:
-    """Publish one job per task of the array (all or none are judged: the tasks differ only in index)."""
+                        array_id: str, request_id: str | None, hold: bool,
+                        warnings: tuple[str, ...] = ()) -> JSONResponse:
+    """Publish one job per task of the array (all or none are judged: the tasks differ only in index);
+    ``warnings``: what its YAML asks for that gpusched does not do."""
     specs = task_specs(spec, array_id, tasks)
     body = {"job_id": array_id, "array_id": array_id, "tenant": spec.tenant, "tasks": len(specs),
-            "indices": tasks.describe()}
+            "indices": tasks.describe(), **({"warnings": list(warnings)} if warnings else {})}
     async with request.app.state.pool.acquire() as conn:
         existing = await store.job_states(conn, [specs[0][0]])
     if existing:
@@ -218,10 +216,8 @@ async def submit_batch(request: Request, principal: Caller, idempotency_key: Ide
             if job_id in existing:
                 results[index] = {"index": index, **_job_body(job_id, spec.tenant, existing[job_id], True)}
                 continue
-            model = resolve_model(spec.gpu_model, models)
-            reasons = check_spec(spec, LIMITS, models) or (check_against_tenancy(
-                job_id, spec.model_copy(update={"gpu_model": model}) if isinstance(model, str) else spec, tenancy)
-                if tenancy is not None else ())
+            reasons = check_spec(spec, LIMITS, models) or (
+                check_against_tenancy(job_id, with_resolved_model(spec, models), tenancy) if tenancy is not None else ())
             reasons = reasons or tuple(f"no job {d} to wait for" for d in sorted(
                 await _unknown_dependencies(request, spec.tenant, {d.job_id for d in spec.after})))
             if reasons:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpusched_common.infra.processes import alive, stop_pid
+from gpusched_core.agent.container import OCI_RUNTIMES
 from gpusched_common.job_records import JobRecord, read_records, stop_job_groups
 
 Progress = Callable[[str], None]
@@ -66,12 +67,12 @@ def stop_stack_jobs(home: str | Path, env: dict[str, str], progress: Progress = 
 def remove_containers(root: Path, env: dict[str, str]) -> int:
     """Remove the containers of image jobs whose job directory is under ``root`` (their ``gpusched.dir``
     label): a killed runtime client leaves its container running. The stack's runtime is the agents'
-    ``GPUSCHED_AGENT_CONTAINER_RUNTIME`` (auto: podman, else docker); none installed: nothing to remove."""
+    ``GPUSCHED_AGENT_CONTAINER_RUNTIME`` (auto: podman, else docker; apptainer keeps no container); none installed: nothing to remove."""
     configured = env.get("GPUSCHED_AGENT_CONTAINER_RUNTIME", "auto").strip()
     if configured == "none":
         return 0
     runtime = shlex.split(configured) if configured != "auto" else \
-        next(([path] for path in map(shutil.which, ("podman", "docker")) if path), [])
+        next(([path] for path in map(shutil.which, OCI_RUNTIMES) if path), [])
     if not runtime or shutil.which(runtime[0]) is None:
         return 0
     try:

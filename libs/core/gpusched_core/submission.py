@@ -147,6 +147,13 @@ def resolve_model(requested: str | None, models: ModelView | None) -> str | Refu
     return canonical_model(requested) or Refusal(f"unknown GPU model {requested!r}")
 
 
+def with_resolved_model(spec: ev.JobSpec, models: ModelView | None) -> ev.JobSpec:
+    """The spec with its GPU model as the cluster spells it (what placement matches and the tenancy's
+    flavors name); as it is when it names none or one that does not resolve (``check_spec`` says why)."""
+    model = resolve_model(spec.gpu_model, models)
+    return spec.model_copy(update={"gpu_model": model}) if isinstance(model, str) and model != spec.gpu_model else spec
+
+
 def check_shape(spec: ev.JobSpec, limits: AdmissionLimits, models: ModelView | None = None,
                 model: str | None = None) -> list[str]:
     """Gangs, shares and MIG slices: each within its limits, and at most one of them per job (``model``:
