@@ -93,7 +93,7 @@ async def test_an_image_without_a_command_runs_its_entrypoint_and_its_exit_code_
 
 async def test_a_command_runs_in_the_container_with_the_job_s_environment_and_files(local_stack, stack_settings):
     check = ('test "$GREETING" = hello && test -n "$GPUSCHED_JOB_ID" && test "$(pwd)" = "$GPUSCHED_JOB_DIR" '
-             '&& test "$CUDA_VISIBLE_DEVICES" = 0 && echo ckpt-1 > "$GPUSCHED_CHECKPOINT_FILE" && echo inside')
+             '&& test "$(echo "$CUDA_VISIBLE_DEVICES" | tr , " " | wc -w)" = 1 && echo ckpt-1 > "$GPUSCHED_CHECKPOINT_FILE" && echo inside')
     spec = a_job("c").image(IMAGE).command("sh", "-c", check).spec().model_copy(update={"env": {"GREETING": "hello"}})
     async with Client(stack_settings) as client:
         job_id = await client.submit(spec)
