@@ -24,7 +24,8 @@ from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
-from services.gateway import control, handlers, logs, store, submissions
+from services.gateway import control, handlers, logs, store, stream, submissions
+from services.gateway.dashboard import routes as dashboard_routes
 from services.gateway.auth import AuthFailures, Problem, problem_response
 from services.gateway.publisher import SubmissionPublisher
 from services.gateway.ratelimit import PrincipalLimiter
@@ -65,9 +66,11 @@ async def open_resources(app: FastAPI) -> None:
     app.state.pool = await create_pool(settings.gateway_database_url or settings.database_url, min_size=0,
                                        max_size=settings.gateway_pool_max_size)
     app.state.publisher.recorded = lambda job_ids: store.recorded_job_ids(app.state.pool, job_ids)
+    app.state.change_feed = stream.ChangeFeed(app.state.pool, poll_s=settings.gateway_stream_poll_s)
 
 
 async def close_resources(app: FastAPI) -> None:
+    await app.state.change_feed.close()
     await app.state.publisher.stop()
     if app.state.oidc is not None:
         await app.state.oidc.close()
@@ -91,11 +94,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.auth_failures = AuthFailures()
     app.state.limiter = PrincipalLimiter({
         "submit": RateLimit(settings.gateway_submit_rate_per_s, settings.gateway_submit_burst),
-        "read": RateLimit(settings.gateway_read_rate_per_s, settings.gateway_read_burst)})
+        "read": RateLimit(settings.gateway_read_rate_per_s, settings.gateway_read_burst),
+        "signin": RateLimit(settings.gateway_signin_rate_per_s, settings.gateway_signin_burst)})
     app.include_router(handlers.router)
     app.include_router(submissions.router)
     app.include_router(control.router)
     app.include_router(logs.router)
+    app.include_router(stream.router)
+    app.include_router(dashboard_routes.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

@@ -16,6 +16,7 @@ from gpusched_common.oidc import OidcRefusal, looks_like_jwt
 from gpusched_core.access import Action, Principal, Resource, authorize
 
 from services.gateway import core
+from services.gateway.dashboard import session
 
 ACTION_KEY = "x-gpusched-action"
 
@@ -53,15 +54,35 @@ def _refuse(request: Request, reason: str, detail: str) -> Problem:
 
 
 async def authenticate(request: Request) -> Principal:
-    """The principal of the request's bearer token (an API token, or a JWT of the configured OIDC issuer);
-    401 (counted by reason) otherwise. The token is never logged nor echoed."""
+    """The principal of the request's bearer token (an API token, or a JWT of the configured OIDC issuer),
+    sent in the Authorization header or, from a signed-in dashboard, in the session cookie (then an unsafe
+    request must be same-origin and carry the session's CSRF token: ``dashboard.session``); 401 (counted
+    by reason) otherwise. The token is never logged nor echoed."""
     header = request.headers.get("authorization")
     if not header:
+        cookie = request.cookies.get(session.COOKIE)
+        if cookie:
+            return await _from_cookie(request, cookie)
         raise _refuse(request, "missing", "no credentials: send Authorization: Bearer <token>")
     scheme, _, text = header.partition(" ")
     text = text.strip()
     if scheme.lower() != "bearer" or not text:
         raise _refuse(request, "malformed", "the Authorization header is not of the form Bearer <token>")
+    return await principal_of(request, text)
+
+
+async def _from_cookie(request: Request, token: str) -> Principal:
+    if request.method not in session.SAFE_METHODS:
+        if not session.same_origin(request.headers.get("origin"), request.headers.get("referer"),
+                                   request.url.scheme, request.headers.get("host")):
+            raise Problem(403, "cross-origin request refused: the dashboard's actions come from its own pages")
+        if not session.csrf_matches(token, request.headers.get(session.CSRF_HEADER)):
+            raise Problem(403, "missing or wrong X-CSRF-Token: reload the page (GET /ui/session gives the token)")
+    return await principal_of(request, token)
+
+
+async def principal_of(request: Request, text: str) -> Principal:
+    """Verify one bearer token's text: 401 (counted by reason) when it is not a live token."""
     oidc = request.app.state.oidc
     if oidc is not None and looks_like_jwt(text):
         verified: Principal | OidcRefusal | tokens.TokenRefusal = await oidc.verify(text)

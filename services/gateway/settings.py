@@ -38,3 +38,14 @@ class GatewaySettings(Settings):
     gateway_follow_poll_s: float = Field(0.2, gt=0)  # how often a followed job's stream is read again
     gateway_follow_wait_s: float = Field(5.0, ge=0)  # a followed job not yet recorded: wait this long for it
     gateway_follow_max_s: float = Field(3600.0, gt=0)  # a follow ends after this (the client reconnects)
+    # the dashboard (/ui): how long a signed-in browser's session cookie lives (the token's own expiry still
+    # applies); Secure cookies also over plain HTTP (behind a TLS-terminating proxy); sign-in attempts per
+    # client address
+    gateway_session_max_age_s: int = Field(12 * 3600, ge=60)
+    gateway_cookie_secure: bool = False
+    gateway_signin_rate_per_s: float = Field(1.0, gt=0)
+    gateway_signin_burst: float = Field(20.0, ge=1)
+    # GET /v1/stream: how often the one change feed per process reads the event store while anyone listens,
+    # and at most how often a listener is told that the cluster changed
+    gateway_stream_poll_s: float = Field(0.25, gt=0)
+    gateway_stream_cluster_every_s: float = Field(2.0, ge=0)

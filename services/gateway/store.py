@@ -83,3 +83,24 @@ async def recorded_job_ids(pool: asyncpg.Pool, job_ids: list[str]) -> set[str]:
     that needs no publishing again."""
     rows = await pool.fetch("SELECT job_id FROM jobs WHERE job_id = ANY($1::text[])", job_ids)
     return {r["job_id"] for r in rows}
+
+
+async def feed_tail(conn: asyncpg.Connection) -> tuple[int, int]:
+    """The position (writing transaction, global position) of the last event every reader can see now: a
+    change feed starts there (it tells what happens from now on, not the past)."""
+    row = await conn.fetchrow(
+        "SELECT transaction_id::text::bigint AS txid, global_position FROM events"
+        " WHERE transaction_id < pg_snapshot_xmin(pg_current_snapshot())"
+        " ORDER BY transaction_id DESC, global_position DESC LIMIT 1")
+    return (row["txid"], row["global_position"]) if row is not None else (0, 0)
+
+
+async def feed_after(conn: asyncpg.Connection, after: tuple[int, int], limit: int) -> list[dict[str, Any]]:
+    """Events after ``after`` in the store's gap-free global order (``gpusched_common.store.read_all``'s
+    rule), without their payloads: what the change feed tells browsers."""
+    rows = await conn.fetch(
+        "SELECT transaction_id::text::bigint AS txid, global_position, stream_id, type, tenant, recorded_at"
+        " FROM events WHERE (transaction_id, global_position) > ($1::text::xid8, $2)"
+        "   AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())"
+        " ORDER BY transaction_id, global_position LIMIT $3", str(after[0]), after[1], limit)
+    return [dict(r) for r in rows]

@@ -219,7 +219,8 @@ def request_path(path: str, own: bool) -> tuple[str, dict[str, str]]:
         return path.replace("{node_id}", "n1"), {}
     if "{job_id}" in path:
         return path.replace("{job_id}", "a-01" if own else "b-01"), {}
-    return path, ({} if own or path == "/v1/nodes" else {"tenant": "b"})
+    bounded = {"max_s": "0"} if path == "/v1/stream" else {}  # the change feed: answered, then ended at once
+    return path, ({} if own or path == "/v1/nodes" else {"tenant": "b"}) | bounded
 
 
 async def test_every_route_answers_every_role_as_the_rule_table_says(gateway):
