@@ -24,7 +24,7 @@ from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
-from services.gateway import control, handlers, logs, store, stream, submissions
+from services.gateway import control, handlers, logs, store, stream, submissions, views
 from services.gateway.dashboard import routes as dashboard_routes
 from services.gateway.auth import AuthFailures, Problem, problem_response
 from services.gateway.publisher import SubmissionPublisher
@@ -100,6 +100,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(submissions.router)
     app.include_router(control.router)
     app.include_router(logs.router)
+    app.include_router(views.router)
     app.include_router(stream.router)
     app.include_router(dashboard_routes.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

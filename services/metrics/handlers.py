@@ -1,7 +1,9 @@
 """The metrics service's handlers: telemetry in (``TelemetryConsumer`` keeps the latest per GPU), and every
 ``GPUSCHED_METRICS_LOG_INTERVAL_S`` an evaluation: load the cluster through ``store``, decide views and
 scaling with the cores (``gpusched_core.metrics``), store the scaler's state and its decisions with the
-outbox in one transaction, export the figures (Prometheus, OTLP) and log what matters."""
+outbox in one transaction, record the cycle's samples (utilisation, each GPU's latest reading, each tenant's
+usage: ``gpusched_core.dashboard.usage``) in another, export the figures (Prometheus, OTLP) and log what
+matters."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ from gpusched_common.runtime import Runtime, utcnow
 
 from gpusched_common import events as ev
 
+from gpusched_core.dashboard import plan_usage_samples
 from gpusched_core.metrics.scaling import ScalePolicy, observe, plan_scaling
 from gpusched_core.metrics.views import Thresholds, Views, plan_views
 from services.metrics.exporter import Latest, MetricsExporter
 from services.metrics.http import MetricsEndpoint
 from services.metrics.settings import MetricsSettings
-from services.metrics.store import decide_scaling, load_snapshot, record_utilization
+from services.metrics.store import (decide_scaling, load_shares, load_snapshot, record_telemetry, record_usage,
+                                   record_utilization)
 from services.metrics.telemetry_consumer import TelemetryConsumer
 from services.metrics.tracker import TelemetryTracker
 
@@ -60,7 +64,9 @@ class MetricsService:
         now = self.clock()
         async with pool.acquire() as conn:
             snapshot = await load_snapshot(conn, self.settings.metrics_pool_label)
-        views = plan_views(snapshot, self.tracker.activity(), now, thresholds(self.settings))
+            shares = await load_shares(conn)
+        activity, limits = self.tracker.activity(), thresholds(self.settings)
+        views = plan_views(snapshot, activity, now, limits)
         self.latest.snapshot, self.latest.views = snapshot, views
         policy = scale_policy(self.settings)
         decisions = await decide_scaling(pool, lambda state: plan_scaling(state, observe(snapshot), now, policy), now)
@@ -75,8 +81,13 @@ class MetricsService:
         log.info("cluster: %d GPUs, %d allocated, %d busy, utilization %.1f%%, backlog %s", c.gpus_total,
                  c.gpus_allocated, c.gpus_busy, c.mean_utilization * 100,
                  {b.model: b.pending_gpus for b in views.backlog} or "empty")
+        usage = plan_usage_samples(shares, {(g.node_id, g.index): g.model for g in snapshot.gpus}, activity, now,
+                                   busy_pct=limits.busy_pct, max_sample_age=limits.max_sample_age)
         async with pool.acquire() as conn:
-            await record_utilization(conn, now, c, keep_s=self.settings.metrics_history_retention_s)
+            async with conn.transaction():  # one cycle's samples land together (the dashboard reads them as one)
+                await record_utilization(conn, now, c, keep_s=self.settings.metrics_history_retention_s)
+                await record_telemetry(conn, activity.values())
+                await record_usage(conn, now, usage, keep_s=self.settings.metrics_usage_retention_s)
             if self.telemetry is not None:
                 await self.telemetry.refused.flush(conn, now)  # telemetry no enrolled node signed
         return views

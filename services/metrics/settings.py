@@ -8,6 +8,7 @@ from gpusched_common.settings import Settings
 class MetricsSettings(Settings):
     metrics_log_interval_s: float = 10.0
     metrics_history_retention_s: float = 30 * 86_400.0  # utilization samples kept this long (issue 15)
+    metrics_usage_retention_s: float = 14 * 86_400.0  # usage_samples kept this long (issue 17, the dashboard)
     metrics_port: int | None = None  # Prometheus scrape endpoint (/metrics); None: no endpoint
     metrics_host: str = "127.0.0.1"
     metrics_pool_label: str = "gpusched.io/pool"

@@ -1,21 +1,24 @@
 """All of the metrics service's SQL: read the cluster snapshot (inventory and allocations through placement's
 store functions, the queue from the jobs read model, quota through quota's), keep the scaler's state, and
-record scale decisions with their outbox rows in one transaction."""
+record scale decisions with their outbox rows in one transaction; on each sampling cycle, the latest reading of
+every GPU (``gpu_telemetry``) and what each tenant held and used (``usage_samples``), for the dashboard."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.store import enqueue
-from gpusched_common.stores import cluster, quota
+from gpusched_common.stores import cluster, dashboard, quota
 from gpusched_common.topics import CLUSTER_SCALING
 
+from gpusched_core.dashboard import ShareRow, UsageSample
 from gpusched_core.metrics.scaling import Decision, InFlight, ModelState, ScalerState
-from gpusched_core.metrics.views import ClusterSnapshot, GpuSlot, GroupView, BacklogJob, TenantQuota
+from gpusched_core.metrics.views import BacklogJob, ClusterSnapshot, GpuReading, GpuSlot, GroupView, TenantQuota
 from gpusched_core.placement.cycle import charged_model
 from gpusched_core.quota import units_to_gpus
 
@@ -56,6 +59,45 @@ async def record_utilization(conn: asyncpg.Connection, at: datetime, cluster: Gr
         await conn.execute(
             "DELETE FROM cluster_utilization WHERE sampled_at IN (SELECT sampled_at FROM cluster_utilization"
             " WHERE sampled_at < $1 ORDER BY sampled_at LIMIT 10000)", at - timedelta(seconds=keep_s))
+
+
+async def record_telemetry(conn: asyncpg.Connection, readings: Iterable[GpuReading]) -> None:
+    """The latest reading of each GPU into ``gpu_telemetry``, in one multi-row upsert; a reading older than
+    the row's (another replica's, or one delivered late) leaves the row as it is."""
+    rows = sorted(readings, key=lambda r: (r.node_id, r.index))  # one order: two replicas never deadlock
+    if not rows:
+        return
+    await conn.execute(
+        "INSERT INTO gpu_telemetry AS t (node_id, gpu_index, utilization_pct, memory_used_mib, healthy, sampled_at)"
+        " SELECT * FROM unnest($1::text[], $2::int[], $3::float8[], $4::bigint[], $5::bool[], $6::timestamptz[])"
+        " ON CONFLICT (node_id, gpu_index) DO UPDATE SET utilization_pct = EXCLUDED.utilization_pct,"
+        " memory_used_mib = EXCLUDED.memory_used_mib, healthy = EXCLUDED.healthy, sampled_at = EXCLUDED.sampled_at"
+        " WHERE t.sampled_at <= EXCLUDED.sampled_at",
+        [r.node_id for r in rows], [r.index for r in rows], [r.utilization_pct for r in rows],
+        [r.memory_used_mib for r in rows], [r.healthy for r in rows], [r.sampled_at for r in rows])
+
+
+async def load_shares(conn: asyncpg.Connection) -> list[ShareRow]:
+    """Every allocation with its milli and its job's tenant (placement's table, through its store)."""
+    return await dashboard.allocation_shares(conn)
+
+
+async def record_usage(conn: asyncpg.Connection, at: datetime, samples: Iterable[UsageSample], *,
+                       keep_s: float | None = None) -> None:
+    """The cycle's ``usage_samples`` rows (one statement); rows older than ``keep_s`` are deleted, a bounded
+    number per call, as ``record_utilization`` does."""
+    rows = list(samples)
+    if rows:
+        await conn.execute(
+            "INSERT INTO usage_samples (sampled_at, tenant, gpu_model, allocated_gpus, busy_gpus, mean_utilization_pct)"
+            " SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::text[], $4::float8[], $5::float8[], $6::float8[])"
+            " ON CONFLICT DO NOTHING",
+            [s.sampled_at for s in rows], [s.tenant for s in rows], [s.gpu_model for s in rows],
+            [s.allocated_gpus for s in rows], [s.busy_gpus for s in rows], [s.mean_utilization_pct for s in rows])
+    if keep_s is not None:
+        await conn.execute(
+            "DELETE FROM usage_samples WHERE (sampled_at, tenant, gpu_model) IN (SELECT sampled_at, tenant, gpu_model"
+            " FROM usage_samples WHERE sampled_at < $1 ORDER BY sampled_at LIMIT 50000)", at - timedelta(seconds=keep_s))
 
 
 # --- scaler state ---------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ TENANT_EXPECTED = {
     A.JOB_LIST: {**BOUND, R.VIEWER: NO, R.OPERATOR: ANYWHERE},
     A.QUEUE_READ: {**BOUND, R.VIEWER: ANYWHERE, R.OPERATOR: ANYWHERE},
     A.TENANTS_READ: {**BOUND, R.VIEWER: ANYWHERE, R.OPERATOR: ANYWHERE},
+    A.HISTORY_READ: {**BOUND, R.VIEWER: ANYWHERE, R.OPERATOR: ANYWHERE},  # a user sees its tenant's history only
 }
 
 # The cluster's own things, per role: (user, tenant-admin, viewer, operator)

@@ -52,6 +52,7 @@ class Action(StrEnum):
     JOB_RELEASE = "job.release", Target.JOB, "release held jobs"
     QUEUE_READ = "queue.read", Target.VIEW, "read the queue"
     TENANTS_READ = "tenants.read", Target.VIEW, "read tenants' quota and usage"
+    HISTORY_READ = "history.read", Target.VIEW, "read usage history"
     NODES_READ = "nodes.read", Target.CLUSTER, "read nodes"
     NODE_CORDON = "node.cordon", Target.CLUSTER, "cordon nodes"
     NODE_UNCORDON = "node.uncordon", Target.CLUSTER, "uncordon nodes"

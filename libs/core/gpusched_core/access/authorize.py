@@ -20,7 +20,7 @@ Choices (Slurm's and Kueue's users expect them): ``user`` reads every job of its
 "submit, read"), but cancels, holds, releases and reads the logs of only the jobs it submitted (Slurm:
 ``scancel``/``scontrol hold`` on one's own jobs; logs may hold data a teammate should not see);
 ``tenant-admin`` does all of it for every job of its tenant (Slurm's account coordinator); ``viewer`` reads
-the queue, tenants' usage and nodes cluster-wide but no job (its tenant, if any, is ignored); ``operator``
+the queue, tenants' usage, usage history and nodes cluster-wide but no job (its tenant, if any, is ignored); ``operator``
 does everything. A rule missing from the table denies (403); ``tests/unit/access`` requires it total.
 """
 
@@ -56,6 +56,7 @@ _TABLE: dict[Action, tuple[Scope, ...]] = {
     Action.JOB_RELEASE:      (_MINE, _TENANT, _NO, _ANY),
     Action.QUEUE_READ:       (_TENANT, _TENANT, _ANY, _ANY),
     Action.TENANTS_READ:     (_TENANT, _TENANT, _ANY, _ANY),
+    Action.HISTORY_READ:     (_TENANT, _TENANT, _ANY, _ANY),
     Action.NODES_READ:       (_NO, _NO, _ANY, _ANY),
     Action.NODE_CORDON:      (_NO, _NO, _NO, _ANY),
     Action.NODE_UNCORDON:    (_NO, _NO, _NO, _ANY),
