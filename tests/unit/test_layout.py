@@ -80,7 +80,7 @@ TABLE_OWNERS = {
     "placement": {"gpu_allocations", "gpu_nominations", "gpus", "nodes", "placement_pending", "placement_version",
                   "join_tokens", "node_keys", "placement_starts", "node_drift"},  # the keys: through gpusched_common.node_keys (operators issue tokens)
     "preemption": {"preemption_evaluations", "reclaim_victims"},
-    "metrics": {"cluster_utilization", "metrics_scaler_state", "scale_decisions"},
+    "metrics": {"cluster_utilization", "metrics_scaler_state", "scale_decisions", "gpu_telemetry", "usage_samples"},
     "gateway": {"api_tokens"},  # through gpusched_common.tokens; its own SQL reads only the shared tables
 }
 _TABLE_REFERENCE = re.compile(r"(?<!epoch )\b(?:FROM|JOIN|INTO|UPDATE)\s+([a-z_]+)")  # not extract(epoch FROM x)
