@@ -101,15 +101,17 @@ export function timeEl(iso) {
   return h('time', { datetime: iso, title: fmtTime(iso) }, fmtRelative(iso));
 }
 
-/** A job's shape in words: "2× H100-80GB", "1 GPU", "0.5 GPU share". */
+/** A job's shape in words: "2× H100-80GB", "1 GPU", "0.5 GPU share", "MIG 3g.40gb", "2 nodes × 8 GPUs". */
 export function fmtShape(job) {
   if (!job) return '—';
   if (job.shape) return String(job.shape);
   const model = job.gpu_model ? ` ${job.gpu_model}` : '';
   if (job.mig_profile) return `MIG ${job.mig_profile}${model}`;
-  if (job.gpu_share_milli) return `${fmtNum(job.gpu_share_milli / 1000, 3)}${model} GPU share`;
+  const milli = job.share_milli ?? job.gpu_share_milli;
+  if (milli) return `${fmtNum(milli / 1000, 3)}${model} GPU share`;
   if (job.gpus === null || job.gpus === undefined) return job.gpu_model || '—';
-  return `${fmtInt(job.gpus)}${model ? ' ×' + model : job.gpus === 1 ? ' GPU' : ' GPUs'}`;
+  const gpus = `${fmtInt(job.gpus)}${model ? ' ×' + model : job.gpus === 1 ? ' GPU' : ' GPUs'}`;
+  return job.nodes > 1 ? `${fmtInt(job.nodes)} nodes × ${gpus}` : gpus;
 }
 
 // --- badges and colours -----------------------------------------------------------------------------
