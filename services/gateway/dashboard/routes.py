@@ -76,7 +76,7 @@ def may(principal: Principal) -> dict[str, bool]:
     own = Resource.in_tenant(None)
     return {"nodes": authorize(principal, Action.NODES_READ, Resource.cluster()).allowed,
             "jobs": authorize(principal, Action.JOB_LIST, own).allowed,
-            "history": authorize(principal, getattr(Action, "HISTORY_READ", Action.QUEUE_READ), own).allowed,  # TODO(dash): HISTORY_READ lands with the data routes
+            "history": authorize(principal, Action.HISTORY_READ, own).allowed,
             "act": never(principal, Action.JOB_CANCEL) is None}
 
 
