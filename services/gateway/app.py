@@ -25,6 +25,7 @@ from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
 from services.gateway import control, handlers, logs, store, stream, submissions, views
+from services.gateway.dashboard import oidc_login
 from services.gateway.dashboard import routes as dashboard_routes
 from services.gateway.auth import AuthFailures, Problem, problem_response
 from services.gateway.publisher import SubmissionPublisher
@@ -102,7 +103,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(logs.router)
     app.include_router(views.router)
     app.include_router(stream.router)
-    app.include_router(dashboard_routes.router)
+    app.include_router(oidc_login.router)
+    app.include_router(dashboard_routes.router)  # last: its /ui/{path} answers every other dashboard path
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

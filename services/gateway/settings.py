@@ -25,6 +25,12 @@ class GatewaySettings(Settings):
     oidc_subject_claim: str = "sub"
     oidc_tenant_claim: str = "gpusched_tenant"
     oidc_role_claim: str = "gpusched_role"
+    # the dashboard's OIDC sign-in (authorization code + PKCE): the client registered with the issuer; a
+    # secret file for a confidential client; the callback URL where a proxy changes it
+    oidc_client_id: str | None = None
+    oidc_client_secret_file: Path | None = None
+    oidc_redirect_url: str | None = None
+    oidc_scopes: str = "openid profile email"
     # the gateway's producer key (gpusched producers create --attests, or gpusched gateway-init): without
     # one it serves reads and answers submissions with 503
     gateway_producer_key_file: Path | None = None

@@ -9,11 +9,13 @@ import base64
 import hashlib
 import hmac
 import json
+import secrets
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import jwt
 import pytest
@@ -50,7 +52,10 @@ def public_jwk(key: Any, kid: str, alg: str) -> dict[str, Any]:
 
 
 class IdentityProvider:
-    """A discovery document and a JWKS served over real HTTP; counts the JWKS fetches."""
+    """A discovery document and a JWKS served over real HTTP; counts the JWKS fetches. Also the
+    authorization-code flow with PKCE for a browser sign-in: ``/authorize`` signs in ``login_claims``'
+    user at once (no login form) and redirects back with a one-use code; ``/token`` redeems it for an ID
+    token when the PKCE verifier and redirect URI match what ``/authorize`` saw."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -60,6 +65,9 @@ class IdentityProvider:
                                               public_jwk(KEYS["ed"], "ed1", "EdDSA")]}
         self.jwks_requests = 0
         self.discovery_issuer = self.issuer
+        self.login_claims: dict[str, Any] = {"sub": "u-1"}
+        self.codes: dict[str, dict[str, str]] = {}
+        self.tamper_nonce = False
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
         self._running = False
 
@@ -68,8 +76,12 @@ class IdentityProvider:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path.startswith("/authorize?"):
+                    self._authorize()
+                    return
                 if self.path == "/.well-known/openid-configuration":
-                    body = {"issuer": idp.discovery_issuer, "jwks_uri": f"{idp.issuer}/jwks"}
+                    body = {"issuer": idp.discovery_issuer, "jwks_uri": f"{idp.issuer}/jwks",
+                            "authorization_endpoint": f"{idp.issuer}/authorize", "token_endpoint": f"{idp.issuer}/token"}
                 elif self.path == "/jwks":
                     idp.jwks_requests += 1
                     body = idp.jwks
@@ -78,6 +90,35 @@ class IdentityProvider:
                     return
                 data = json.dumps(body).encode()
                 self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _authorize(self) -> None:
+                asked = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+                code = secrets.token_urlsafe(16)
+                idp.codes[code] = asked
+                self.send_response(302)
+                self.send_header("Location", f"{asked['redirect_uri']}?{urlencode({'code': code, 'state': asked['state']})}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:  # noqa: N802
+                form = {k: v[0] for k, v in parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode()).items()}
+                asked = idp.codes.pop(form.get("code", ""), None)
+                challenge = base64.urlsafe_b64encode(hashlib.sha256(form.get("code_verifier", "").encode()).digest())
+                if self.path != "/token" or asked is None or form.get("redirect_uri") != asked["redirect_uri"] or (
+                        challenge.rstrip(b"=").decode() != asked.get("code_challenge")):
+                    status, body = 400, {"error": "invalid_grant"}
+                else:
+                    now = int(time.time())
+                    claims = {"iss": idp.issuer, "aud": asked["client_id"], "iat": now, "exp": now + 300,
+                              "nonce": "other" if idp.tamper_nonce else asked["nonce"], **idp.login_claims}
+                    status, body = 200, {"token_type": "Bearer", "id_token": jwt.encode(
+                        claims, KEYS["main"], algorithm="RS256", headers={"kid": "k1"})}
+                data = json.dumps(body).encode()
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()

@@ -104,6 +104,14 @@ async def static_file(request: Request, name: str) -> Response:
     return _files(request).answer(request, name)
 
 
+@router.get("/ui/signin/options")
+async def signin_options(request: Request) -> JSONResponse:
+    """What the sign-in page offers besides a token: the issuer's sign-in where OIDC is configured."""
+    settings = request.app.state.settings
+    return JSONResponse({"oidc": request.app.state.oidc is not None and bool(settings.oidc_client_id)},
+                        headers=HEADERS)
+
+
 @router.get("/ui/session")
 async def read_session(request: Request, principal: Caller) -> JSONResponse:
     return JSONResponse(_who(principal, request.cookies.get(session.COOKIE)), headers=HEADERS)
