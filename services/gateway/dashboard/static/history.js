@@ -31,7 +31,7 @@ export function mount(view, ctx) {
     el.append(h('h2', {}, title), h('p', { class: 'muted' }, 'Loading…'));
   }
 
-  function window() {
+  function windowParams() {
     if (range) {
       const until = new Date();
       return { since: new Date(until.getTime() - RANGES[range] * 1000).toISOString(), until: until.toISOString() };
@@ -125,7 +125,7 @@ export function mount(view, ctx) {
   }
 
   async function load() {
-    const doc = await getJSON(withQuery('/v1/history', window()), { signal });
+    const doc = await getJSON(withQuery('/v1/history', windowParams()), { signal });
     if (!signal.aborted) render(doc);
   }
 
