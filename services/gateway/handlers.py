@@ -16,8 +16,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpusched_common.stores import jobs as history
 from gpusched_common.stores.cluster import node_inventory
-from gpusched_common.stores.quota import usage_by_flavor
+from gpusched_common.stores import dashboard
+from gpusched_common.stores.quota import load_history, usage_by_flavor
 from gpusched_core.access import Action, Resource, authorize
+from gpusched_core.dashboard import plan_tenants
 from gpusched_core.lifecycle import JobStatus
 
 from services.gateway import core, store
@@ -164,18 +166,33 @@ async def queue(request: Request, principal: Caller, tenant: str | None = None) 
     sees_jobs = authorize(principal, Action.JOB_LIST, Resource.in_tenant(scoped)).allowed
     async with request.app.state.pool.acquire() as conn:
         waiting = await store.waiting_jobs(conn, scoped, datetime.now(UTC))
-    return {"tenant": scoped, "jobs": [core.queue_view(w, sees_jobs) for w in waiting]}
+        shapes = await dashboard.waiting_shapes(conn, [w["job_id"] for w in waiting]) if sees_jobs else {}
+    # what it asks for, as the queue it waits in stores it, and which of quota or capacity it waits for
+    jobs = [{**w, **shapes.get(w["job_id"], {}), "blocked_by": blocked_by(w)} for w in waiting]
+    return {"tenant": scoped, "jobs": [core.queue_view(j, sees_jobs) for j in jobs]}
+
+
+def blocked_by(entry: dict[str, Any]) -> str:
+    """``quota``: it waits in a cohort's quota queue; ``capacity``: it holds quota and waits for GPUs (the
+    queue each is in says which, from placement's or quota's table)."""
+    return "quota" if entry["queue"].startswith("quota") else "capacity"
 
 
 @router.get("/v1/tenants", openapi_extra=acts(Action.TENANTS_READ))
 async def tenants(request: Request, principal: Caller, tenant: str | None = None) -> dict[str, Any]:
     within_rate(request, principal, "read")
     scoped = allowed(principal, Action.TENANTS_READ, Resource.in_tenant(tenant))
+    now = datetime.now(UTC)
     async with request.app.state.pool.acquire() as conn:
         usage = await usage_by_flavor(conn, scoped)
-        tenancy = await request.app.state.tenancy.current(conn, datetime.now(UTC))
+        tenancy = await request.app.state.tenancy.current(conn, now)
+        pending = await dashboard.pending_rows(conn, scoped)
+        names = {u["tenant"] for u in usage} | {p.tenant for p in pending} | set(tenancy.tenants if tenancy else ())
+        decayed = await load_history(conn, tuple(sorted(names if scoped is None else names & {scoped})))
+    # each tenant's cohort, weight, fair share and decayed usage, pending work and flavors; each cohort's totals
+    view = plan_tenants(tenancy, usage, decayed, pending, now.timestamp(), scoped)
     return {"tenant": scoped, "revision": tenancy.revision if tenancy is not None else None, "usage": [
-        {**u, "borrowed_units": core.borrowed_units(u["reserved_units"], u["nominal_units"])} for u in usage]}
+        {**u, "borrowed_units": core.borrowed_units(u["reserved_units"], u["nominal_units"])} for u in usage], **view}
 
 
 @router.get("/v1/nodes", openapi_extra=acts(Action.NODES_READ))

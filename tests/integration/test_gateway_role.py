@@ -1,8 +1,10 @@
-"""The gateway's database role (migration 017) on real PostgreSQL: it reads exactly the read models the
+"""The gateway's database role (migrations 017 and 032) on real PostgreSQL: it reads exactly the read models the
 gateway serves and writes nothing but a token's last use; creating it again is a no-op; and the real app,
 connected as it, answers every /v1 route (so the grants are complete)."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
@@ -24,7 +26,8 @@ from tests.integration.test_gateway_api import ALLOWED_STATUS, bearer, expected,
 
 MIGRATION = MIGRATIONS_DIR / "017_gateway_role.sql"
 READ_ONLY = ("jobs", "events", "placement_pending", "quota_policy_pending", "quota_policy_usage",
-             "quota_policy_history", "quota_tenancy_revisions", "nodes", "gpus", "gpu_allocations")
+             "quota_policy_history", "quota_tenancy_revisions", "nodes", "gpus", "gpu_allocations",
+             "gpu_telemetry", "usage_samples", "cluster_utilization")  # the last three: migration 032 (dashboard)
 GRANTED = (*READ_ONLY, "api_tokens")
 # some of what it must never read: the outbox and inbox, admission's security state, quota's decisions
 NEVER_READ = ("outbox", "inbox", "admission_auth_failure_counts", "admission_rate_buckets", "submission_requests",
@@ -169,9 +172,21 @@ async def seed_queues(conn: asyncpg.Connection) -> None:
     await queue_for_placement(conn, "b-01", a_job("b-01").tenant("b").spec())
 
 
+async def seed_dashboard(conn: asyncpg.Connection) -> None:
+    """What the metrics service writes for the dashboard (migration 032): a reading of n1's GPU 0, a usage
+    sample of tenant a and its cycle's utilisation sample; a job placed a minute ago (the history's waits)."""
+    now = datetime.now(UTC)
+    await conn.execute("INSERT INTO gpu_telemetry VALUES ('n1', 0, 42.0, 1024, true, $1)", now)
+    await conn.execute("INSERT INTO usage_samples VALUES ($1, 'a', 'H100-80GB', 1.0, 1.0, 42.0)", now)
+    await conn.execute("INSERT INTO cluster_utilization VALUES ($1, 1, 1, 0.42)", now)
+    await conn.execute("UPDATE jobs SET submitted_at = $1::timestamptz, placed_at = $1::timestamptz + interval '5 seconds' WHERE job_id = 'a-02'",
+                       now - timedelta(minutes=1))
+
+
 async def test_the_gateway_as_its_role_answers_every_route(database_url, admin, role_url):
     await seed(admin)
     await seed_queues(admin)
+    await seed_dashboard(admin)
     names = {"operator": await issue(admin, "operator", None), "user": await issue(admin, "user", "a")}
     app = create_app(GatewaySettings(database_url=database_url, gateway_database_url=role_url))
     async with app.router.lifespan_context(app):
@@ -184,6 +199,11 @@ async def test_the_gateway_as_its_role_answers_every_route(database_url, admin, 
                     want = ALLOWED_STATUS.get(path, 200) if role is Role.OPERATOR else expected(role, action, own=True)
                     assert response.status_code == want, (path, name, response.text)
             queue = (await client.get("/v1/queue", headers=bearer(names["operator"]))).json()["jobs"]
+            cluster = (await client.get("/v1/cluster", headers=bearer(names["operator"]))).json()
+            history = (await client.get("/v1/history", headers=bearer(names["user"]))).json()
+    assert cluster["nodes"][0]["gpus"][0]["utilization_pct"] == 42.0
+    assert [s["tenant"] for s in history["series"]] == ["a"] and history["series"][0]["points"][-1][1] == 1.0
+    assert [(w["tenant"], w["count"], w["p50_s"]) for w in history["waits"]] == [("a", 1, 5.0)]
     assert {j["job_id"]: j["queue"] for j in queue if j["job_id"] in ("a-01", "b-01")} == {
         "a-01": "quota/a", "b-01": "capacity"}
     used = await admin.fetchval("SELECT count(*) FROM api_tokens WHERE last_used_at IS NOT NULL")

@@ -80,22 +80,25 @@ async def preemptions(conn: asyncpg.Connection, since: datetime, until: datetime
     return [(r["tenant"], r["occurred_at"]) for r in rows]
 
 
-_SHAPES = ("SELECT j.job_id, j.tenant, j.gpus, coalesce(p.gpu_model, q.gpu_model, j.gpu_model) AS gpu_model,"
-           " coalesce(p.nodes, q.nodes, 1) AS nodes, coalesce(p.share_milli, q.share_milli) AS share_milli,"
+# a job's shape from the queue it waits in (placement's, else quota's; None: in neither yet); ``gpus_per_node``:
+# the queues' gpus, per node (the jobs row's ``gpus`` is the whole GPUs over every node)
+_SHAPES = ("SELECT j.job_id, j.tenant, j.gpus, coalesce(p.gpus, q.gpus) AS gpus_per_node,"
+           " coalesce(p.nodes, q.nodes) AS nodes, coalesce(p.share_milli, q.share_milli) AS share_milli,"
            " p.share_memory_mib, coalesce(p.mig_profile, q.mig_profile) AS mig_profile FROM jobs j"
            " LEFT JOIN placement_pending p USING (job_id) LEFT JOIN quota_policy_pending q USING (job_id)")
+SHAPE_FIELDS = ("gpus_per_node", "nodes", "share_milli", "share_memory_mib", "mig_profile")
 
 
 async def waiting_shapes(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """The shape of each of these jobs as the queue it waits in stores it (placement's, else quota's, else
-    the jobs row's): gpus per node, gpu_model, nodes, share_milli, share_memory_mib, mig_profile."""
+    """The shape of each of these jobs as the queue it waits in stores it (placement's, else quota's; each
+    field None while it is in neither): ``SHAPE_FIELDS``."""
     rows = await conn.fetch(_SHAPES + " WHERE j.job_id = ANY($1::text[])", job_ids)
-    return {r["job_id"]: {k: r[k] for k in ("gpus", "gpu_model", "nodes", "share_milli", "share_memory_mib",
-                                            "mig_profile")} for r in rows}
+    return {r["job_id"]: {k: r[k] for k in SHAPE_FIELDS} for r in rows}
 
 
 async def pending_rows(conn: asyncpg.Connection, tenant: str | None) -> list[PendingRow]:
     """Every waiting job (Admitted or Queued) of ``tenant`` (None: all), with its shape."""
     rows = await conn.fetch(_SHAPES + " WHERE j.status IN ('Admitted', 'Queued') AND ($1::text IS NULL OR j.tenant = $1)",
                             tenant)
-    return [PendingRow(r["tenant"] or "", r["gpus"] or 0, r["nodes"], r["share_milli"], r["mig_profile"]) for r in rows]
+    return [PendingRow(r["tenant"] or "", r["gpus_per_node"] if r["nodes"] else r["gpus"] or 0, r["nodes"] or 1,
+                       r["share_milli"], r["mig_profile"]) for r in rows]
