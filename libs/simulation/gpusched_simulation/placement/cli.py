@@ -18,6 +18,7 @@ from ..report import write_json
 from ..traces.openb import default_nodes_path, default_pods_path, load_nodes, load_pods, published_dir
 from .replay import replay
 from .report import RunResult, document, summarise, table
+from .variants import make_variant, parse_variant
 
 DEFAULT_SEEDS = "42-51"
 DEFAULT_POLICIES = "bestfit,fgd,ours"
@@ -62,6 +63,10 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=Path, default=None, help="node list CSV (default: openb GPU nodes)")
     parser.add_argument("--pods", type=Path, default=None, help="pod list CSV (default: openb default trace)")
+    parser.add_argument("--variant", default=None,
+                        help="generate a trace variant of the FGD paper from --pods (default trace): e.g. "
+                        "gpuspec25, gpushare60, multigpu30, cpu200 (see gpusched_simulation.placement.variants)")
+    parser.add_argument("--variant-seed", type=int, default=0, help="seed of the variant generator (default: 0)")
     parser.add_argument("--policy", default=DEFAULT_POLICIES,
                         help=f"comma list of policies or 'all' (default: {DEFAULT_POLICIES})")  # fmt: skip
     parser.add_argument("--seeds", default=DEFAULT_SEEDS, help="e.g. 42-44 or 42,45 (default: 42-51)")
@@ -103,6 +108,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         policies = parse_policies(args.policy)
         seeds = parse_seeds(args.seeds)
+        variant = parse_variant(args.variant) if args.variant else None
     except (argparse.ArgumentTypeError, ValueError) as error:
         print(f"simulate: {error}", file=sys.stderr)
         return 2
@@ -113,6 +119,11 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"simulate: no such file: {path}", file=sys.stderr)
             return 2
     nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+    trace = pods_path.stem
+    if variant is not None:
+        pods = make_variant(pods, variant.name, args.variant_seed)
+        print(f"variant {variant.name} generated from {trace} (generator seed {args.variant_seed})")
+        trace = f"openb_pod_list_{variant.name}"  # the published figure it is compared with
     workload = workload_from_requests(pod.request for pod in pods)
     results: list[RunResult] = []
     for policy in policies:
@@ -122,7 +133,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             log = replay(nodes, pods, policy, seed, workload, progress, hashed_ties=args.hashed_ties)
             results.append(RunResult(log, time.monotonic() - started))
     infos = {info.name: info for info in policy_infos()}
-    trace, node_list = pods_path.stem, nodes_path.stem
+    node_list = nodes_path.stem
     summary, best_own = summarise(results, infos, trace, args.published_dir or published_dir())
     print(f"trace {trace} on {node_list}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})")
     print(table(results, summary))
