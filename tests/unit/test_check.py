@@ -1,0 +1,186 @@
+"""The pre-submission check's core (``gpusched_core.check``): one hypothetical job judged against a cluster,
+quota usage and running jobs by the admission, quota, placement and preemption cores. A scenario table:
+start, preempt, wait for quota (at quota, behind the tenant's queue, no tenancy), wait for capacity, and
+never (too many GPUs, an unknown model, no node large enough, over the tenant's limit)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from gpusched_core import placement as engine
+from gpusched_core import preemption as sel
+from gpusched_core.check import CheckInputs, check_submission
+from gpusched_core.gpu_models import ModelView
+from gpusched_core.placement.cycle import GpuRow, NodeRow, PendingPlacement, build_cluster
+from gpusched_core.quota import UNITS_PER_GPU, load_tenancy
+from gpusched_core.quota.jobs import QueuedJob
+from tests.builders import T0, a_job
+
+TENANCY = load_tenancy("""
+version: 1
+revision: 1
+flavors: [H100-80GB, A100-80GB]
+priority_classes: {high: 100, low: 10}
+default_priority_class: low
+tenants:
+  - name: a
+    priority_classes: [high, low]
+    quota: {H100-80GB: {nominal: 4}, A100-80GB: {nominal: 8}}
+  - name: b
+    priority_classes: [high, low]
+    quota: {H100-80GB: {nominal: 8}}
+""")
+MODELS = ModelView({"H100-80GB": 81559, "A100-80GB": 81920})
+NOW_S = T0.timestamp()
+
+
+def node(node_id: str, gpus: int, model: str = "H100-80GB") -> NodeRow:
+    return NodeRow(node_id, 64_000, 512_000, tuple(GpuRow(i, f"{node_id}-{i}", model, 81559) for i in range(gpus)),
+                   {engine.MODEL_LABEL: model})
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Nodes, who holds which GPUs (job id -> (tenant, priority, [(node, index)])), quota usage, queues."""
+
+    nodes: tuple[NodeRow, ...] = (node("n1", 8),)
+    held: dict[str, tuple[str, int, list[tuple[str, int]]]] = field(default_factory=dict)
+    usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    queued: tuple[QueuedJob, ...] = ()
+    pending: tuple[PendingPlacement, ...] = ()
+    tenancy: object = TENANCY
+
+    def holding(self, job_id: str, tenant: str, priority: int, gpus: list[tuple[str, int]]) -> Cluster:
+        return replace(self, held={**self.held, job_id: (tenant, priority, gpus)})
+
+    def inputs(self, spec) -> CheckInputs:
+        snapshot = build_cluster(list(self.nodes), {j: g for j, (_, _, g) in self.held.items()}, {})
+        running = [sel.RunningJob(j, t, p, NOW_S - 3600, (j,), units=len(g) * UNITS_PER_GPU, flavor="H100-80GB")
+                   for j, (t, p, g) in sorted(self.held.items())]
+        return CheckInputs("check-1", spec, T0, engine.make_policy("bestfit"), models=MODELS,
+                           tenancy=self.tenancy, usage=self.usage, queued=self.queued, nodes=self.nodes,
+                           snapshot=snapshot, pending=self.pending, running=running,
+                           selection=sel.SelectionConfig(default_min_runtime_s=60.0, cross_tenant="any"))
+
+
+def gpus(node_id: str, *indices: int) -> list[tuple[str, int]]:
+    return [(node_id, i) for i in indices]
+
+
+EMPTY = Cluster()
+TWO_HELD = EMPTY.holding("x", "b", 10, gpus("n1", 0, 1))
+FULL_OF_LOW = Cluster(nodes=(node("n1", 4),)).holding("low-1", "b", 10, gpus("n1", 0, 1)).holding(
+    "low-2", "b", 10, gpus("n1", 2, 3))
+FULL_OF_HIGH = EMPTY.holding("high-1", "b", 100, gpus("n1", 0, 1, 2, 3, 4, 5))
+A_AT_QUOTA = replace(EMPTY.holding("mine", "a", 10, gpus("n1", 0, 1, 2, 3)),
+                     usage={"a": {"H100-80GB": 4 * UNITS_PER_GPU}})
+A_QUEUED = Cluster(usage={"a": {"H100-80GB": 2 * UNITS_PER_GPU}},
+                   queued=(QueuedJob("a-early", "a", 2, "H100-80GB", 10, NOW_S - 60),))
+A100_SMALL = Cluster(nodes=(node("n1", 8), node("n2", 4, "A100-80GB")))
+H100 = a_job("j").tenant("a").model("H100-80GB")
+
+SCENARIOS = [
+    pytest.param(TWO_HELD, H100.gpus(4), "start", "would start now on n1 GPUs 2-5", id="start"),
+    pytest.param(FULL_OF_LOW, H100.gpus(4).priority(100), "preempt",
+                 "would start after preempting 2 jobs (low-1, low-2) of lower priority on n1 GPUs 0-3", id="preempt"),
+    pytest.param(A_AT_QUOTA, H100.gpus(1), "wait",
+                 "would wait: tenant a at quota (4/4 H100-80GB) and cohort has nothing to lend",
+                 id="wait-tenant-at-quota"),
+    pytest.param(A_QUEUED, H100.gpus(2), "wait",
+                 "would wait: tenant a at quota (4/4 H100-80GB) and cohort has nothing to lend",
+                 id="wait-behind-the-tenant-s-queue"),
+    pytest.param(replace(EMPTY, tenancy=None), H100.gpus(1), "wait",
+                 "would wait: no tenancy is in force yet: quota reserves nothing until an operator installs one",
+                 id="wait-no-tenancy"),
+    pytest.param(FULL_OF_HIGH, H100.gpus(4), "wait",
+                 "would wait: no free capacity: needs 4 GPUs of H100-80GB on one node, the most free on a node is 2",
+                 id="wait-for-capacity"),
+    pytest.param(EMPTY, H100.gpus(16), "never", "can never run here: gpus 16 exceeds the limit of 8 GPUs per node",
+                 id="never-too-many-gpus"),
+    pytest.param(EMPTY, H100.model("Z900-1GB"), "never", "can never run here: unknown GPU model 'Z900-1GB'",
+                 id="never-unknown-model"),
+    pytest.param(A100_SMALL, a_job("j").tenant("a").model("A100-80GB").gpus(8), "never",
+                 "can never run here: no node has 8 GPUs of A100-80GB (the most on a node is 4)",
+                 id="never-no-node-large-enough"),
+    pytest.param(EMPTY, H100.gpus(8), "never",
+                 "can never run here: job needs 8 H100-80GB but tenant a can never hold more than 4",
+                 id="never-over-the-tenant-s-limit"),
+    pytest.param(EMPTY, a_job("j").tenant("zed").gpus(1), "never",
+                 "can never run here: tenant zed is not in the tenancy file", id="never-unknown-tenant"),
+]
+
+
+@pytest.mark.parametrize(("cluster", "job", "verdict", "summary"), SCENARIOS)
+def test_a_check_answers_as_the_cores_would_decide(cluster, job, verdict, summary):
+    result = check_submission(cluster.inputs(job.spec()))
+    assert result.verdict == verdict, result.document()
+    assert result.summary.startswith(summary), result.summary
+    document = result.document()
+    assert set(document) == {"verdict", "summary", "reasons", "stages", "placement", "victims", "estimated_start"}
+    assert set(document["stages"]) == {"admission", "quota", "placement", "preemption"}
+    assert document["estimated_start"] is None
+    if verdict in ("wait", "never"):
+        assert document["reasons"] and document["summary"].endswith(document["reasons"][0])
+
+
+def test_a_start_says_where_and_every_stage_passed():
+    document = check_submission(TWO_HELD.inputs(H100.gpus(4).spec())).document()
+    assert document["placement"]["node_id"] == "n1" and document["placement"]["gpu_indices"] == [2, 3, 4, 5]
+    assert document["victims"] is None and document["stages"]["preemption"] is None
+    assert [document["stages"][s]["ok"] for s in ("admission", "quota", "placement")] == [True, True, True]
+    assert document["stages"]["quota"]["flavor"] == "H100-80GB" and document["stages"]["quota"]["used_gpus"] == "0"
+
+
+def test_a_preemption_names_its_victims_and_the_slot():
+    document = check_submission(FULL_OF_LOW.inputs(H100.gpus(4).priority(100).spec())).document()
+    assert [v["job_id"] for v in document["victims"]] == ["low-1", "low-2"]
+    assert document["placement"]["gpu_indices"] == [0, 1, 2, 3]
+    assert document["stages"]["preemption"]["outcome"] == "preempt"
+
+
+def test_a_job_of_equal_priority_waits_rather_than_preempts():
+    result = check_submission(FULL_OF_LOW.inputs(H100.gpus(4).priority(10).spec()))
+    assert result.verdict == "wait" and result.preemption is not None and not result.preemption.ok
+    assert any("no running job may be preempted" in r for r in result.reasons), result.reasons
+
+
+def test_admission_gives_every_reason_and_the_later_stages_are_not_reached():
+    result = check_submission(EMPTY.inputs(H100.gpus(16).priority(7777).spec()))
+    assert result.verdict == "never" and len(result.reasons) == 2, result.reasons
+    assert result.quota.ok is None and result.placement_stage.ok is None and result.preemption is None
+
+
+def test_waiting_for_quota_also_says_when_there_is_no_room():
+    cluster = replace(FULL_OF_HIGH, usage={"a": {"H100-80GB": 4 * UNITS_PER_GPU}})
+    result = check_submission(cluster.inputs(H100.gpus(4).spec()))
+    assert result.verdict == "wait" and result.quota.ok is False and result.placement_stage.ok is False
+    assert len(result.reasons) >= 2 and "no free capacity" in " ".join(result.reasons)
+
+
+def test_jobs_ahead_in_placement_s_queue_are_placed_first():
+    ahead = PendingPlacement("p-1", 6, "H100-80GB", 100, 1, T0)
+    result = check_submission(replace(TWO_HELD, pending=(ahead,)).inputs(H100.gpus(4).spec()))
+    assert result.verdict == "wait" and result.placement_stage.facts["placed_ahead"] == ["p-1"]
+    assert any("p-1" in r for r in result.reasons)
+
+
+def test_the_jobs_the_tenant_queued_ahead_get_quota_first():
+    result = check_submission(A_QUEUED.inputs(H100.gpus(2).spec()))
+    assert result.quota.facts["reserved_ahead"] == ["a-early"] and result.quota.facts["queued_ahead"] == 1
+    assert "queued ahead of it: a-early" in result.reasons[1]
+    alone = check_submission(replace(A_QUEUED, queued=()).inputs(H100.gpus(2).spec()))
+    assert alone.verdict == "start"
+
+
+def test_unfinished_dependencies_make_it_wait_and_unknown_ones_are_never():
+    inputs = EMPTY.inputs(H100.gpus(1).spec())
+    assert check_submission(replace(inputs, waiting_on=("dep-1",))).verdict == "wait"
+    never = check_submission(replace(inputs, unknown_dependencies=("ghost",)))
+    assert never.verdict == "never" and never.reasons == ("no job ghost to wait for",)
+
+
+def test_the_check_is_pure_the_same_inputs_give_the_same_answer():
+    inputs = FULL_OF_LOW.inputs(H100.gpus(4).priority(100).spec())
+    assert check_submission(inputs).document() == check_submission(inputs).document()
