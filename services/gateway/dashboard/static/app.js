@@ -121,7 +121,7 @@ export function badge(state, extra = {}) {
   return h('span', { class: 'badge', dataset: { state: state || 'unknown' }, ...extra }, state || 'unknown');
 }
 
-// 12 distinguishable hues for tenants; a tenant keeps its colour across pages and reloads.
+// Series colours for charts (not bound to a tenant).
 const PALETTE = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948',
   '#b07aa1', '#ff9da7', '#9c755f', '#86bcb6', '#8cd17d', '#d37295'];
 
@@ -131,9 +131,13 @@ function hash(s) {   // FNV-1a, 32 bit
   return x >>> 0;
 }
 
+/** A tenant's colour, the same on every page and every load: a hue and a lightness from its name's hash. */
 export function tenantColour(name) {
   if (!name) return '#8a8f98';
-  return PALETTE[hash(String(name)) % PALETTE.length];
+  const x = hash(String(name));
+  const hue = Math.round(((x % 1000) / 1000) * 360);
+  const light = [44, 56, 66][(x >>> 12) % 3];
+  return `hsl(${hue} 62% ${light}%)`;
 }
 
 /** Colour for series i of a chart (not tenant-bound). */

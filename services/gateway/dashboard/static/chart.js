@@ -4,7 +4,7 @@
 
 import { h, svg, fmtNum, fmtTime, seriesColour } from './app.js';
 
-const W = 800;
+const DEFAULT_W = 800;   // viewBox width when the caller does not say how wide the chart is drawn
 const M = { left: 56, right: 14, top: 12, bottom: 28 };
 
 /** A round number >= x (1, 2, 2.5, 5 x 10^k). */
@@ -46,12 +46,13 @@ function legend(series) {
 
 /**
  * timeChart({series: [{name, color?, points: [[ms, value|null], ...]}], mode: 'line'|'area'|'bar',
- *   stacked, stepMs, yFormat, yMax, height, label}) -> <figure class="chart">.
+ *   stacked, stepMs, since, until, yFormat, yMax, width, height, label}) -> <figure class="chart">.
  * `stepMs` (the sampling step) tells real gaps (no point for longer than 1.5 steps) from neighbours.
  * Stacked: a series without a point at a time another has counts 0 there.
  */
 export function timeChart(opts) {
   const { mode = 'line', stacked = mode !== 'line', yFormat = (v) => fmtNum(v, 1), height = 240, label = '' } = opts;
+  const W = Math.max(320, Math.round(opts.width || DEFAULT_W));   // pass the container's width: text stays 1:1
   const series = opts.series.map((s, i) => ({ ...s, color: s.color || seriesColour(i),
     map: new Map(s.points.filter((p) => p[1] !== null && p[1] !== undefined).map((p) => [p[0], Number(p[1])])) }));
   const xs = [...new Set(series.flatMap((s) => [...s.map.keys()]))].sort((a, b) => a - b);

@@ -160,11 +160,11 @@ export function mount(view, ctx) {
       }
     }
     const items = [...gpusBy.entries()].sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
-    legend.replaceChildren(...items.map(([t, gpus]) => {
+    legend.replaceChildren(...(items.length ? items.map(([t, gpus]) => {
       const sw = h('span', { class: 'swatch' });
       sw.style.backgroundColor = tenantColour(t === '—' ? null : t);
       return h('span', { class: 'legend-item', dataset: { tenant: t } }, sw, `${t} ${fmtNum(gpus, 2)} GPUs`);
-    }), items.length ? null : h('span', { class: 'muted' }, 'No allocations.'));
+    }) : [h('span', { class: 'muted' }, 'No allocations.')]));
   }
 
   function haystack(node) {

@@ -63,6 +63,7 @@ export function mount(view, ctx) {
   }
 
   function render(doc) {
+    const width = Math.max(320, (alloc.clientWidth || 800) - 34);   // draw charts at their real width
     const stepMs = (doc.step_s || 0) * 1000 || undefined;
     const since = doc.since ? ms(doc.since) : undefined, until = doc.until ? ms(doc.until) : undefined;
     windowText.textContent = `${fmtTime(doc.since)} – ${fmtTime(doc.until)}${doc.step_s ? ` · every ${fmtDuration(doc.step_s)}` : ''}${doc.tenant ? ` · tenant ${doc.tenant}` : ''}`;
@@ -72,7 +73,7 @@ export function mount(view, ctx) {
     const byTenant = group(rows, (r) => r.tenant, (v) => v, (acc, p) => (acc || 0) + (Number(p[1]) || 0));
     byTenant.forEach((s) => { s.color = tenantColour(s.name); });
     put(alloc, 'GPU allocation by tenant', timeChart({
-      series: byTenant, mode: 'area', stacked: true, stepMs, since, until,
+      series: byTenant, mode: 'area', stacked: true, stepMs, since, until, width,
       yFormat: (v) => fmtNum(v, 1), label: 'Allocated GPUs over time, stacked by tenant',
     }), h('p', { class: 'muted small' }, 'Allocated GPUs (mean per step), stacked by tenant.'));
 
@@ -89,7 +90,7 @@ export function mount(view, ctx) {
       });
     byModel.forEach((s, i) => { s.color = seriesColour(i + 3); });
     put(util, 'Utilisation by GPU model', timeChart({
-      series: byModel, mode: 'line', stacked: false, stepMs, since, until, yMax: 100,
+      series: byModel, mode: 'line', stacked: false, stepMs, since, until, width, yMax: 100,
       yFormat: (v) => fmtPct(v), label: 'Mean GPU utilisation over time per model',
     }), h('p', { class: 'muted small' }, 'Mean utilisation of allocated GPUs, weighted by allocation.'));
 
@@ -118,7 +119,7 @@ export function mount(view, ctx) {
     })).filter((s) => s.points.some((q) => q[1]));
     const total = pre.reduce((n, s) => n + s.points.reduce((m, q) => m + (Number(q[1]) || 0), 0), 0);
     put(preempt, 'Preemptions', pre.length
-      ? timeChart({ series: pre, mode: 'bar', stacked: true, stepMs, since, until, yFormat: (v) => fmtNum(v, 0),
+      ? timeChart({ series: pre, mode: 'bar', stacked: true, stepMs, since, until, width, height: 160, yFormat: (v) => fmtNum(v, 0),
         label: 'Preemptions per step by tenant' })
       : h('p', { class: 'empty' }, 'No preemptions in this window.'),
     pre.length ? h('p', { class: 'muted small' }, `${fmtInt(total)} preemptions in the window.`) : null);

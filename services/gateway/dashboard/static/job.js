@@ -40,7 +40,7 @@ export function mount(view, ctx) {
   // --- skeleton ---
   const head = h('header', { id: 'job-header', class: 'job-header' }, h('h1', {}, 'Job ', h('span', { class: 'mono' }, id)));
   const buttons = Object.fromEntries(Object.entries(ACTIONS).map(([kind, a]) => [kind,
-    h('button', { id: `action-${kind}`, type: 'button', class: kind === 'release' ? '' : 'danger', hidden: true }, a.label)]));
+    h('button', { id: `action-${kind}`, type: 'button', class: kind === 'cancel' ? 'danger' : kind === 'hold' ? 'quiet' : '', hidden: true }, a.label)]));
   const actions = h('div', { id: 'job-actions', class: 'actions', hidden: !(session.may && session.may.act) },
     Object.values(buttons), h('span', { id: 'action-result', role: 'status', 'aria-live': 'polite' }));
   const details = h('dl', { id: 'job-details', class: 'facts' });

@@ -126,14 +126,15 @@ export function mount(view, ctx) {
     touched.clear();
     const body = await getJSON(listUrl(null), { signal });
     if (gen !== generation || signal.aborted) return;
-    const first = (body.jobs || []).map(adopt);
-    const inFirst = new Set(first.map((j) => j.job_id));
-    const rest = rows.filter((j) => !inFirst.has(j.job_id)).map((j) => byId.get(j.job_id) || j);
+    const inFirst = new Set((body.jobs || []).map((j) => j.job_id));
     const later = ids.filter((id) => !inFirst.has(id) && byId.has(id)).slice(0, MAX_SINGLE_REFRESH);
     const fresh = await Promise.all(later.map((id) => getJSON(`/v1/jobs/${encodeURIComponent(id)}`, { signal })
       .catch(() => null)));
     if (gen !== generation || signal.aborted) return;
+    // merge only now, after the last await: a "Load more" that finished meanwhile keeps its rows
+    const first = (body.jobs || []).map(adopt);
     for (const job of fresh) if (job) adopt(stripDetail(job));
+    const rest = rows.filter((j) => !inFirst.has(j.job_id));
     rows = first.concat(rest.map((j) => byId.get(j.job_id) || j));
     if (pagesLoaded <= 1) next = body.next || null;   // a deeper cursor stays where "Load more" left it
     show();
