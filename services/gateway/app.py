@@ -25,6 +25,7 @@ from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
 from services.gateway import control, handlers, logs, store, stream, submissions, views
+from services.gateway import check
 from services.gateway.dashboard import oidc_login
 from services.gateway.dashboard import routes as dashboard_routes
 from services.gateway.auth import AuthFailures, Problem, problem_response
@@ -99,6 +100,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         "signin": RateLimit(settings.gateway_signin_rate_per_s, settings.gateway_signin_burst)})
     app.include_router(handlers.router)
     app.include_router(submissions.router)
+    app.include_router(check.router)
     app.include_router(control.router)
     app.include_router(logs.router)
     app.include_router(views.router)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -55,3 +56,8 @@ class GatewaySettings(Settings):
     # and at most how often a listener is told that the cluster changed
     gateway_stream_poll_s: float = Field(0.25, gt=0)
     gateway_stream_cluster_every_s: float = Field(2.0, ge=0)
+    # POST /v1/jobs:check judges as the services that decide: the same variables as placement's policy and
+    # preemption's protection and cross-tenant rule (their settings; the defaults are theirs)
+    placement_policy: str = "bestfit"
+    preemption_min_runtime_s: float = 60.0
+    preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
