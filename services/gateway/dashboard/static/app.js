@@ -54,9 +54,11 @@ const intFmt = new Intl.NumberFormat(undefined, { maximumFractionDigits: 0 });
 export const fmtInt = (n) => (n === null || n === undefined || Number.isNaN(n) ? '—' : intFmt.format(n));
 
 /** 1234.5 -> "1,234.5" with at most `digits` decimals. */
+const numFmts = new Map();   // digits -> Intl.NumberFormat (building one is slow; rows format a lot)
 export function fmtNum(n, digits = 2) {
   if (n === null || n === undefined || Number.isNaN(Number(n))) return '—';
-  return new Intl.NumberFormat(undefined, { maximumFractionDigits: digits }).format(n);
+  if (!numFmts.has(digits)) numFmts.set(digits, new Intl.NumberFormat(undefined, { maximumFractionDigits: digits }));
+  return numFmts.get(digits).format(n);
 }
 
 /** 87.4 -> "87%"; a 0..1 fraction goes through fmtFrac. */

@@ -208,7 +208,7 @@ export function barChart({ bars, yFormat = (v) => fmtNum(v, 0), height = 180, la
     const bh = (v / max) * ph;
     const x = m.left + i * slot + slot * 0.12;
     root.append(
-      svg('rect', { x, y: m.top + ph - bh, width: slot * 0.76, height: Math.max(v ? 1 : 0, bh), fill: color, class: 'bar' },
+      svg('rect', { x, y: m.top + ph - bh, width: slot * 0.76, height: Math.max(v ? 1 : 0, bh), fill: color, class: 'hist-bar' },
         svg('title', {}, b.title || `${b.label}: ${yFormat(v)}`)),
       svg('text', { x: x + slot * 0.38, y: m.top + ph - bh - 4, class: 'value', 'text-anchor': 'middle' }, yFormat(v)),
       svg('text', { x: x + slot * 0.38, y: height - 8, class: 'axis', 'text-anchor': 'middle' }, b.label));
