@@ -266,6 +266,8 @@ async def test_every_submission_route_answers_every_role_as_the_rule_table_says(
                     assert assert_problem(response, want)["status"] == want, (path, name, own, response.text)
                 elif scope is Scope.NONE:
                     assert f"role {role}" in assert_problem(response, 403)["detail"]
+                elif path.endswith(":check") and (own or scope is Scope.ANY):  # a check publishes nothing: 200
+                    assert response.status_code == 200 and response.json()["verdict"] == "wait", response.text
                 elif own or scope is Scope.ANY:
                     assert "no producer credential" in assert_problem(response, 503)["detail"], (path, name)
                 elif path.endswith(":batch"):  # judged job by job: this one refused, with why
