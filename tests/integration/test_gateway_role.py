@@ -27,12 +27,12 @@ from tests.integration.test_gateway_api import ALLOWED_STATUS, bearer, expected,
 MIGRATION = MIGRATIONS_DIR / "017_gateway_role.sql"
 READ_ONLY = ("jobs", "events", "placement_pending", "quota_policy_pending", "quota_policy_usage",
              "quota_policy_history", "quota_tenancy_revisions", "nodes", "gpus", "gpu_allocations",
-             "gpu_telemetry", "usage_samples", "cluster_utilization")  # the last three: migration 032 (dashboard)
+             "gpu_telemetry", "usage_samples", "cluster_utilization",  # these three: migration 032 (dashboard)
+             "gpu_nominations", "quota_policy_reservations")  # these two: migration 033 (POST /v1/jobs:check)
 GRANTED = (*READ_ONLY, "api_tokens")
 # some of what it must never read: the outbox and inbox, admission's security state, quota's decisions
 NEVER_READ = ("outbox", "inbox", "admission_auth_failure_counts", "admission_rate_buckets", "submission_requests",
-              "quota_policy_reservations", "quota_reclaims", "quota_tenancy_rejections", "gpu_nominations",
-              "schema_migrations")
+              "quota_reclaims", "quota_tenancy_rejections", "schema_migrations")
 TENANCY = """
 version: 1
 revision: 1
