@@ -107,6 +107,9 @@ SCENARIOS = [
     pytest.param(EMPTY, H100.gpus(8), "never",
                  "can never run here: job needs 8 H100-80GB but tenant a can never hold more than 4",
                  id="never-over-the-tenant-s-limit"),
+    pytest.param(EMPTY, H100.selector({"zone": "x"}), "never",
+                 "can never run here: no node could ever host it: 1 node: node selector zone=x does not match",
+                 id="never-no-node-matches-its-selector"),
     pytest.param(EMPTY, a_job("j").tenant("zed").gpus(1), "never",
                  "can never run here: tenant zed is not in the tenancy file", id="never-unknown-tenant"),
 ]

@@ -229,12 +229,14 @@ def _placement(inputs: CheckInputs, spec: ev.JobSpec) -> tuple[Stage, Placement 
     if placed is not None:
         return Stage(True, (f"fits now on {_nodes_text(_where(placed))}",), facts), placed, after
     request = request_for(mine)
-    empty = engine.place(build_cluster(nodes, {}, {}), request, inputs.policy)
+    idle = build_cluster(nodes, {}, {})
+    empty = engine.place(idle, request, inputs.policy)
     if not empty.placed:
-        return Stage(False, (_never_text(build_cluster(nodes, {}, {}), request, spec), *empty.reasons[1:]),
-                     facts, never=True), None, after
+        head = _never_text(idle, request, spec, empty)
+        return Stage(False, (head, *(r for r in empty.reasons[1:] if r not in head)), facts, never=True), None, after
     deferral = next(d for d in deferrals if d.job_id == inputs.job_id)
-    reasons = [_no_room_text(inputs.snapshot, request, spec), *deferral.reasons[1:]]
+    head = _no_room_text(inputs.snapshot, request, spec, deferral.reasons)
+    reasons = [head, *(r for r in deferral.reasons if r not in head)]
     if first:
         reasons.append(f"{len(first)} job{'s' if len(first) > 1 else ''} waiting ahead of it in placement's queue "
                        f"would be placed first: {', '.join(first)}")
@@ -331,22 +333,27 @@ def _shape_text(spec: ev.JobSpec) -> tuple[int, str]:
 
 
 def _never_text(empty: engine.ClusterSnapshot, request: engine.PodRequest | engine.GangRequest,
-                spec: ev.JobSpec) -> str:
+                spec: ev.JobSpec, decision: engine.Decision) -> str:
+    """Why not even an empty cluster hosts it: too few GPUs on any node, else the checks nodes fail."""
     whole = _whole(request)
-    if whole is None:
-        return f"no node could ever host it ({engine.describe(request.member(0) if isinstance(request, engine.GangRequest) else request)})"
     count, shape = _shape_text(spec)
-    if spec.nodes > 1:
-        return f"fewer than {spec.nodes} nodes have {count} {shape} each"
-    return f"no node has {count} {shape} (the most on a node is {_most_free(empty, whole)})"
+    if whole is not None and (most := _most_free(empty, whole)) < count:
+        if spec.nodes > 1:
+            return f"fewer than {spec.nodes} nodes have {count} {shape} each (the most on a node is {most})"
+        return f"no node has {count} {shape} (the most on a node is {most})"
+    return f"no node could ever host it: {_classes_text(decision)}"
 
 
 def _no_room_text(snapshot: engine.ClusterSnapshot, request: engine.PodRequest | engine.GangRequest,
-                  spec: ev.JobSpec) -> str:
+                  spec: ev.JobSpec, reasons: Sequence[str]) -> str:
+    """Why no node has room now: too few free GPUs on any node, else the checks nodes fail now."""
     whole = _whole(request)
-    if whole is None:
-        member = request.member(0) if isinstance(request, engine.GangRequest) else request
-        return f"no free capacity: no node has room for {engine.describe(member)} now"
     count, shape = _shape_text(spec)
-    where = f"on each of {spec.nodes} nodes" if spec.nodes > 1 else "on one node"
-    return f"no free capacity: needs {count} {shape} {where}, the most free on a node is {_most_free(snapshot, whole)}"
+    if whole is not None and (most := _most_free(snapshot, whole)) < count:
+        where = f"on each of {spec.nodes} nodes" if spec.nodes > 1 else "on one node"
+        return f"no free capacity: needs {count} {shape} {where}, the most free on a node is {most}"
+    return f"no free capacity: {'; '.join(reasons) or 'no node has room for it now'}"
+
+
+def _classes_text(decision: engine.Decision) -> str:
+    return "; ".join(str(r) for r in decision.unplaced_by_class) or "; ".join(decision.reasons)
