@@ -77,6 +77,17 @@ class Client:
         return self._call("POST", "/v1/jobs", json=body, headers=_idempotency(idempotency_key),
                           params=_submit_params(hold, array))
 
+    def check(self, spec: dict[str, Any] | BaseModel | str) -> dict[str, Any]:
+        """Would this job start now, after preempting lower-priority work, wait, or never run here? Judged
+        against the live cluster (``POST /v1/jobs:check``); nothing is submitted. ``spec``: a JobSpec (a
+        dict or a ``JobSpec``) or one workload's YAML text. The answer: ``verdict`` (``start``, ``preempt``,
+        ``wait``, ``never``), ``summary``, ``reasons``, ``stages``, ``placement``, ``victims``."""
+        if isinstance(spec, str):
+            return self._call("POST", "/v1/jobs:check", content=spec.encode(),
+                              headers={"Content-Type": "application/yaml"})
+        body = spec.model_dump(mode="json", exclude_none=True) if isinstance(spec, BaseModel) else spec
+        return self._call("POST", "/v1/jobs:check", json=body)
+
     def submit_pod(self, pod_yaml: str, *, idempotency_key: str | None = None, hold: bool = False,
                    array: str | None = None) -> dict[str, Any]:
         """Submit one workload as YAML text (a pod spec, a Pod, a Job, a PyTorchJob, a JobSet); the gateway
