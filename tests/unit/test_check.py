@@ -5,6 +5,7 @@ never (too many GPUs, an unknown model, no node large enough, over the tenant's 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -187,3 +188,57 @@ def test_unfinished_dependencies_make_it_wait_and_unknown_ones_are_never():
 def test_the_check_is_pure_the_same_inputs_give_the_same_answer():
     inputs = FULL_OF_LOW.inputs(H100.gpus(4).priority(100).spec())
     assert check_submission(inputs).document() == check_submission(inputs).document()
+
+
+# --- gpusched submit --check ------------------------------------------------------------------------------
+
+
+class CheckingGateway:
+    """A gateway that answers every check with the core's verdict on ``CLUSTER`` (and records each body)."""
+
+    checked: list[dict] = []
+
+    @classmethod
+    def from_config(cls) -> CheckingGateway:
+        return cls()
+
+    def __enter__(self) -> CheckingGateway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def check(self, body: dict) -> dict:
+        self.checked.append(body)
+        spec = a_job("j").tenant("a").spec().model_validate({"tenant": "a", **body})
+        return check_submission(FULL_OF_LOW.inputs(spec)).document()
+
+
+@pytest.mark.parametrize(("flags", "code", "first_line"), [
+    pytest.param(["--gpus", "2"], 3, "would wait: no free capacity: needs 2 GPUs", id="wait-is-3"),
+    pytest.param(["--gpus", "4", "--priority", "100"], 0, "would start after preempting 2 jobs", id="preempt-is-0"),
+    pytest.param(["--gpus", "9"], 2, "can never run here: gpus 9 exceeds", id="never-is-2"),
+])
+def test_submit_check_prints_the_summary_and_each_stage_and_exits_by_verdict(monkeypatch, capsys, flags, code,
+                                                                            first_line):
+    from gpusched_cli import job_commands
+    from gpusched_cli.main import main
+
+    CheckingGateway.checked = []
+    monkeypatch.setattr(job_commands, "Client", CheckingGateway)
+    assert main(["submit", "--check", "--gpu-model", "H100-80GB", *flags, "--", "true"]) == code
+    out = capsys.readouterr().out
+    assert out.startswith(first_line), out
+    assert "stage" in out and "admission" in out and "quota" in out
+    assert CheckingGateway.checked == [{"gpus": int(flags[1]), "nodes": 1, "command": ["true"],
+                                        "gpu_model": "H100-80GB", **({"priority": 100} if "--priority" in flags else {})}]
+
+
+def test_submit_check_json_is_the_gateway_s_answer(monkeypatch, capsys):
+    from gpusched_cli import job_commands
+    from gpusched_cli.main import main
+
+    monkeypatch.setattr(job_commands, "Client", CheckingGateway)
+    assert main(["submit", "--check", "--json", "--gpus", "4", "--priority", "100", "--", "true"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["verdict"] == "preempt" and [v["job_id"] for v in answer["victims"]] == ["low-1", "low-2"]

@@ -17,6 +17,7 @@ from gpusched_core.dependencies import parse_after
 from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
 from gpusched_core.workloads import WorkloadError
 
+from gpusched_cli import check
 from gpusched_cli.job_files import (add_convert_parser, file_workloads, flag_workload, node_selector, problems, show,
                                     submission, warn)
 
@@ -46,6 +47,7 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--request-id", help="idempotency key: repeating a request creates no second job")
     p.add_argument("-f", "--file", help="a workload file (YAML, one job per document); `-` reads stdin")
     p.add_argument("--dry-run", action="store_true", help="show the JobSpec of each job it would submit; send nothing")
+    p.add_argument("--check", action="store_true", help=check.HELP)
     p.add_argument("--time-limit", metavar="DURATION", help="stop the job after this long, e.g. 90m, 2h, 3600")
     p.add_argument("--hold", action="store_true", help="submit held: it waits for `gpusched release`")
     p.add_argument("--array", metavar="INDICES", help="a job array: 0-99, 1,3,5-7 or 0-20:5; %%8 runs at most 8 "
@@ -171,6 +173,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(show(shown, "json" if args.json else "table"))
         return 0
     warn("submit", shown)
+    if args.check:
+        return through_gateway("submit --check", lambda client: check.check_jobs(client, [b for b, _ in jobs], args.json))
     if args.wait and len(jobs) > 1:
         print(f"gpusched submit: --wait follows one job; {args.file} defines {len(jobs)}", file=sys.stderr)
         return 2
