@@ -1,0 +1,20 @@
+"""Start-time estimates of waiting jobs (``gpusched queue --start``, GET /v1/queue/estimates), pure: plain
+values in (the nodes, running jobs, waiting jobs in queue order, finished runs, the tenancy, ``now``),
+one ``Estimate`` per waiting job out. See ``forward`` for the simulation and ``runtimes`` for run-times."""
+
+from .forward import plan_estimates
+from .model import (
+    EstimateConfig,
+    Estimate,
+    FinishedRun,
+    Hold,
+    NodeGpus,
+    RunningJob,
+    RuntimeEstimate,
+    Shape,
+    WaitingJob,
+)
+from .runtimes import RuntimeModel
+
+__all__ = ["Estimate", "EstimateConfig", "FinishedRun", "Hold", "NodeGpus", "RunningJob", "RuntimeEstimate",
+           "RuntimeModel", "Shape", "WaitingJob", "plan_estimates"]
