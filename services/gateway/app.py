@@ -24,7 +24,7 @@ from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
-from services.gateway import control, handlers, logs, store, stream, submissions, views
+from services.gateway import control, estimates, handlers, logs, store, stream, submissions, views
 from services.gateway import check
 from services.gateway.dashboard import oidc_login
 from services.gateway.dashboard import routes as dashboard_routes
@@ -104,6 +104,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(control.router)
     app.include_router(logs.router)
     app.include_router(views.router)
+    app.include_router(estimates.router)
     app.include_router(stream.router)
     app.include_router(oidc_login.router)
     app.include_router(dashboard_routes.router)  # last: its /ui/{path} answers every other dashboard path

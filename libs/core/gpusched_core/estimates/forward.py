@@ -117,8 +117,8 @@ def plan_estimates(nodes: Iterable[NodeGpus], running: Iterable[RunningJob], wai
             for_gpus.remove(entry)
             seq += 1
             heapq.heappush(ends, (t + entry.runtime.seconds, seq, entry.job.job_id, holds, entry.charge))
-            why = "fits now: the next cycles should start it" if trigger is None else f"after job {trigger} ends"
-            out[entry.job.job_id] = _estimate(entry.job, t, now_s, entry.runtime, why)
+            why = "fits now: the next cycles should start it" if trigger is None else "once a running job ends"
+            out[entry.job.job_id] = _estimate(entry.job, t, now_s, entry.runtime, why, trigger)
         if not (for_quota or for_gpus) or not ends or ends[0][0] - now_s > config.horizon_s:
             break
         t = ends[0][0]
@@ -181,6 +181,6 @@ def _reserve(entry: _Queued, quota: _Quota) -> bool:
 
 
 def _estimate(job: WaitingJob, start_s: float | None, now_s: float, runtime: RuntimeEstimate,
-              reason: str) -> Estimate:
+              reason: str, after_job: str | None = None) -> Estimate:
     return Estimate(job.job_id, job.position, start_s, None if start_s is None else start_s - now_s,
-                    runtime.seconds, runtime.source, reason)
+                    runtime.seconds, runtime.source, reason, after_job)

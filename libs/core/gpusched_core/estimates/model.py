@@ -128,7 +128,8 @@ class RuntimeEstimate:
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """Of one waiting job: when it should start (None: unknown or never, see ``reason``), how long after
-    ``now`` that is, and the run-time estimate it was given."""
+    ``now`` that is, and the run-time estimate it was given. ``reason`` names no other job (a reader may
+    see a job's estimate but not every job it waits behind)."""
 
     job_id: str
     position: int | None
@@ -137,3 +138,4 @@ class Estimate:
     runtime_s: float
     runtime_source: str
     reason: str
+    after_job: str | None = None  # the run whose end lets it start (another tenant's, perhaps)
