@@ -72,8 +72,9 @@ async def _inputs(request: Request, conn: asyncpg.Connection, spec: ev.JobSpec, 
     pending, _ = await pending_jobs(conn)
     after = sorted({d.job_id for d in spec.after})
     tenants, states = await store.job_tenants(conn, after), await store.job_states(conn, after)
+    job_id = "check-" + new_job_id().removeprefix("j-")  # a name of its own in the reasons, no real job's
     return CheckInputs(
-        "check-" + new_job_id().removeprefix("j-"), spec, now, _policy(request), limits=LIMITS, models=models, tenancy=tenancy, usage=usage,
+        job_id, spec, now, _policy(request), limits=LIMITS, models=models, tenancy=tenancy, usage=usage,
         history=history, queued=queued, nodes=nodes, snapshot=snapshot, pending=pending,
         running=await load_running(conn),
         selection=sel.SelectionConfig(default_min_runtime_s=settings.preemption_min_runtime_s,

@@ -170,14 +170,16 @@ async def test_a_workload_file_is_checked_like_a_submission(gateway):
     client, names, _, _ = gateway
     answer = await check(client, names["user-a"], POD)
     assert answer["verdict"] == "never", answer
-    assert answer["summary"] == "can never run here: no node could ever host it: 1 node: no container runtime (the job has an image)"
+    assert answer["summary"] == ("can never run here: no node could ever host it: 1 node: no container runtime "
+                                 "(the job has an image)")
     assert answer["stages"]["quota"]["ok"] and answer["stages"]["quota"]["gpus"] == "2"
 
 
 async def test_a_body_that_is_no_job_is_the_problem_a_submission_gets(gateway):
     client, names, _, _ = gateway
     headers = bearer(names["user-a"])
-    bad_json = await client.post("/v1/jobs:check", content=b"{", headers={**headers, "Content-Type": "application/json"})
+    json_type = {**headers, "Content-Type": "application/json"}
+    bad_json = await client.post("/v1/jobs:check", content=b"{", headers=json_type)
     text = await client.post("/v1/jobs:check", content=b"x", headers={**headers, "Content-Type": "text/plain"})
     invalid = await client.post("/v1/jobs:check", json={"gpus": "many", "cmd": ["true"]}, headers=headers)
     for response, status, reasons in ((bad_json, 400, 1), (text, 415, 1), (invalid, 422, 2)):

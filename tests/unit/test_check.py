@@ -230,8 +230,9 @@ def test_submit_check_prints_the_summary_and_each_stage_and_exits_by_verdict(mon
     out = capsys.readouterr().out
     assert out.startswith(first_line), out
     assert "stage" in out and "admission" in out and "quota" in out
+    priority = {"priority": 100} if "--priority" in flags else {}
     assert CheckingGateway.checked == [{"gpus": int(flags[1]), "nodes": 1, "command": ["true"],
-                                        "gpu_model": "H100-80GB", **({"priority": 100} if "--priority" in flags else {})}]
+                                        "gpu_model": "H100-80GB", **priority}]
 
 
 def test_submit_check_json_is_the_gateway_s_answer(monkeypatch, capsys):

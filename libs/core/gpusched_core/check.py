@@ -265,7 +265,8 @@ def _result(verdict: Verdict, reasons: tuple[str, ...], admission: Stage, quota:
         ids = ", ".join(v["job_id"] for v in victims or ())
         count = len(victims or ())
         where = f" on {_nodes_text(placement)}" if placement else ""
-        summary = f"would start after preempting {count} job{'s' if count != 1 else ''} ({ids}) of lower priority{where}"
+        jobs = f"{count} job{'s' if count != 1 else ''}"
+        summary = f"would start after preempting {jobs} ({ids}) of lower priority{where}"
     elif verdict == "wait":
         summary = f"would wait: {reasons[0]}" if reasons else "would wait"
     else:
