@@ -421,6 +421,7 @@ async function signOut() {
 
 async function start() {
   window.addEventListener('unhandledrejection', (e) => { e.preventDefault(); reportError(e.reason); });
+  window.addEventListener('error', (e) => reportError(e.error || e.message));   // a bug shows, never silently
   document.getElementById('banner-close').addEventListener('click', hideBanner);
   document.getElementById('signout').addEventListener('click', guard(signOut));
   wireDialog();
