@@ -193,6 +193,10 @@ class Client:
     def queue(self, tenant: str | None = None) -> dict[str, Any]:
         return self._call("GET", "/v1/queue", params={"tenant": tenant} if tenant else None)
 
+    def queue_estimates(self, tenant: str | None = None) -> dict[str, Any]:
+        """When each waiting job should start: ``{"tenant", "as_of", "jobs": [...]}``."""
+        return self._call("GET", "/v1/queue/estimates", params={"tenant": tenant} if tenant else None)
+
     def tenants(self, tenant: str | None = None) -> dict[str, Any]:
         return self._call("GET", "/v1/tenants", params={"tenant": tenant} if tenant else None)
 

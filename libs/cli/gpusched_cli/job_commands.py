@@ -17,7 +17,7 @@ from gpusched_core.dependencies import parse_after
 from gpusched_core.podspec import PodSpecError, cpu_milli, memory_mib
 from gpusched_core.workloads import WorkloadError
 
-from gpusched_cli import check
+from gpusched_cli import check, estimates
 from gpusched_cli.job_files import (add_convert_parser, file_workloads, flag_workload, node_selector, problems, show,
                                     submission, warn)
 
@@ -87,6 +87,7 @@ def add_job_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("queue", help="waiting jobs in order, with their position and why they wait")
     p.add_argument("--tenant")
+    p.add_argument("--start", action="store_true", help="add each job's estimated start (like squeue --start)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_queue)
 
@@ -227,11 +228,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_queue(args: argparse.Namespace) -> int:
     def work(client: Client) -> int:
         jobs = client.queue(args.tenant)["jobs"]
+        starts = estimates.estimates_by_job(client, args.tenant) if args.start else {}
+        jobs = [{**j, "estimate": starts.get(j["job_id"])} for j in jobs] if args.start else jobs
         rows = [(j["queue"], j["position"] or "-", j["job_id"], j.get("tenant", "-"), j.get("priority", "-"),
                  j.get("gpus", "-"), j.get("gpu_model"),
+                 *([estimates.relative(j["estimate"])] if args.start else []),
                  (f"behind {j['ahead_higher_priority']} of higher priority; " if j.get("ahead_higher_priority") else "")
                  + j.get("reason", "")) for j in jobs]
-        output(jobs, args.json, render(["QUEUE", "#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL", "WHY"], rows))
+        output(jobs, args.json, render(["QUEUE", "#", "JOB", "TENANT", "PRIO", "GPUS", "MODEL",
+                                        *(["EST. START"] if args.start else []), "WHY"], rows))
         return 0
 
     return through_gateway("queue", work)
@@ -252,6 +257,9 @@ def cmd_job(args: argparse.Namespace) -> int:
         fields = [(k, job[k]) for k in job if k not in ("events", "waiting")]
         if waiting:
             fields.append(("waiting", f"#{waiting['position'] or '-'} in {waiting['queue']}: {waiting['reason']}"))
+            if (estimate := estimates.job_estimate(client, job)) is not None:
+                job["estimate"] = estimate
+                fields.append(("est. start", estimates.describe(estimate)))
         history = render(["#", "EVENT", "BY", "AT", "DETAIL"], [(e["version"], e["type"], e["producer"],
                                                                  e["occurred_at"], _detail(e)) for e in job["events"]])
         output(job, args.json, f"{render(['FIELD', 'VALUE'], fields)}\n\n{history}")
