@@ -356,6 +356,7 @@ function onClick(e) {
 // --- live updates -----------------------------------------------------------------------------------
 
 let source = null;
+let lost = false;   // the stream broke: events may have been missed, so the view refetches on reopening
 
 function setLive(status, text) {
   const el = document.getElementById('live');
@@ -379,11 +380,16 @@ function dispatch(kind, raw) {
 function connect() {
   setLive('connecting', 'connecting');
   source = new EventSource('/v1/stream', { withCredentials: true });
-  source.addEventListener('open', () => setLive('open', 'live'));
+  source.addEventListener('open', () => {
+    setLive('open', 'live');
+    if (lost) dispatch('reset', null);
+    lost = false;
+  });
   source.addEventListener('job', (e) => dispatch('job', e.data));
   source.addEventListener('cluster', (e) => dispatch('cluster', e.data));
   source.addEventListener('reset', (e) => dispatch('reset', e.data));
   source.addEventListener('error', () => {
+    lost = true;
     if (source.readyState === EventSource.CONNECTING) {
       setLive('connecting', 'reconnecting');
       return;
@@ -392,11 +398,20 @@ function connect() {
     // goes to sign-in), then open a new stream after a pause; one at a time.
     setLive('closed', 'offline');
     source.close();
-    setTimeout(guard(async () => {
+    retryLater();
+  });
+}
+
+/** Reopen the stream once the session answers again (a 401 has left for sign-in; else retry). */
+function retryLater() {
+  setTimeout(async () => {
+    try {
       await getJSON('/ui/session');
       connect();
-    }), 10000);
-  });
+    } catch (err) {
+      if (!err || err.status !== 401) retryLater();   // the live indicator already says offline
+    }
+  }, 10000);
 }
 
 // --- start ------------------------------------------------------------------------------------------
