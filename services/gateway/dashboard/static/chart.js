@@ -36,6 +36,16 @@ const shortTime = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: 
 const dayTime = new Intl.DateTimeFormat(undefined, { month: 'short', day: 'numeric' });
 const dayHour = new Intl.DateTimeFormat(undefined, { month: 'short', day: 'numeric', hour: '2-digit' });
 
+/** An empty chart: its frame and a plain message, so an empty window never looks like a broken chart. */
+function emptyChart(fig, width, height) {
+  fig.classList.add('chart-empty');
+  const root = svg('svg', { viewBox: `0 0 ${width} ${height}`, class: 'chart-svg', role: 'img', 'aria-label': 'No samples in this window' },
+    svg('line', { x1: 8, x2: width - 8, y1: height - 24, y2: height - 24, class: 'axis-line' }),
+    svg('text', { x: width / 2, y: height / 2, class: 'empty-text', 'text-anchor': 'middle' }, 'No samples in this window.'));
+  fig.append(root);
+  return fig;
+}
+
 function legend(series) {
   return h('div', { class: 'legend chart-legend' }, series.map((s, i) => {
     const sw = h('span', { class: 'swatch' });
@@ -57,10 +67,7 @@ export function timeChart(opts) {
     map: new Map(s.points.filter((p) => p[1] !== null && p[1] !== undefined).map((p) => [p[0], Number(p[1])])) }));
   const xs = [...new Set(series.flatMap((s) => [...s.map.keys()]))].sort((a, b) => a - b);
   const fig = h('figure', { class: 'chart', 'aria-label': label });
-  if (!xs.length) {
-    fig.append(h('p', { class: 'empty' }, 'No samples in this window.'));
-    return fig;
-  }
+  if (!xs.length) return emptyChart(fig, W, Math.min(height, 140));
   const diffs = xs.slice(1).map((x, i) => x - xs[i]).sort((a, b) => a - b);
   const step = opts.stepMs || diffs[Math.floor(diffs.length / 2)] || 60000;
   const t0 = Math.min(xs[0], opts.since ?? Infinity), t1 = Math.max(xs[xs.length - 1], opts.until ?? -Infinity, xs[0] + step);
@@ -194,11 +201,9 @@ export function timeChart(opts) {
  */
 export function barChart({ bars, yFormat = (v) => fmtNum(v, 0), height = 180, label = '', color = seriesColour(0) }) {
   const fig = h('figure', { class: 'chart chart-bars', 'aria-label': label });
-  if (!bars.length || bars.every((b) => !b.value)) {
-    fig.append(h('p', { class: 'empty' }, 'No samples in this window.'));
-    return fig;
-  }
-  const width = 420, m = { left: 8, right: 8, top: 18, bottom: 24 };
+  const width = 420;
+  if (!bars.length || bars.every((b) => !b.value)) return emptyChart(fig, width, Math.min(height, 120));
+  const m = { left: 8, right: 8, top: 18, bottom: 24 };
   const pw = width - m.left - m.right, ph = height - m.top - m.bottom;
   const max = Math.max(...bars.map((b) => b.value || 0)) || 1;
   const slot = pw / bars.length;

@@ -111,7 +111,7 @@ export function mount(view, ctx) {
           })),
           color: tenantColour(w.tenant), label: `Wait-time histogram for ${w.tenant}`,
         }))))
-      : h('p', { class: 'empty' }, 'No job was placed in this window.'));
+      : [h('p', { class: 'empty' }, 'No job was placed in this window.')]);
 
     // preemptions: per tenant, counts per step as stacked bars
     const pre = (doc.preemptions || []).map((p) => ({

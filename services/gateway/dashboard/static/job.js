@@ -48,11 +48,12 @@ export function mount(view, ctx) {
   const logStatus = h('span', { id: 'log-status', class: 'muted' }, '');
   const log = h('pre', { id: 'log', class: 'log', tabindex: '0', 'aria-label': 'Job log' });
 
-  view.append(h('section', { class: 'page page-job' }, head, actions,
+  const body = h('div', { class: 'page job-body' }, actions,
     h('div', { class: 'job-columns' },
       h('section', { class: 'card' }, h('h2', {}, 'Details'), details),
       h('section', { class: 'card' }, h('h2', {}, 'Timeline'), timeline)),
-    h('section', { class: 'card' }, h('div', { class: 'card-head' }, h('h2', {}, 'Log'), logStatus), log)));
+    h('section', { class: 'card' }, h('div', { class: 'card-head' }, h('h2', {}, 'Log'), logStatus), log));
+  view.append(h('section', { class: 'page page-job' }, head, body));
 
   // --- header and details ---
   function lastPlacement() {
@@ -277,8 +278,8 @@ export function mount(view, ctx) {
     } catch (err) {
       if (err instanceof ApiError && err.status === 404 && !job) {
         head.replaceChildren(h('h1', {}, 'Job ', h('span', { class: 'mono' }, id)),
-          h('p', { id: 'job-missing', class: 'callout' }, err.detail || 'No such job.'));
-        actions.hidden = true;
+          h('p', { id: 'job-missing', class: 'callout' }, `Not found: ${err.detail || 'no such job'}`));
+        body.hidden = true;   // nothing else to show
         return;
       }
       throw err;
