@@ -19,6 +19,7 @@ from gpusched_cli.producers import add_producers_parser
 from gpusched_cli.provision import add_provision_parsers
 from gpusched_cli.tenants import add_tenants_parser
 from gpusched_cli.tokens import add_tokens_parser
+from gpusched_cli.whatif import add_whatif_parser
 from gpusched_simulation.placement.cli import add_simulate_parser, run_simulate
 from gpusched_simulation.preemption.cli import add_simulate_preemption_parser
 from gpusched_simulation.queue.cli import add_simulate_queue_parser
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_deadletter_parsers(sub)
     add_chaos_parser(sub)
     add_provision_parsers(sub)
+    add_whatif_parser(sub)
     add_simulate_queue_parser(sub)
     add_simulate_preemption_parser(sub)
     add_simulate_parser(sub)
