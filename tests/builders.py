@@ -59,6 +59,9 @@ class JobBuilder:
     def priority_class(self, name: str) -> JobBuilder:
         return replace(self, _extra={**self._extra, "priority_class": name})
 
+    def name(self, name: str) -> JobBuilder:
+        return replace(self, _extra={**self._extra, "name": name})
+
     def spec(self) -> ev.JobSpec:
         return ev.JobSpec(tenant=self._tenant, gpus=self._gpus, gpu_model=self._model, priority=self._priority,
                           command=list(self._command), **self._extra)

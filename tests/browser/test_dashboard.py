@@ -13,6 +13,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -55,12 +56,22 @@ def sign_in(driver, gateway: str, token: str, then: str = "/ui/") -> None:
 
 
 def rows(driver) -> dict[str, str]:
-    return {r.get_attribute("data-job"): r.get_attribute("data-state")
-            for r in driver.find_elements(By.CSS_SELECTOR, "[data-job]")}
+    """The job rows drawn now, id -> state (read in one script: the virtualised list redraws rows)."""
+    return driver.execute_script(
+        "const out = {}; for (const r of document.querySelectorAll('[data-job]'))"
+        " out[r.dataset.job] = r.dataset.state; return out;")
 
 
 def until(driver, check, what: str, timeout_s: float = WAIT_S):
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(lambda d: check(d), message=what)
+    """Wait for ``check``; a timeout says what was awaited, where the browser was and what it showed."""
+    try:
+        return WebDriverWait(driver, timeout_s, poll_frequency=0.2,
+                             ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+                             ).until(lambda d: check(d))
+    except TimeoutException:
+        shown = driver.execute_script("return (document.getElementById('view') || document.body).innerText")
+        raise AssertionError(f"{what}: not so after {timeout_s}s at {driver.current_url}; the page shows:\n"
+                             f"{(shown or '')[:1500]}\nbrowser log: {driver.get_log('browser')[-10:]}") from None
 
 
 async def test_a_tenant_s_user_signs_in_and_sees_only_its_tenant_s_jobs(local_stack, stack_settings, page):
