@@ -6,12 +6,13 @@ import { getJSON, postJSON, request, ApiError } from './api.js';
 import { h, fmtInt, fmtNum, fmtDuration, fmtShape, fmtTime, timeEl, badge, throttle, guard, reportError, confirmDialog } from './app.js';
 
 const TERMINAL = new Set(['Succeeded', 'Failed', 'Cancelled', 'Rejected']);
-const WAITING = new Set(['Admitted', 'Queued', 'Preempted']);     // may be held
+const WAITING = new Set(['Admitted', 'Queued']);     // may be held (the gateway's HOLDABLE)
 const RUNNING = new Set(['Running', 'Preempting']);              // the log grows
 const EXIT_TYPES = new Set(['JobSucceeded', 'JobFailed', 'JobCancelled', 'JobRejected']);
 const REASON_KEYS = ['reason', 'reasons', 'message', 'explanation'];
 const LOG_LINES = 2000;
 const LOG_EVERY_MS = 2000;
+const CATCH_UP_CHUNKS = 64;   // chunks read back to back before the next 2 s pause (the gateway's are 256 KiB)
 
 // payload fields worth a line in the timeline (besides the reasons); value formatting per key
 const FACTS = {
@@ -173,24 +174,28 @@ export function mount(view, ctx) {
     const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 24;
     const parts = (partial + text).split('\n');
     partial = parts.pop();
-    lines.push(...parts);
+    lines.push(...(parts.length > LOG_LINES ? parts.slice(-LOG_LINES) : parts));   // no huge spread
     if (lines.length > LOG_LINES) lines = lines.slice(lines.length - LOG_LINES);
     log.textContent = lines.join('\n') + (partial ? (lines.length ? '\n' : '') + partial : '');
     if (atBottom) log.scrollTop = log.scrollHeight;
   }
 
+  /** One chunk from `offset` (the gateway answers at most a chunk); true when the log went on. */
   async function fetchLog() {
-    if (gone) return;
+    let advanced = false;
+    if (gone) return advanced;
     if (logBusy) {
       logAgain = true;   // e.g. the job just ended during a poll: fetch its last lines after this one
-      return;
+      return advanced;
     }
     logBusy = true;
     try {
       const res = await request(`/v1/jobs/${enc}/logs?offset=${offset}`, { signal, headers: { Accept: 'text/plain' } });
       const text = await res.text();
       const nextOffset = Number.parseInt(res.headers.get('X-Log-Next-Offset') || '', 10);
+      const before = offset;
       offset = Number.isFinite(nextOffset) ? nextOffset : offset + new TextEncoder().encode(text).length;
+      advanced = offset > before;
       logFetched = true;
       logErrors = 0;
       appendLog(text);
@@ -208,6 +213,14 @@ export function mount(view, ctx) {
         logAgain = false;
         fetchLog().catch(reportError);
       }
+    }
+    return advanced;
+  }
+
+  /** Read on while the log keeps coming (a long log is many chunks), at most `max` chunks now. */
+  async function catchUp(max) {
+    for (let i = 0; i < max && !gone; i++) {
+      if (!(await fetchLog())) break;
     }
   }
 
@@ -231,12 +244,12 @@ export function mount(view, ctx) {
     if (following || !logFetched) {   // ended: the last lines, then no more polling
       following = false;
       clearTimeout(logTimer);
-      fetchLog().catch(reportError);
+      catchUp(CATCH_UP_CHUNKS).catch(reportError);
     }
   }
   function tick() {
     if (gone || !following) return;
-    fetchLog().catch(reportError).finally(() => {
+    catchUp(CATCH_UP_CHUNKS).catch(reportError).finally(() => {
       if (!gone && following) logTimer = setTimeout(tick, LOG_EVERY_MS);
     });
   }
@@ -257,7 +270,8 @@ export function mount(view, ctx) {
     result.textContent = `${a.verb}: sending…`;
     try {
       const res = await postJSON(`/v1/jobs/${enc}/${kind}`, { reason: answer.reason || a.reason }, { signal });
-      const said = res.body && typeof res.body === 'object' ? res.body.detail || res.body.status || '' : res.body || '';
+      const b = res.body && typeof res.body === 'object' ? res.body : {};
+      const said = b.cancel || b.hold || b.release || b.detail || (typeof res.body === 'string' ? res.body : '');
       result.dataset.kind = 'ok';
       result.textContent = `${a.verb} accepted (${res.status}${said ? ': ' + said : ''}).`;
     } catch (err) {

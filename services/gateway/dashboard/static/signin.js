@@ -62,5 +62,17 @@ form.addEventListener('submit', (e) => {
   signIn().catch(() => showError('Sign-in failed.'));
 });
 
+/** Where the gateway has an OIDC issuer configured, offer its sign-in too (quietly nothing otherwise). */
+async function offerOidc() {
+  const res = await fetch('/ui/signin/options', { credentials: 'same-origin', headers: { Accept: 'application/json' } });
+  if (!res.ok) return;
+  const options = await res.json();
+  if (!options || !options.oidc) return;
+  const link = document.getElementById('signin-oidc');
+  link.href = '/ui/oidc/login?next=' + encodeURIComponent(nextUrl());
+  link.parentElement.hidden = false;
+}
+offerOidc().catch(() => {});
+
 window.addEventListener('unhandledrejection', (e) => { e.preventDefault(); showError(String(e.reason)); });
 token.focus();
