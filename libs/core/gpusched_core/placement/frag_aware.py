@@ -10,6 +10,11 @@ and use the capped growth only to order the nodes FGD considers equal, then node
 growth counts in steps of a quarter GPU: finer differences would prefer fresh nodes over used ones
 and spread small requests early (big multi-GPU requests then fail long before the cluster is full).
 
+Where pods pin GPU models, the FGD growth of a request that could run on several models also pays
+for taking GPUs of models that the pinned demand will need (``scarcity``: the pressure of the pinned
+shapes of the *whole* workload on each model; the typical 95% drops most pinned shapes, which are
+spread over many specs). Without pinned shapes the pressure is 0 and nothing changes.
+
 One configuration for every trace: FGD's typical shapes (95% most popular), no per-trace tuning.
 """
 
@@ -22,7 +27,9 @@ import numpy as np
 from .fgd import FragmentationMemo, sigmoid_score
 from .fragmentation import WorkloadDistribution
 from .model import GpuShare, MigSlice
+from .layout import ClusterLayout
 from .policies import Candidates, NodeScores, mig_packing_scores
+from .scarcity import model_pressure, scarcity_cost
 
 # The secondary criterion moves a score by less than 0.1, so it only orders FGD's ties.
 _SECONDARY_SCALE = 1e-6
@@ -37,19 +44,33 @@ class FragAwarePolicy:
     name: str = "ours"
     popularity: float = 0.95
     secondary_step_milli: float = 250.0
+    scarcity_weight: float = 2.0
     fgd_memo: FragmentationMemo = field(init=False)
     capped_memo: FragmentationMemo = field(init=False)
+    _pressure: tuple[ClusterLayout, np.ndarray | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         typical = self.workload.most_popular(self.popularity)
         self.fgd_memo = FragmentationMemo(typical, measure="fgd")
         self.capped_memo = FragmentationMemo(typical, measure="capped")
 
+    def pressure_for(self, layout: ClusterLayout) -> np.ndarray | None:
+        """Pressure of pinned demand on each of the layout's models (None: none pinned)."""
+        if self._pressure is None or self._pressure[0] is not layout:
+            pressure = model_pressure(self.workload, layout) if self.scarcity_weight else None
+            self._pressure = (layout, pressure if pressure is not None and pressure.any() else None)
+        return self._pressure[1]
+
     def score(self, candidates: Candidates) -> NodeScores:
         request = candidates.request
         if isinstance(request.gpu, MigSlice):
             return mig_packing_scores(candidates)
         growth = self.fgd_memo.growth(candidates.snapshot, request)[candidates.nodes]
+        pressure = self.pressure_for(candidates.snapshot.layout)
+        if pressure is not None:
+            cost = scarcity_cost(pressure, candidates.snapshot, request, candidates.nodes,
+                                 per_gpu=isinstance(request.gpu, GpuShare))  # fmt: skip
+            growth = growth + self.scarcity_weight * cost
         capped = self.capped_memo.growth(candidates.snapshot, request)[candidates.nodes]
         secondary = np.clip(np.where(np.isinf(capped), 0.0, capped), -_SECONDARY_CLIP, _SECONDARY_CLIP)
         if self.secondary_step_milli > 0:

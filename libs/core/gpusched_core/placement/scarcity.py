@@ -1,0 +1,82 @@
+"""How much of each GPU model the workload's model-constrained requests will need (for ``ours``).
+
+FGD measures a node's fragmentation against the whole workload, node by node: a T4 GPU given to a
+request that could run anywhere looks as good as a G2 GPU, even when the requests that can run
+*only* on T4 will need every T4 GPU there is. When many pods pin a GPU model (the FGD paper's
+``gpuspec`` traces) the pinned pods then fail while GPUs of other models stay free.
+
+The pressure on model ``m`` is the share of its capacity that constrained demand needs, each
+constrained shape's demand spread over the models it allows in proportion to their capacity::
+
+    pressure(m) = sum over constrained shapes t allowing m of  d_t / c(allowed_t)
+
+with ``d_t`` the shape's share of the workload's GPU demand and ``c(S)`` the share of the cluster's
+GPUs of models in ``S``. 0 for every model when nothing is constrained (then ``ours`` is unchanged);
+about 1 where constrained demand alone would fill the model at full load.
+
+A request that may use several models pays, in milli of fragmentation growth, for the pressure of
+the GPUs it would take above the least pressed model it could use: ``weight * (pressure - least) *
+GPU milli asked``. A request pinned to one model pays nothing (all its candidates are equal).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fragmentation import WorkloadDistribution
+from .layout import ClusterLayout
+from .model import MILLI_PER_GPU, PodRequest
+from .snapshot import ClusterSnapshot
+
+_MAX_PRESSURE = 2.0
+
+
+def model_pressure(workload: WorkloadDistribution, layout: ClusterLayout) -> np.ndarray:
+    """(len(layout.models),) pressure of constrained demand on each model (see the module doc)."""
+    models = layout.models
+    capacity = np.array([(layout.gpu_present & (layout.gpu_model == i)).sum() for i in range(len(models))], float)
+    pressure = np.zeros(len(models))
+    demand = [(s, w * s.gpu_milli * s.gpu_count) for s, w in zip(workload.shapes, workload.weights, strict=True)]
+    total_demand = sum(d for _, d in demand)
+    total_capacity = capacity.sum()
+    if total_demand <= 0 or total_capacity <= 0:
+        return pressure
+    for shape, d in demand:
+        if not shape.allowed_models or d <= 0:
+            continue
+        allowed = np.array([model in shape.allowed_models for model in models], bool)
+        share = capacity[allowed].sum() / total_capacity
+        if share > 0:
+            pressure[allowed] += (d / total_demand) / share
+    return np.minimum(pressure, _MAX_PRESSURE)
+
+
+def scarcity_cost(pressure: np.ndarray, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray,
+                  per_gpu: bool, slack: float = 0.8) -> np.ndarray:  # fmt: skip
+    """(len(nodes), gpus) milli a request pays for taking GPUs that pinned demand still needs.
+
+    ``pressure`` is ``model_pressure`` (per model). A model's pinned demand still to come is its
+    pressure times its capacity times the share of the cluster's GPU not yet allocated; its
+    tightness is that over its free GPU milli. A GPU costs the request's GPU milli times how far its
+    model's tightness exceeds both ``slack`` and the tightness of the least tight model the request
+    may use (so a model with GPUs to spare costs nothing). ``per_gpu``: a shared request takes one
+    GPU (column g: that GPU); otherwise the node's tightest allowed GPU counts for all of them.
+    """
+    layout = snapshot.layout
+    allowed = layout.model_mask(request.allowed_models)
+    width = layout.gpu_present.shape[1]
+    if not allowed.any():
+        return np.zeros((nodes.size, width))
+    present = layout.gpu_present & snapshot.gpu_healthy
+    models = np.where(present, layout.gpu_model, 0)
+    count = np.bincount(models[present], minlength=pressure.size)[: pressure.size]
+    free = np.bincount(models[present], weights=snapshot.share_free[present], minlength=pressure.size)[: pressure.size]
+    capacity = float(count.sum()) * MILLI_PER_GPU
+    unallocated = 1.0 - snapshot.gpu_milli_allocated / capacity if capacity else 0.0
+    tight_model = pressure * count * MILLI_PER_GPU * unallocated / np.maximum(free, 1.0)
+    tight = np.where(present, tight_model[models], 0.0)
+    least = max(float(tight[allowed & present].min(initial=np.inf)), slack)
+    excess = np.where(allowed[nodes], np.maximum(tight[nodes] - least, 0.0), 0.0)
+    if not per_gpu:
+        excess = np.repeat(excess.max(axis=1, keepdims=True), width, axis=1)
+    return np.minimum(excess, _MAX_PRESSURE) * request.gpu_milli_total
