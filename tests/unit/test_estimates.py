@@ -126,10 +126,11 @@ def test_runs_outside_the_history_window_are_forgotten():
 
 
 def test_an_overdue_run_is_given_the_median_of_longer_runs():
-    model = RuntimeModel.of(runs("t1", 1.0, 10, 20, 30, 100, 200), NOW, EstimateConfig())
-    left = model.remaining("t1", Shape(1), None, elapsed_s=50)
-    assert left.seconds == pytest.approx(100) and "longer" in left.source
+    model = RuntimeModel.of(runs("t1", 1.0, 10, 20, 30, 100, 200, 300), NOW, EstimateConfig())
+    left = model.remaining("t1", Shape(1), None, elapsed_s=80)
+    assert left.seconds == pytest.approx(120) and "longer" in left.source
     assert model.remaining("t1", Shape(1), 40, elapsed_s=50).source == "time limit, overdue"
+    assert model.remaining("t1", Shape(1), None, elapsed_s=500).seconds == 500  # longer than all: as long again
 
 
 def test_a_share_fits_beside_another_share_on_one_gpu():

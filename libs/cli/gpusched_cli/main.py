@@ -23,6 +23,7 @@ from gpusched_cli.whatif import add_whatif_parser
 from gpusched_simulation.placement.cli import add_simulate_parser, run_simulate
 from gpusched_simulation.preemption.cli import add_simulate_preemption_parser
 from gpusched_simulation.queue.cli import add_simulate_queue_parser
+from gpusched_simulation.estimates.cli import add_simulate_estimates_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_provision_parsers(sub)
     add_whatif_parser(sub)
     add_simulate_queue_parser(sub)
+    add_simulate_estimates_parser(sub)
     add_simulate_preemption_parser(sub)
     add_simulate_parser(sub)
     sub.choices["simulate"].set_defaults(func=run_simulate)

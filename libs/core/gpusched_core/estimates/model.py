@@ -110,13 +110,16 @@ class FinishedRun:
 class EstimateConfig:
     """``history_s``: how far back finished runs count; ``min_runs``: the fewest runs a median is taken of;
     ``default_runtime_s``: the run-time with neither a limit nor enough runs; ``overdue_s``: what an overdue
-    run is still given; ``horizon_s``: estimates beyond this are ``unknown``."""
+    run is still given; ``horizon_s``: estimates beyond this are ``unknown``; ``statistic``: ``median`` or
+    ``mean`` of the past runs (run-times are heavy-tailed: the mean is the better guess of when a queue of
+    many jobs drains, see /work/notes/estimates.md)."""
 
     history_s: float = 14 * DAY_S
     min_runs: int = 3
     default_runtime_s: float = 3600.0
     overdue_s: float = 60.0
     horizon_s: float = 30 * DAY_S
+    statistic: str = "median"
 
 
 @dataclass(frozen=True, slots=True)
