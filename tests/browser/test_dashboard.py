@@ -71,7 +71,7 @@ def until(driver, check, what: str, timeout_s: float = WAIT_S):
     except TimeoutException:
         shown = driver.execute_script("return (document.getElementById('view') || document.body).innerText")
         raise AssertionError(f"{what}: not so after {timeout_s}s at {driver.current_url}; the page shows:\n"
-                             f"{(shown or '')[:1500]}\nbrowser log: {driver.get_log('browser')[-10:]}") from None
+                             f"{(shown or '')[:1500]}\nJavaScript errors: {driver.errors()[-10:]}") from None
 
 
 async def test_a_tenant_s_user_signs_in_and_sees_only_its_tenant_s_jobs(local_stack, stack_settings, page):
