@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpusched_core.placement import MILLI_PER_GPU, RequestShape, WorkloadDistribution, make_policy, place
-from gpusched_core.placement.scarcity import model_pressure, scarcity_cost
+from gpusched_core.placement.scarcity import ModelIndex, model_pressure, scarcity_cost
 
 from .builders import a_cluster, a_node, a_request
 
@@ -56,8 +56,8 @@ def test_only_a_model_short_of_what_its_pinned_demand_still_needs_costs_anything
     free = a_request("free").whole(1).cpu(4_000).build()
     pinned = a_request("pinned").whole(1).cpu(4_000).of_models("T4").build()
     short = model_pressure(WorkloadDistribution((FREE, ON_T4), (0.4, 0.6)), snapshot.layout)  # T4: 1.2
-    cost = scarcity_cost(short, snapshot, free, nodes, per_gpu=False)
+    cost = scarcity_cost(short, ModelIndex.of(snapshot.layout), snapshot, free, nodes, per_gpu=False)
     assert cost[0].max() == 0 and cost[1].min() == pytest.approx(400.0)  # (1.2 - 0.8) x 1000 milli
-    assert not scarcity_cost(short, snapshot, pinned, nodes, per_gpu=False).any()
+    assert not scarcity_cost(short, ModelIndex.of(snapshot.layout), snapshot, pinned, nodes, per_gpu=False).any()
     spare = model_pressure(WorkloadDistribution((FREE, ON_T4), (0.7, 0.3)), snapshot.layout)  # T4: 0.6
-    assert not scarcity_cost(spare, snapshot, free, nodes, per_gpu=False).any()
+    assert not scarcity_cost(spare, ModelIndex.of(snapshot.layout), snapshot, free, nodes, per_gpu=False).any()

@@ -29,7 +29,7 @@ from .fragmentation import WorkloadDistribution
 from .model import GpuShare, MigSlice
 from .layout import ClusterLayout
 from .policies import Candidates, NodeScores, mig_packing_scores
-from .scarcity import model_pressure, scarcity_cost
+from .scarcity import ModelIndex, model_pressure, scarcity_cost
 
 # The secondary criterion moves a score by less than 0.1, so it only orders FGD's ties.
 _SECONDARY_SCALE = 1e-6
@@ -47,7 +47,7 @@ class FragAwarePolicy:
     scarcity_weight: float = 2.0
     fgd_memo: FragmentationMemo = field(init=False)
     capped_memo: FragmentationMemo = field(init=False)
-    _pressure: tuple[ClusterLayout, np.ndarray | None] | None = field(init=False, default=None)
+    _pressure: tuple[ClusterLayout, np.ndarray | None, ModelIndex] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         typical = self.workload.most_popular(self.popularity)
@@ -58,7 +58,8 @@ class FragAwarePolicy:
         """Pressure of pinned demand on each of the layout's models (None: none pinned)."""
         if self._pressure is None or self._pressure[0] is not layout:
             pressure = model_pressure(self.workload, layout) if self.scarcity_weight else None
-            self._pressure = (layout, pressure if pressure is not None and pressure.any() else None)
+            self._pressure = (layout, pressure if pressure is not None and pressure.any() else None,
+                              ModelIndex.of(layout))  # fmt: skip
         return self._pressure[1]
 
     def score(self, candidates: Candidates) -> NodeScores:
@@ -68,7 +69,8 @@ class FragAwarePolicy:
         growth = self.fgd_memo.growth(candidates.snapshot, request)[candidates.nodes]
         pressure = self.pressure_for(candidates.snapshot.layout)
         if pressure is not None:
-            cost = scarcity_cost(pressure, candidates.snapshot, request, candidates.nodes,
+            index = self._pressure[2]  # type: ignore[index]
+            cost = scarcity_cost(pressure, index, candidates.snapshot, request, candidates.nodes,
                                  per_gpu=isinstance(request.gpu, GpuShare))  # fmt: skip
             growth = growth + self.scarcity_weight * cost
         capped = self.capped_memo.growth(candidates.snapshot, request)[candidates.nodes]

@@ -21,6 +21,8 @@ GPU milli asked``. A request pinned to one model pays nothing (all its candidate
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .fragmentation import WorkloadDistribution
@@ -51,32 +53,47 @@ def model_pressure(workload: WorkloadDistribution, layout: ClusterLayout) -> np.
     return np.minimum(pressure, _MAX_PRESSURE)
 
 
-def scarcity_cost(pressure: np.ndarray, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray,
-                  per_gpu: bool, slack: float = 0.8) -> np.ndarray:  # fmt: skip
+@dataclass(frozen=True, eq=False)
+class ModelIndex:
+    """A layout's GPUs by model, for per-decision sums: each GPU's model (``K`` = none), GPUs per model."""
+
+    layout: ClusterLayout
+    model_of: np.ndarray  # (nodes, gpus) model id, K where no GPU
+    count: np.ndarray  # (K,)
+
+    @classmethod
+    def of(cls, layout: ClusterLayout) -> ModelIndex:
+        size = len(layout.models)
+        model_of = np.where(layout.gpu_present, layout.gpu_model, size).astype(np.int64)
+        return cls(layout, model_of, np.bincount(model_of.ravel(), minlength=size + 1)[:size].astype(float))
+
+
+def scarcity_cost(pressure: np.ndarray, index: ModelIndex, snapshot: ClusterSnapshot, request: PodRequest,
+                  nodes: np.ndarray, per_gpu: bool, slack: float = 0.8) -> np.ndarray:  # fmt: skip
     """(len(nodes), gpus) milli a request pays for taking GPUs that pinned demand still needs.
 
     ``pressure`` is ``model_pressure`` (per model). A model's pinned demand still to come is its
-    pressure times its capacity times the share of the cluster's GPU not yet allocated; its
-    tightness is that over its free GPU milli. A GPU costs the request's GPU milli times how far its
-    model's tightness exceeds both ``slack`` and the tightness of the least tight model the request
-    may use (so a model with GPUs to spare costs nothing). ``per_gpu``: a shared request takes one
-    GPU (column g: that GPU); otherwise the node's tightest allowed GPU counts for all of them.
+    pressure times its capacity times the share of the cluster's GPU still free; its tightness is
+    that over its free GPU milli. A GPU costs the request's GPU milli times how far its model's
+    tightness exceeds both ``slack`` and the tightness of the least tight model the request may use
+    (so a model with GPUs to spare costs nothing). ``per_gpu``: a shared request takes one GPU
+    (column g: that GPU); otherwise the node's tightest allowed GPU counts for all of them.
     """
-    layout = snapshot.layout
-    allowed = layout.model_mask(request.allowed_models)
-    width = layout.gpu_present.shape[1]
-    if not allowed.any():
-        return np.zeros((nodes.size, width))
-    present = layout.gpu_present & snapshot.gpu_healthy
-    models = np.where(present, layout.gpu_model, 0)
-    count = np.bincount(models[present], minlength=pressure.size)[: pressure.size]
-    free = np.bincount(models[present], weights=snapshot.share_free[present], minlength=pressure.size)[: pressure.size]
-    capacity = float(count.sum()) * MILLI_PER_GPU
-    unallocated = 1.0 - snapshot.gpu_milli_allocated / capacity if capacity else 0.0
-    tight_model = pressure * count * MILLI_PER_GPU * unallocated / np.maximum(free, 1.0)
-    tight = np.where(present, tight_model[models], 0.0)
-    least = max(float(tight[allowed & present].min(initial=np.inf)), slack)
-    excess = np.where(allowed[nodes], np.maximum(tight[nodes] - least, 0.0), 0.0)
+    size = pressure.size
+    free = np.bincount(index.model_of.ravel(), weights=snapshot.share_free.ravel(), minlength=size + 1)[:size]
+    capacity = float(index.count.sum()) * MILLI_PER_GPU
+    if capacity <= 0:
+        return np.zeros((nodes.size, index.model_of.shape[1]))
+    still_free = float(free.sum()) / capacity
+    tight = np.append(pressure * index.count * MILLI_PER_GPU * still_free / np.maximum(free, 1.0), 0.0)
+    usable = index.count > 0
+    if request.allowed_models:
+        usable &= np.array([model in request.allowed_models for model in index.layout.models], bool)
+    if not usable.any():
+        return np.zeros((nodes.size, index.model_of.shape[1]))
+    least = max(float(tight[:size][usable].min()), slack)
+    usable_of = np.append(usable, False)[index.model_of[nodes]]
+    excess = np.where(usable_of, np.maximum(tight[index.model_of[nodes]] - least, 0.0), 0.0)
     if not per_gpu:
-        excess = np.repeat(excess.max(axis=1, keepdims=True), width, axis=1)
+        excess = np.repeat(excess.max(axis=1, keepdims=True), excess.shape[1], axis=1)
     return np.minimum(excess, _MAX_PRESSURE) * request.gpu_milli_total
