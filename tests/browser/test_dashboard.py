@@ -141,6 +141,18 @@ async def test_a_job_submitted_from_the_cli_appears_and_goes_running_without_a_r
     screenshot(page, "job-cancelled")
 
 
+async def test_a_running_job_s_page_tails_its_log_live(local_stack, stack_settings, page):
+    script = "echo first-line-of-the-job; sleep 4; echo a-later-line; sleep 1"
+    async with Client(stack_settings) as client:
+        job_id = await client.submit(a_job("x").tenant("research").gpus(1).name("talker").command("sh", "-c", script).spec())
+    sign_in(page, local_stack.gateway, operator_token(local_stack), f"/ui/jobs/{job_id}")
+    until(page, lambda d: "first-line-of-the-job" in d.find_element(By.ID, "log").text, "the log shows the job's output")
+    assert "a-later-line" not in page.find_element(By.ID, "log").text  # then it comes, without a reload
+    until(page, lambda d: "a-later-line" in d.find_element(By.ID, "log").text, "a later line is appended")
+    screenshot(page, "job-log")
+    await wait_until_finished(local_stack.database_url, [job_id], timeout_s=WAIT_S, interval_s=0.3)
+
+
 async def test_a_preempted_job_s_page_says_why(local_stack, stack_settings, page):
     low = a_job("x").tenant("research").gpus(2).model("H100-80GB").priority(0).command("sh", "-c", LOW_PRIORITY_JOB)
     async with Client(stack_settings) as client:
