@@ -1,7 +1,7 @@
 """The quota planner as it was before its performance work (commit 6554a58): ``QuotaCycle``,
 ``plan_cycle``, ``order_pending``, ``build_queues``, ``split_by_tier`` and ``waiting_list``, unchanged
-but for imports. ``test_optimised_planner`` checks that the live planner decides exactly as this one on
-random inputs. Change both together when the planner's decisions are meant to change. Its plan is the
+but for imports and the tenants' shares (now the fair-share deficit, ``planner.tenant_shares``).
+``test_optimised_planner`` checks that the live planner decides exactly as this one on random inputs. Change both together when the planner's decisions are meant to change. Its plan is the
 plan of that time (``waiting`` a field, ranked at once), compared with the live plan's ``waiting``."""
 
 # ruff: noqa
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gpusched_core.quota.ledger import QuotaBook
 from gpusched_core.quota.model import Tenancy
 from gpusched_core.quota.ordering import FairShareOrder, JobOrder, PendingJob, SortKey
-from gpusched_core.quota.planner import Candidate, ReclaimRequest, Reservation
+from gpusched_core.quota.planner import Candidate, ReclaimRequest, Reservation, tenant_shares
 from gpusched_core.quota.queues import UNKNOWN_PRIORITY, PendingQueue
 from gpusched_core.quota.reasons import (
     WAITING_FOR_CAPACITY,
@@ -25,7 +25,7 @@ from gpusched_core.quota.reasons import (
     quota_block,
     unknown_tenant,
 )
-from gpusched_core.quota.snapshot import QuotaSnapshot, dominant_shares
+from gpusched_core.quota.snapshot import QuotaSnapshot
 from gpusched_core.quota.units import format_gpus, gpu_equivalents
 
 
@@ -51,7 +51,7 @@ class QuotaCycle:
                  *, explain: bool = True, shares: Mapping[str, float] | None = None) -> None:
         self.snapshot, self.order, self.explain = snapshot, order, explain
         self.book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
-        self._shares = shares if shares is not None else dominant_shares(snapshot, {q.tenant for q in queues})
+        self._shares = shares if shares is not None else tenant_shares(snapshot, queues)
         self._queues, self._tiers = split_by_tier(self.book, queues)
         self._heap: list[tuple[SortKey, int, int]] = []
         for qi, queue in enumerate(self._queues):
@@ -274,7 +274,7 @@ def order_pending(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order:
     chosen = order or FairShareOrder()
     book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
     queues, tiers = split_by_tier(book, build_queues(snapshot.tenancy, pending, chosen))
-    shares = dominant_shares(snapshot, {q.tenant for q in queues})
+    shares = tenant_shares(snapshot, queues)
     keyed = [((tiers[qi], *chosen.merged_key(k, shares.get(q.tenant, 0.0))), job.job_id)
              for qi, q in enumerate(queues) for k, job in q.entries]
     return [job_id for _, job_id in sorted(keyed)]

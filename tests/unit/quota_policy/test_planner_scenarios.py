@@ -82,10 +82,13 @@ def test_lower_dominant_share_goes_first_and_decayed_history_counts():
 
 
 def test_weight_doubles_the_entitlement():
-    tenancy = a_cohort(team("team-a", 8, weight=2), team("team-b", 8))
-    snapshot = QuotaSnapshot(tenancy, usage(team_a=6, team_b=4))  # shares 6/16 < 4/8
-    jobs = [a_job("b").tenant("team-b").pending(), a_job("a").tenant("team-a").submitted(1).pending()]
-    assert order_pending(snapshot, jobs) == ["a", "b"]
+    # team-c leaves its 8 GPUs idle; both borrowers want 4 more GPUs than the 16 can hold, so the cohort is
+    # shared by weight x nominal: 2:1 gives team-a 10.7 and team-b 5.3 (team-a at 8 is under its fair
+    # share, team-b at 6 over it); 1:1 gives 8 each (team-a at 8 is then the further over)
+    jobs = [a_job("b").tenant("team-b").gpus(4).pending(), a_job("a").tenant("team-a").gpus(4).submitted(1).pending()]
+    for weight, first in ((2, "a"), (1, "b")):
+        tenancy = a_cohort(team("team-a", 4, weight=weight), team("team-b", 4), team("team-c", 8))
+        assert order_pending(QuotaSnapshot(tenancy, usage(team_a=8, team_b=6)), jobs)[0] == first
 
 
 def test_a_priority_class_the_tenant_may_not_use_waits_with_a_reason():

@@ -8,11 +8,12 @@
    cycle asks for it back with a reclaim request);
 2. priority class, higher value first;
 3. ``level``, lower first (0 for live jobs; a simulator's least-attained-service queue);
-4. the tenant's dominant share of its entitlement (see ``snapshot``), lower first;
+4. the tenant's fair share, lower first: the larger of its reserved and decayed average usage over its
+   fair entitlement (its weighted max-min share of the cohort given everyone's demand; see ``fairness``);
 5. submission time, earlier first;
 6. job id: the tie-break that makes the order total (ids are unique).
 
-``FifoOrder`` is the same without the dominant share. Orders are ``JobOrder`` values chosen by name;
+``FifoOrder`` is the same without the share. Orders are ``JobOrder`` values chosen by name;
 an order's ``merged_key`` must start with ``-priority`` and keep a tenant's own jobs in ``tenant_key``
 order whatever its share, which is what lets a cycle merge per-tenant queues instead of sorting
 everything.
@@ -42,7 +43,7 @@ class PendingJob:
 
 class JobOrder(Protocol):
     """How pending jobs are ranked. ``tenant_key`` orders one tenant's jobs; ``merged_key`` (built from
-    it and the tenant's dominant share) orders everybody's. Both must end in the job id."""
+    it and the tenant's fair share) orders everybody's. Both must end in the job id."""
 
     name: str
 

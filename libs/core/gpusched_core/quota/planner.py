@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 
+from .fairness import fair_shares, queue_demand
 from .ledger import QuotaBook
 from .ordering import FairShareOrder, JobOrder, PendingJob, SortKey
 from .queues import PendingQueue, build_queues, split_by_tier
@@ -34,7 +35,7 @@ from .reasons import (
     quota_block,
     unknown_tenant,
 )
-from .snapshot import QuotaSnapshot, dominant_shares
+from .snapshot import QuotaSnapshot
 from .units import format_gpus, gpu_equivalents
 
 
@@ -119,7 +120,7 @@ class QuotaCycle:
                  *, explain: bool = True, shares: Mapping[str, float] | None = None) -> None:
         self.snapshot, self.order, self.explain = snapshot, order, explain
         self.book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
-        self._shares = shares if shares is not None else dominant_shares(snapshot, {q.tenant for q in queues})
+        self._shares = shares if shares is not None else tenant_shares(snapshot, queues)
         self._queues, self._tiers = split_by_tier(self.book, queues)
         self._queue_shares = [self._shares.get(queue.tenant, 0.0) for queue in self._queues]
         self._merged_key = order.merged_key
@@ -358,7 +359,7 @@ def order_pending(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order:
     chosen = order or FairShareOrder()
     book = QuotaBook.from_usage(snapshot.tenancy, snapshot.usage)
     queues, tiers = split_by_tier(book, build_queues(snapshot.tenancy, pending, chosen))
-    shares = dominant_shares(snapshot, {q.tenant for q in queues})
+    shares = tenant_shares(snapshot, queues)
     merged_key = chosen.merged_key
     keyed = []
     for qi, q in enumerate(queues):
@@ -367,3 +368,7 @@ def order_pending(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order:
     keyed.sort(key=itemgetter(0))  # keys are unique (they end in the job id)
     return [job_id for _, job_id in keyed]
 
+
+def tenant_shares(snapshot: QuotaSnapshot, queues: Sequence[PendingQueue]) -> dict[str, float]:
+    """Each queued tenant's fair share: its deficit against its fair entitlement (``fairness``)."""
+    return fair_shares(snapshot, queue_demand(snapshot, queues), {q.tenant for q in queues})
