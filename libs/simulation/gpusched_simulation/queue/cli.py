@@ -15,7 +15,15 @@ from ..options import parse_names, run_standalone
 from ..report import stderr_log, write_json
 from ..traces.philly import default_trace_path, default_vc_path, read_rows, read_vc_nodes, resolve_start, window
 from .engine import SimConfig
-from .policies import DEFAULT_HALF_LIFE_S, DEFAULT_LAS_THRESHOLD_GPU_S, DEFAULT_POLICY, POLICY_NAMES, make_policies
+from .policies import (
+    DEFAULT_FAIR_PREEMPTION_MARGIN,
+    DEFAULT_FAIR_QUANTUM_S,
+    DEFAULT_HALF_LIFE_S,
+    DEFAULT_LAS_THRESHOLD_GPU_S,
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    make_policies,
+)
 from .quota import quota_setup, quota_weights
 from .report import comparison, document, table
 from .run import run_all
@@ -42,6 +50,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help=f"fair-share usage half-life of the default policy (default: {DEFAULT_HALF_LIFE_S:g})")
     parser.add_argument("--las-threshold-gpu-s", type=float, default=DEFAULT_LAS_THRESHOLD_GPU_S,
                         help="GPU-seconds after which a job drops to the second LAS queue (default: 3600)")
+    parser.add_argument("--fair-margin", default=f"{DEFAULT_FAIR_PREEMPTION_MARGIN:g}",
+                        help="the default policy preempts tenants whose fair share is over the waiting tenant's "
+                             "by more than this fraction, or 'none' for no fair-share preemption "
+                             f"(default: {DEFAULT_FAIR_PREEMPTION_MARGIN:g})")
+    parser.add_argument("--fair-quantum-s", type=float, default=DEFAULT_FAIR_QUANTUM_S,
+                        help=f"a run is not preempted by fair share before this (default: {DEFAULT_FAIR_QUANTUM_S:g})")
     parser.add_argument("--preempt-overhead-s", type=float, default=60.0,
                         help="checkpoint-restore time added to every resumed run (default: 60)")
     parser.add_argument("--json", dest="json_path", type=Path, default=None, help="write results as JSON")
@@ -68,6 +82,7 @@ def run_simulate_queue(args: argparse.Namespace) -> int:
     try:
         names = parse_names(args.policy, POLICY_NAMES)
         borrow = _borrow(args.borrow_limit_pct)
+        fair_margin = _borrow(args.fair_margin)
         rows = read_rows(args.trace or default_trace_path())
         start = resolve_start(rows, args.start)
         vc_nodes = read_vc_nodes(args.vc_file or default_vc_path())
@@ -81,7 +96,7 @@ def run_simulate_queue(args: argparse.Namespace) -> int:
     gpus = args.nodes * args.gpus_per_node
     setup = quota_setup(quota_weights(workload, args.quota_basis, vc_nodes), gpus, borrow)
     config = SimConfig(args.nodes, args.gpus_per_node, args.las_threshold_gpu_s, args.preempt_overhead_s)
-    policies = make_policies(args.half_life_s)
+    policies = make_policies(args.half_life_s, fair_margin, args.fair_quantum_s)
     began = time.perf_counter()
     log(f"{len(workload.jobs)} jobs from {start:%Y-%m-%d %H:%M} over {args.days:g} days on "
         f"{args.nodes} x {args.gpus_per_node} GPUs; quotas by {args.quota_basis}: "

@@ -4,8 +4,9 @@ At every event time: decay usage histories to now, finish the runs that end, enq
 then schedule: one quota cycle (``QuotaCycle`` from the quota core, ``explain=False``) walks pending
 work in the policy's order; each job that fits quota is placed by the placement core's first-fit,
 or deferred when no node has room. Policies with reclaim turn the cycle's ``ReclaimRequest``s into
-preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job (the
-victims are the live preemption core's choice, ``preempt``).
+preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job; with
+fair-share preemption, the waiting tenant furthest under its fair share takes runs of tenants well
+over theirs (the victims are the live preemption core's choice, ``preempt``).
 A preemption is made for one job (the reclaim's first job, the blocked LAS job), which is then started
 at once, before the next cycle could hand the room it made to someone else (Kueue's "nominated"
 workload): room made for nobody only strands its victims. Then the cycle runs again (at most
@@ -23,7 +24,7 @@ from gpusched_core.quota import PendingJob, PendingQueue, QuotaCycle, QuotaSnaps
 from ..traces.philly import TraceJob
 from .cluster import FLAVOR, Cluster
 from .policies import Policy
-from .preempt import las_victims, reclaim_victims
+from .preempt import fair_victims, las_victims, reclaim_victims
 from .state import JobState, SimState
 
 MAX_REPLANS = 4
@@ -92,6 +93,10 @@ def _schedule(state: SimState, policy: Policy, config: SimConfig) -> None:
                     nominated.append(request.for_jobs[0])
         if policy.las and not nominated:
             nominated += _las(state, policy, config)
+        if policy.fair_preemption_margin is not None and not nominated:
+            found = fair_victims(state, policy.fair_preemption_margin, policy.fair_quantum_s)
+            if found is not None and _preempt(state, found[1], config):
+                nominated.append(found[0])
         if not nominated:
             return
         for job_id in nominated:

@@ -12,7 +12,10 @@
   short work first, tenants that used less than their entitlement recently first within a queue,
   borrowed capacity given back to owners. A job of a whole node or more preempts (LAS) only its own
   tenant's runs or those of tenants above its fair share (``preempt.las_victims``). Needs no job
-  durations: it uses attained GPU-seconds, GPUs requested and tenants' decayed usage.
+  durations: it uses attained GPU-seconds, GPUs requested and tenants' decayed usage. Tenants are
+  ranked by their deficit against a fair entitlement (``gpusched_core.quota.fairness``), and a waiting
+  job of a tenant within its entitlement preempts runs (older than ``fair_quantum_s``) of tenants whose
+  share is over its tenant's by more than ``fair_preemption_margin`` (``preempt.fair_victims``).
 
 Every preemption, whatever the policy, is made for one job that it lets start at once (``engine``).
 """
@@ -23,11 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpusched_core.quota import FairShareOrder, FifoOrder, JobOrder, PendingJob
+from gpusched_core.quota.fairness import DEFAULT_FAIR_PREEMPTION_MARGIN as DEFAULT_FAIR_PREEMPTION_MARGIN
 from gpusched_core.quota.ordering import SortKey
 
 DEFAULT_POLICY = "fairshare"
 DEFAULT_HALF_LIFE_S = 6 * 3600.0
 DEFAULT_LAS_THRESHOLD_GPU_S = 3600.0
+DEFAULT_FAIR_QUANTUM_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,8 @@ class Policy:
     las: bool
     reclaim: bool
     fair_gang_preemption: bool = False  # whole-node jobs preempt by fair share, not attained service
+    fair_preemption_margin: float | None = None  # preempt tenants this far over the preemptor's share
+    fair_quantum_s: float = DEFAULT_FAIR_QUANTUM_S  # a run is not preempted by fair share before this
 
     def job_order(self, durations: Mapping[str, float]) -> JobOrder:
         if self.order == "sjf":
@@ -59,13 +66,15 @@ class Policy:
         return FairShareOrder() if self.order == "fairshare" else FifoOrder()
 
 
-def make_policies(half_life_s: float = DEFAULT_HALF_LIFE_S) -> dict[str, Policy]:
+def make_policies(half_life_s: float = DEFAULT_HALF_LIFE_S, fair_margin: float | None = DEFAULT_FAIR_PREEMPTION_MARGIN,
+                  fair_quantum_s: float = DEFAULT_FAIR_QUANTUM_S) -> dict[str, Policy]:
     return {
         "fifo": Policy("fifo", "fifo", 0.0, las=False, reclaim=False),
         "sjf": Policy("sjf", "sjf", 0.0, las=False, reclaim=False),
         "tiresias": Policy("tiresias", "fifo", 0.0, las=True, reclaim=False),
         "drf": Policy("drf", "fairshare", 0.0, las=False, reclaim=True),
-        "fairshare": Policy("fairshare", "fairshare", half_life_s, las=True, reclaim=True, fair_gang_preemption=True),
+        "fairshare": Policy("fairshare", "fairshare", half_life_s, las=True, reclaim=True, fair_gang_preemption=True,
+                            fair_preemption_margin=fair_margin, fair_quantum_s=fair_quantum_s),
     }
 
 

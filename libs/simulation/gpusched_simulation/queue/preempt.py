@@ -10,7 +10,7 @@ holds, and the core's victim order (borrowers first, then less work lost) prefer
 victims, those holding fewer GPUs. A run started at this very event time is protected
 (``JUST_STARTED_S``): this schedule has just placed it.
 
-Two triggers, each for one blocked job that the engine starts at once (``engine``):
+Three triggers, each for one blocked job that the engine starts at once (``engine``):
 
 - reclaim: a quota ``ReclaimRequest`` (a tenant under its nominal quota while others borrow) goes to
   ``plan_reclaim`` for the request's first job: the fewest borrowers' runs whose release lets that job
@@ -21,6 +21,11 @@ Two triggers, each for one blocked job that the engine starts at once (``engine`
   preemptor ``FIRST_QUEUE``, so only second-queue runs are taken; another tenant's only while it
   borrows. When the job's own tenant lacks quota, its own second-queue runs are taken for quota first
   (``top_up``); capacity is then searched with them released.
+- fair share (``fair_victims``): a waiting job whose tenant stays within its fair entitlement once it
+  runs takes runs of tenants whose fair share is above what its tenant's becomes by more than the
+  margin (``quota.fairness.fair_victim_tenants``): those runs have priority ``SECOND_QUEUE``, the rest
+  and the preemptor ``FIRST_QUEUE``. Runs younger than the quantum (``fair_quantum_s``) are protected:
+  a tenant over its share loses a run only after it has had that long, which bounds the churn.
 
 Two rules stay filters of the running jobs given to the core, which cannot express them:
 
@@ -31,7 +36,7 @@ Two rules stay filters of the running jobs given to the core, which cannot expre
   tenant pushed under its nominal quota that way reclaims in turn, and the replay then preempts in
   cascades (at 32 nodes, DRF's Jain index falls from 0.922 to 0.908 with the core's rule alone).
 - ``fair_gangs``: a job of a whole node or more takes runs only of its own tenant or of tenants whose
-  decayed dominant share is above its tenant's. The core's ``FairShareTrigger`` weighs current usage
+  fair share (the quota order's, ``gpusched_core.quota.fairness``) is above its tenant's. The core's ``FairShareTrigger`` weighs current usage
   instead of the decayed shares the fair-share order uses, and never takes the preemptor's own
   tenant's runs, which LAS must.
 """
@@ -55,7 +60,9 @@ from gpusched_core.preemption import (
     victim_order,
 )
 from gpusched_core.preemption import Preemptor as CorePreemptor
-from gpusched_core.quota import UNITS_PER_GPU, QuotaBook, QuotaSnapshot, ReclaimRequest, dominant_shares
+from gpusched_core.quota import UNITS_PER_GPU, QuotaBook, QuotaSnapshot, ReclaimRequest
+from gpusched_core.quota.fairness import fair_entitlements, fair_victim_tenants, queue_demand
+from gpusched_core.quota.planner import tenant_shares
 
 from .cluster import FLAVOR, placement_request
 from .state import PRIORITY_CLASS, Run, SimState
@@ -86,7 +93,7 @@ def reclaim_victims(state: SimState, request: ReclaimRequest) -> list[str]:
 def las_victims(state: SimState, job_id: str, threshold_gpu_s: float, fair_gangs: bool = False) -> list[str]:
     """Second-queue runs whose preemption lets first-queue job ``job_id`` start now (quota and nodes),
     or none. With ``fair_gangs``, a job of a whole node or more takes runs only from its own tenant or
-    from tenants whose dominant share is above its tenant's: such jobs run long, so attained service
+    from tenants whose fair share is above its tenant's: such jobs run long, so attained service
     says little about which of two should go first, and their victims need whole nodes again to resume;
     fair share decides instead."""
     job = state.jobs[job_id].job
@@ -96,7 +103,8 @@ def las_victims(state: SimState, job_id: str, threshold_gpu_s: float, fair_gangs
 
     running = borrowing_runs(state, running_jobs(state, queue_of), job.tenant)
     if fair_gangs and job.gpus >= state.cluster.gpus_per_node:
-        shares = dominant_shares(QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s))
+        shares = tenant_shares(QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s),
+                               state.pending_queues())
         mine = shares.get(job.tenant, 0.0)
         running = [r for r in running if r.tenant == job.tenant or shares.get(r.tenant, 0.0) > mine]
     if not any(r.priority == SECOND_QUEUE and r.started_at_s < state.now_s for r in running):
@@ -114,6 +122,34 @@ def las_victims(state: SimState, job_id: str, threshold_gpu_s: float, fair_gangs
     if plan.outcome == "none":
         return []
     return [*(r.job_id for r in for_quota), *plan.victim_ids]
+
+
+def fair_victims(state: SimState, margin: float, quantum_s: float) -> tuple[str, list[str]] | None:
+    """The first queue head, lowest fair share first, that may preempt by fair share and the runs whose
+    preemption lets it start now (``(job, victims)``), or None."""
+    snapshot = QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s)
+    queues = state.pending_queues()
+    entitled = fair_entitlements(snapshot, queue_demand(snapshot, queues))
+    shares = tenant_shares(snapshot, queues)
+    book = QuotaBook.from_usage(state.tenancy, state.usage)
+    config = SelectionConfig(default_min_runtime_s=max(quantum_s, JUST_STARTED_S))
+    for queue in sorted(queues, key=lambda q: (shares.get(q.tenant, 0.0), q.tenant)):
+        job = queue.entries[0][1]
+        if job.ask.units > book.available(job.tenant, FLAVOR):
+            continue
+        victims = fair_victim_tenants(snapshot, shares, entitled, job.tenant, FLAVOR, job.ask.units, margin)
+        if not victims:
+            continue
+        running = borrowing_runs(state, running_jobs(state, lambda run: SECOND_QUEUE if run.tenant in victims
+                                                     else FIRST_QUEUE), job.tenant)  # fmt: skip
+        if not any(r.priority == SECOND_QUEUE and r.started_at_s <= state.now_s - quantum_s for r in running):
+            continue
+        plan = select_victims(state.cluster.snapshot, preemptor(state, job.job_id, FIRST_QUEUE), running,
+                              state.now_s, trigger=PriorityTrigger(), quota=tenant_quotas(state, book),
+                              config=config, policy=state.cluster.policy)  # fmt: skip
+        if plan.outcome != "none" and plan.victim_ids:
+            return job.job_id, list(plan.victim_ids)
+    return None
 
 
 def _own_quota_victims(state: SimState, me: CorePreemptor, running: list[RunningJob],
