@@ -2,7 +2,8 @@
 body as ``POST /v1/jobs`` (a JobSpec as JSON, or one workload as YAML), the same access rule
 (``Action.JOB_SUBMIT``: a user checks only for its own tenant), read like a read (its rate, a bounded
 body); the answer is ``gpusched_core.check``'s verdict on the cluster as the services that would decide it
-load it, all read in one read-only snapshot. Nothing is submitted: no job, no event, nothing published."""
+load it, with the start-time estimator's answer for a job that would wait (what GET /v1/queue/estimates
+reads, ``stores.estimates``), all read in one read-only snapshot. Nothing is submitted: no job, no event, nothing published."""
 
 from __future__ import annotations
 
@@ -15,17 +16,20 @@ from fastapi import APIRouter, Request
 from gpusched_common import events as ev
 from gpusched_common.jobs import new_job_id
 from gpusched_common.stores.cluster import load_cluster, pending_jobs
+from gpusched_common.stores.estimates import load_estimate_inputs
 from gpusched_common.stores.quota import load_cohort_queue, load_history, read_usage
 from gpusched_common.stores.running import load_running
 from gpusched_core import placement as engine
 from gpusched_core import preemption as sel
 from gpusched_core.access import Action, Resource
 from gpusched_core.check import CheckInputs, check_submission
+from gpusched_core.estimates import Forward
 from gpusched_core.lifecycle import TERMINAL
 from gpusched_core.quota.jobs import cohort_members, cohort_of
 
 from services.gateway import core, store
 from services.gateway.auth import Caller, Problem, acts, allowed, within_rate
+from services.gateway.estimates import CONFIG as ESTIMATES
 from services.gateway.submissions import LIMITS
 
 router = APIRouter()
@@ -73,6 +77,8 @@ async def _inputs(request: Request, conn: asyncpg.Connection, spec: ev.JobSpec, 
     after = sorted({d.job_id for d in spec.after})
     tenants, states = await store.job_tenants(conn, after), await store.job_states(conn, after)
     job_id = "check-" + new_job_id().removeprefix("j-")  # a name of its own in the reasons, no real job's
+    estimator = await load_estimate_inputs(conn, now, ESTIMATES.history_s)  # what GET /v1/queue/estimates reads
+    forward = Forward(estimator.nodes, estimator.running, estimator.waiting, estimator.finished, ESTIMATES)
     return CheckInputs(
         job_id, spec, now, _policy(request), limits=LIMITS, models=models, tenancy=tenancy, usage=usage,
         history=history, queued=queued, nodes=nodes, snapshot=snapshot, pending=pending,
@@ -80,7 +86,8 @@ async def _inputs(request: Request, conn: asyncpg.Connection, spec: ev.JobSpec, 
         selection=sel.SelectionConfig(default_min_runtime_s=settings.preemption_min_runtime_s,
                                       cross_tenant=settings.preemption_cross_tenant),
         unknown_dependencies=tuple(j for j in after if tenants.get(j) != spec.tenant),
-        waiting_on=tuple(j for j in after if tenants.get(j) == spec.tenant and states.get(j) not in ENDED))
+        waiting_on=tuple(j for j in after if tenants.get(j) == spec.tenant and states.get(j) not in ENDED),
+        forward=forward)
 
 
 def _policy(request: Request) -> engine.PlacementPolicy:

@@ -75,6 +75,19 @@ async def running(conn, job_id: str, tenant: str, gpus: int) -> None:
         state, lifecycle.RecordStart("n1", 1, STARTED), STARTED), producer="test", now=STARTED)
 
 
+async def reserved(conn, job_id: str, tenant: str, gpus: int) -> None:
+    """A job of ``tenant`` that holds quota and waits in placement's queue (no cycle has run since)."""
+    spec = a_job(job_id).tenant(tenant).gpus(gpus).model(H100).priority(10).spec()
+    state = await load_job(conn, job_id)
+    state = await append_job_events(conn, state, lifecycle.decide(
+        state, lifecycle.RegisterSubmission(spec, STARTED), STARTED), producer="test", now=STARTED)
+    await append_job_events(conn, state, lifecycle.decide(
+        state, lifecycle.ReserveQuota(gpus, 8, H100), STARTED), producer="test", now=STARTED)
+    await quota_store.charge(conn, tenant, H100, gpus * GPU)
+    await quota_store.record_reservation(conn, job_id, tenant, H100, gpus * GPU)
+    await queue_for_placement(conn, job_id, spec)
+
+
 async def seed(conn) -> None:
     await quota_store.install(conn, load_tenancy(TENANCY), TENANCY, source="test", event_id=None, now=STARTED)
     await process(conn, ev.NodeRegistered(
@@ -126,7 +139,8 @@ async def test_a_job_that_fits_would_start_now_on_the_free_gpus(gateway):
     assert answer["verdict"] == "start" and answer["summary"] == "would start now on n1 GPUs 6-7", answer
     assert answer["placement"]["node_id"] == "n1" and answer["placement"]["gpu_indices"] == [6, 7]
     assert answer["stages"]["quota"]["ok"] and answer["stages"]["quota"]["used_gpus"] == "0"
-    assert answer["victims"] is None and answer["estimated_start"] is None
+    assert answer["victims"] is None and answer["estimated_wait_s"] == 0.0
+    assert abs(datetime.fromisoformat(answer["estimated_start"]) - datetime.now(UTC)) < timedelta(minutes=1)
 
 
 async def test_a_higher_priority_job_would_preempt_the_fewest_lower_priority_jobs(gateway):
@@ -142,16 +156,27 @@ async def test_a_job_of_the_same_priority_would_wait_for_capacity(gateway):
     answer = await check(client, names["user-a"], job(4))
     assert answer["verdict"] == "wait", answer
     assert answer["summary"] == ("would wait: no free capacity: needs 4 GPUs of H100-80GB on one node, the most "
-                                 "free on a node is 2")
+                                 "free on a node is 2; estimated start in ~60 min")
+    # b's runs have no time limit and no past runs: each is given as long again as it has run (an hour)
+    assert 3500 < answer["estimated_wait_s"] < 3700 and answer["estimate"]["reason"] == "once a running job ends"
     assert answer["stages"]["preemption"]["outcome"] == "none" and len(answer["reasons"]) > 1
 
 
-async def test_a_tenant_at_its_quota_would_wait_for_quota(gateway):
+async def test_a_tenant_at_its_quota_would_wait_for_quota_until_its_runs_end(gateway):
+    """a runs 2 GPUs and holds quota for 2 more waiting for GPUs: at 4/4 the check waits for quota; once the
+    runs end (in an hour: as long again as they have run) its reserved job and then this one start."""
     client, names, _, admin = gateway
-    await quota_store.charge(admin, "a", H100, 4 * GPU)  # reservations of its own, not placed yet
+    await running(admin, "a-two", "a", 2)
+    await reserved(admin, "a-wait", "a", 2)
     answer = await check(client, names["user-a"], job(1))
     assert answer["verdict"] == "wait" and answer["stages"]["quota"]["ok"] is False, answer
-    assert answer["summary"] == "would wait: tenant a at quota (4/4 H100-80GB) and cohort has nothing to lend"
+    assert answer["summary"] == ("would wait: tenant a at quota (4/4 H100-80GB) and cohort has nothing to lend; "
+                                 "estimated start in ~60 min")
+    assert 3500 < answer["estimated_wait_s"] < 3700, answer
+    assert datetime.fromisoformat(answer["estimated_start"]) > datetime.now(UTC) + timedelta(minutes=55)
+    estimates = await client.get("/v1/queue/estimates", headers=bearer(names["user-a"]))
+    [waiting] = estimates.json()["jobs"]  # the check submitted nothing: a's own reserved job alone waits
+    assert waiting["job_id"] == "a-wait" and abs(waiting["estimated_wait_s"] - answer["estimated_wait_s"]) < 5
 
 
 @pytest.mark.parametrize(("body", "said"), [

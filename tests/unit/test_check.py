@@ -13,6 +13,7 @@ import pytest
 from gpusched_core import placement as engine
 from gpusched_core import preemption as sel
 from gpusched_core.check import CheckInputs, check_submission
+from gpusched_core.estimates import Forward, Hold, NodeGpus, RunningJob, Shape, WaitingJob, wait_words, with_new_job
 from gpusched_core.gpu_models import ModelView
 from gpusched_core.placement.cycle import GpuRow, NodeRow, PendingPlacement, build_cluster
 from gpusched_core.quota import UNITS_PER_GPU, load_tenancy
@@ -55,6 +56,14 @@ class Cluster:
 
     def holding(self, job_id: str, tenant: str, priority: int, gpus: list[tuple[str, int]]) -> Cluster:
         return replace(self, held={**self.held, job_id: (tenant, priority, gpus)})
+
+    def forward(self, limit_s: dict[str, float], waiting: tuple[WaitingJob, ...] = ()) -> Forward:
+        """The queue as the estimator reads it: every holder started an hour ago with its time limit."""
+        nodes = tuple(NodeGpus(n.node_id, n.gpus[0].model, tuple(g.index for g in n.gpus)) for n in self.nodes)
+        running = tuple(RunningJob(j, t, Shape(len(g), 1, "H100-80GB"), NOW_S - 3600,
+                                   tuple(Hold(n, i) for n, i in g), limit_s.get(j))
+                        for j, (t, _, g) in sorted(self.held.items()))
+        return Forward(nodes, running, waiting)
 
     def inputs(self, spec) -> CheckInputs:
         snapshot = build_cluster(list(self.nodes), {j: g for j, (_, _, g) in self.held.items()}, {})
@@ -122,9 +131,12 @@ def test_a_check_answers_as_the_cores_would_decide(cluster, job, verdict, summar
     assert result.verdict == verdict, result.document()
     assert result.summary.startswith(summary), result.summary
     document = result.document()
-    assert set(document) == {"verdict", "summary", "reasons", "stages", "placement", "victims", "estimated_start"}
+    assert set(document) == {"verdict", "summary", "reasons", "stages", "placement", "victims", "estimated_start",
+                             "estimated_wait_s", "estimate"}
     assert set(document["stages"]) == {"admission", "quota", "placement", "preemption"}
-    assert document["estimated_start"] is None
+    starts = verdict in ("start", "preempt")  # now; a wait's estimate needs the queue (``forward``)
+    assert document["estimated_start"] == (T0.isoformat() if starts else None)
+    assert document["estimated_wait_s"] == (0.0 if starts else None)
     if verdict in ("wait", "never"):
         assert document["reasons"] and document["summary"].endswith(document["reasons"][0])
 
@@ -243,3 +255,77 @@ def test_submit_check_json_is_the_gateway_s_answer(monkeypatch, capsys):
     assert main(["submit", "--check", "--json", "--gpus", "4", "--priority", "100", "--", "true"]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["verdict"] == "preempt" and [v["job_id"] for v in answer["victims"]] == ["low-1", "low-2"]
+
+
+# --- the estimated start ----------------------------------------------------------------------------------
+
+
+def estimated(cluster: Cluster, spec, limit_s: dict[str, float], waiting: tuple[WaitingJob, ...] = ()):
+    return check_submission(replace(cluster.inputs(spec), forward=cluster.forward(limit_s, waiting)))
+
+
+def test_a_job_at_its_tenant_s_quota_is_estimated_to_start_when_the_tenant_s_run_ends():
+    result = estimated(A_AT_QUOTA, H100.gpus(1).spec(), {"mine": 3600 + 1500})  # ends in 25 min
+    assert result.verdict == "wait" and result.estimated_wait_s == 1500.0, result.document()
+    assert result.summary == ("would wait: tenant a at quota (4/4 H100-80GB) and cohort has nothing to lend; "
+                              "estimated start in ~25 min")
+    document = result.document()
+    assert document["estimated_start"] == "2026-01-01T00:25:00+00:00"
+    assert document["estimate"]["reason"] == "once a running job ends"
+    assert document["reasons"][0] == "tenant a at quota (4/4 H100-80GB) and cohort has nothing to lend"
+
+
+def test_a_job_waiting_for_capacity_starts_when_enough_gpus_free_up():
+    result = estimated(FULL_OF_HIGH, H100.gpus(4).spec(), {"high-1": 3600 + 2 * 3600})
+    assert result.verdict == "wait" and result.estimated_wait_s == 7200.0, result.document()
+    assert result.summary.endswith("; estimated start in ~2 h")
+
+
+def test_a_start_is_now_a_never_has_no_estimate_and_a_dependency_leaves_it_unknown():
+    start = estimated(TWO_HELD, H100.gpus(4).spec(), {})
+    assert start.estimated_start == T0 and start.estimated_wait_s == 0.0
+    never = estimated(EMPTY, H100.gpus(16).spec(), {})
+    assert never.verdict == "never" and never.document()["estimated_start"] is None
+    inputs = replace(A_AT_QUOTA.inputs(H100.gpus(1).spec()), forward=A_AT_QUOTA.forward({"mine": 4000}),
+                     waiting_on=("dep-1",))
+    waits = check_submission(inputs)
+    assert waits.verdict == "wait" and waits.estimated_start is None and "estimated" not in waits.summary
+
+
+def test_the_jobs_queued_ahead_of_it_for_quota_start_first():
+    ahead = WaitingJob("a-early", "a", Shape(4, 1, "H100-80GB"), NOW_S - 60, 10, 1, 1800.0)
+    cluster = replace(A_AT_QUOTA, queued=(QueuedJob("a-early", "a", 4, "H100-80GB", 10, NOW_S - 60),))
+    result = estimated(cluster, H100.gpus(4).spec(), {"mine": 3600 + 600}, (ahead,))
+    assert result.quota.ahead == ("a-early",)
+    assert result.verdict == "wait" and result.estimated_wait_s == 600.0 + 1800.0, result.document()
+
+
+def test_the_new_job_waits_after_the_jobs_quota_puts_ahead_of_it_and_with_placement_s_queue_when_reserved():
+    def w(job_id: str, reserved: str | None = None) -> WaitingJob:
+        return WaitingJob(job_id, "a", Shape(), NOW_S, reserved_model=reserved)
+    queue = (w("p1", "H100-80GB"), w("q1"), w("q2"), w("q3"))
+    assert [j.job_id for j in with_new_job(queue, w("new"), {"q1", "q2"})[1]] == ["p1", "q1", "q2", "new", "q3"]
+    assert with_new_job(queue, w("new"), set())[0] == 1
+    assert with_new_job(queue, w("new", "H100-80GB"), {"q1"})[0] == 1
+
+
+@pytest.mark.parametrize(("wait_s", "words"), [(10, "in under a minute"), (1500, "in ~25 min"),
+                                               (7200, "in ~2 h"), (3 * 86400, "in ~3 d")])
+def test_an_estimate_is_said_roughly(wait_s, words):
+    assert wait_words(wait_s) == words
+
+
+def test_submit_check_prints_a_wait_s_estimated_start(monkeypatch, capsys):
+    from gpusched_cli import job_commands
+    from gpusched_cli.main import main
+
+    class Estimating(CheckingGateway):
+        def check(self, body: dict) -> dict:
+            return estimated(A_AT_QUOTA, H100.gpus(1).spec(), {"mine": 3600 + 1500}).document()
+
+    monkeypatch.setattr(job_commands, "Client", Estimating)
+    assert main(["submit", "--check", "--gpus", "1", "--", "true"]) == 3
+    out = capsys.readouterr().out
+    assert out.startswith("would wait: tenant a at quota (4/4 H100-80GB) and cohort has nothing to lend; estimated "
+                          "start in ~25 min"), out
+    assert "estimated start: in 25m (2026-01-01T00:25:00+00:00; run-time from default)" in out

@@ -11,6 +11,8 @@ from typing import Any
 from gpusched import Client
 from gpusched_common.table import render
 
+from gpusched_cli.estimates import relative
+
 EXIT = {"start": 0, "preempt": 0, "wait": 3, "never": 2}
 STAGES = ("admission", "quota", "placement", "preemption")
 HELP = ("judge the job(s) against the live cluster without submitting: would it start now, after preempting "
@@ -37,8 +39,12 @@ def readable(answer: dict[str, Any]) -> str:
     if answer.get("victims"):
         lines += ["", render(("victim", "tenant", "priority"),
                              [(v["job_id"], v["tenant"], v["priority"]) for v in answer["victims"]])]
-    if answer.get("estimated_start"):
-        lines += ["", f"estimated start: {answer['estimated_start']}"]
+    if answer["verdict"] == "wait" and answer.get("estimated_start"):
+        estimate = answer.get("estimate") or {}
+        source = f"; run-time from {estimate['runtime_source']}" if estimate.get("runtime_source") else ""
+        lines += ["", f"estimated start: {relative(answer)} ({answer['estimated_start']}{source})"]
+    elif answer["verdict"] == "wait" and answer.get("estimate"):
+        lines += ["", f"estimated start: unknown ({answer['estimate']['reason']})"]
     return "\n".join(lines)
 
 
@@ -50,3 +56,4 @@ def check_jobs(client: Client, bodies: list[dict[str, Any]], as_json: bool) -> i
     else:
         print("\n\n".join(readable(a) for a in answers))
     return exit_code([a["verdict"] for a in answers])
+

@@ -19,14 +19,15 @@ The verdict: ``start`` (with where), ``preempt`` (with the victims), ``wait`` (e
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from gpusched_common import events as ev
 
 from gpusched_core import placement as engine
 from gpusched_core import preemption as sel
+from gpusched_core.estimates import Forward, Shape, WaitingJob, estimate_new_job, wait_words
 from gpusched_core.gpu_models import ModelView
 from gpusched_core.placement.cycle import (
     NodeRow,
@@ -83,6 +84,7 @@ class CheckInputs:
     selection: sel.SelectionConfig = sel.SelectionConfig()
     unknown_dependencies: tuple[str, ...] = ()
     waiting_on: tuple[str, ...] = ()
+    forward: Forward | None = None  # the queue as the start-time estimator reads it; None: no estimate
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Stage:
     reasons: tuple[str, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
     never: bool = False  # no change of the cluster's load lets it pass
+    ahead: tuple[str, ...] = ()  # the jobs its cycle orders before this one (quota's)
 
     def document(self) -> dict[str, Any]:
         return {"ok": self.ok, "reasons": list(self.reasons), **self.facts}
@@ -109,8 +112,11 @@ class CheckResult:
     preemption: Stage | None = None
     placement: Mapping[str, Any] | None = None
     victims: tuple[Mapping[str, Any], ...] | None = None
+    estimated_start: datetime | None = None  # start, preempt: now; wait: the estimator's, if it knows
+    estimated_wait_s: float | None = None
+    estimate: Mapping[str, Any] | None = None  # a wait's run-time estimate and the estimator's reason
 
-    def document(self, estimated_start: str | None = None) -> dict[str, Any]:
+    def document(self) -> dict[str, Any]:
         """The answer of ``POST /v1/jobs:check`` and ``gpusched submit --check --json``."""
         return {"verdict": self.verdict, "summary": self.summary, "reasons": list(self.reasons),
                 "stages": {"admission": self.admission.document(), "quota": self.quota.document(),
@@ -118,15 +124,22 @@ class CheckResult:
                            "preemption": self.preemption.document() if self.preemption is not None else None},
                 "placement": dict(self.placement) if self.placement is not None else None,
                 "victims": [dict(v) for v in self.victims] if self.victims is not None else None,
-                "estimated_start": estimated_start}
+                "estimated_start": self.estimated_start.isoformat() if self.estimated_start is not None else None,
+                "estimated_wait_s": self.estimated_wait_s,
+                "estimate": dict(self.estimate) if self.estimate is not None else None}
 
 
 def check_submission(inputs: CheckInputs) -> CheckResult:
-    """The verdict on submitting ``inputs.spec`` now, with every reason (see the module's docstring)."""
+    """The verdict on submitting ``inputs.spec`` now, with every reason (see the module's docstring), and
+    when it would start: now for ``start`` and ``preempt``, the estimator's answer for ``wait``."""
     admission, spec = _admission(inputs)
     if spec is None:
         skipped = Stage(None, ("not reached: admission refuses the job",))
         return _result("never", admission.reasons, admission, skipped, skipped)
+    return _estimated(inputs, _verdict(inputs, admission, spec), spec)
+
+
+def _verdict(inputs: CheckInputs, admission: Stage, spec: ev.JobSpec) -> CheckResult:
     quota, flavor = _quota(inputs, spec)
     bound = bound_to_charge(spec, flavor)
     placement_stage, placed, after = _placement(inputs, bound)
@@ -148,6 +161,27 @@ def check_submission(inputs: CheckInputs) -> CheckResult:
              *(() if placement_stage.ok else placement_stage.reasons),
              *(preemption.reasons if preemption is not None and not preemption.ok else ())]
     return _result("wait", tuple(waits), admission, quota, placement_stage, preemption)
+
+
+def _estimated(inputs: CheckInputs, result: CheckResult, spec: ev.JobSpec) -> CheckResult:
+    """The result with its estimated start: a waiting job is put in the queue where it would wait and the
+    queue's forward simulation (``estimates``) run; none while it waits on a dependency or for a tenancy."""
+    if result.verdict in ("start", "preempt"):
+        return replace(result, estimated_start=inputs.now, estimated_wait_s=0.0)
+    if result.verdict != "wait" or inputs.forward is None or inputs.tenancy is None or inputs.waiting_on:
+        return result
+    share = spec.gpu_share.milli if spec.gpu_share is not None else None
+    shape = Shape(spec.gpus, spec.nodes, spec.gpu_model, share, spec.mig_profile)
+    flavor = result.quota.facts.get("flavor") if result.quota.ok else None
+    now_s = inputs.now.timestamp()
+    job = WaitingJob(inputs.job_id, spec.tenant, shape, now_s, spec.priority, None, spec.time_limit_s, flavor)
+    estimate = estimate_new_job(inputs.forward, job, result.quota.ahead, now_s, inputs.tenancy)
+    facts = {"runtime_s": estimate.runtime_s, "runtime_source": estimate.runtime_source, "reason": estimate.reason}
+    if estimate.wait_s is None:
+        return replace(result, estimate=facts)
+    return replace(result, summary=f"{result.summary}; estimated start {wait_words(estimate.wait_s)}",
+                   estimated_start=inputs.now + timedelta(seconds=estimate.wait_s),
+                   estimated_wait_s=round(estimate.wait_s, 1), estimate=facts)
 
 
 # --- the stages -------------------------------------------------------------------------------------------
@@ -202,7 +236,7 @@ def _quota(inputs: CheckInputs, spec: ev.JobSpec) -> tuple[Stage, str | None]:
     behind = (f"quota reserves first what the tenant's cohort queued ahead of it: {', '.join(first)}",) if first else ()
     return Stage(False, (waiting.reason, *behind), {**facts, "position": waiting.position,
                                                     "category": waiting.category.value},
-                 never=waiting.category in NEVER_IN_QUOTA), None
+                 never=waiting.category in NEVER_IN_QUOTA, ahead=tuple(ahead)), None
 
 
 def _ledger(book: QuotaBook, tenant: str, flavor: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@ values in (the nodes, running jobs, waiting jobs in queue order, finished runs, 
 one ``Estimate`` per waiting job out. See ``forward`` for the simulation and ``runtimes`` for run-times."""
 
 from .forward import plan_estimates
+from .hypothetical import Forward, estimate_new_job, wait_words, with_new_job
 from .model import (
     EstimateConfig,
     Estimate,
@@ -16,5 +17,6 @@ from .model import (
 )
 from .runtimes import RuntimeModel
 
-__all__ = ["Estimate", "EstimateConfig", "FinishedRun", "Hold", "NodeGpus", "RunningJob", "RuntimeEstimate",
-           "RuntimeModel", "Shape", "WaitingJob", "plan_estimates"]
+__all__ = ["Estimate", "EstimateConfig", "FinishedRun", "Forward", "Hold", "NodeGpus", "RunningJob", "RuntimeEstimate",
+           "RuntimeModel", "Shape", "WaitingJob", "estimate_new_job", "plan_estimates", "wait_words",
+           "with_new_job"]
