@@ -61,8 +61,7 @@ from gpusched_core.preemption import (
 )
 from gpusched_core.preemption import Preemptor as CorePreemptor
 from gpusched_core.quota import UNITS_PER_GPU, QuotaBook, QuotaSnapshot, ReclaimRequest
-from gpusched_core.quota.fairness import fair_entitlements, fair_victim_tenants, queue_demand
-from gpusched_core.quota.planner import tenant_shares
+from gpusched_core.quota.fairness import fair_entitlements, fair_shares, fair_victim_tenants, queue_demand
 
 from .cluster import FLAVOR, placement_request
 from .state import PRIORITY_CLASS, Run, SimState
@@ -103,8 +102,7 @@ def las_victims(state: SimState, job_id: str, threshold_gpu_s: float, fair_gangs
 
     running = borrowing_runs(state, running_jobs(state, queue_of), job.tenant)
     if fair_gangs and job.gpus >= state.cluster.gpus_per_node:
-        shares = tenant_shares(QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s),
-                               state.pending_queues())
+        shares = _shares(QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s), state)[1]
         mine = shares.get(job.tenant, 0.0)
         running = [r for r in running if r.tenant == job.tenant or shares.get(r.tenant, 0.0) > mine]
     if not any(r.priority == SECOND_QUEUE and r.started_at_s < state.now_s for r in running):
@@ -129,8 +127,7 @@ def fair_victims(state: SimState, margin: float, quantum_s: float) -> tuple[str,
     preemption lets it start now (``(job, victims)``), or None."""
     snapshot = QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s)
     queues = state.pending_queues()
-    entitled = fair_entitlements(snapshot, queue_demand(snapshot, queues))
-    shares = tenant_shares(snapshot, queues)
+    entitled, shares = _shares(snapshot, state, queues)
     book = QuotaBook.from_usage(state.tenancy, state.usage)
     config = SelectionConfig(default_min_runtime_s=max(quantum_s, JUST_STARTED_S))
     for queue in sorted(queues, key=lambda q: (shares.get(q.tenant, 0.0), q.tenant)):
@@ -150,6 +147,13 @@ def fair_victims(state: SimState, margin: float, quantum_s: float) -> tuple[str,
         if plan.outcome != "none" and plan.victim_ids:
             return job.job_id, list(plan.victim_ids)
     return None
+
+
+def _shares(snapshot: QuotaSnapshot, state: SimState, queues: list | None = None) -> tuple[dict, dict[str, float]]:
+    """Fair entitlements and the fair shares of every tenant with demand, queued or only running (a
+    tenant whose jobs all run can still be over its share)."""
+    demand = queue_demand(snapshot, state.pending_queues() if queues is None else queues)
+    return fair_entitlements(snapshot, demand), fair_shares(snapshot, demand)
 
 
 def _own_quota_victims(state: SimState, me: CorePreemptor, running: list[RunningJob],
