@@ -59,17 +59,18 @@ def _median(runs: list[dict[str, object]], trace: str, policy: str) -> float | N
 
 def markdown(runs: list[dict[str, object]], traces: list[str], policies: list[str], seeds: list[int]) -> str:
     """One row per trace: each policy's median, FGD's published median and ours - published."""
-    head = ["trace", *policies, "published FGD", "ours - published"]
+    head = ["trace", "seeds", *policies, "published FGD", "ours - published"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for trace in traces:
         medians = [_median(runs, trace, policy) for policy in policies]
         figure = published_unallocated(published_dir(), published_name(trace), "06-FGD")
         ours = medians[policies.index("ours")] if "ours" in policies else None
         delta = f"{ours - figure.median:+.2f}" if figure and ours is not None else "-"
-        cells = [trace, *(f"{m:.2f}" if m is not None else "-" for m in medians),
+        count = len({r["seed"] for r in runs if r["trace"] == trace})
+        cells = [trace, str(count), *(f"{m:.2f}" if m is not None else "-" for m in medians),
                  f"{figure.median:.2f}" if figure else "-", delta]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append(f"\nseeds {','.join(map(str, seeds))} ({len(seeds)}); median unallocated GPU % at 100% arrived")
+    lines.append(f"\nseeds {','.join(map(str, seeds))}; median unallocated GPU % at 100% arrived over a trace's seeds")
     return "\n".join(lines) + "\n"
 
 
@@ -82,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--json", dest="json_path", type=Path, default=None)
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="no runs: the table of earlier --json files together (for the traces given)")
     args = parser.parse_args(argv)
+    if args.merge:
+        return _merge(args)
     traces = list(ALL_TRACES) if args.traces == "all" else [t.strip() for t in args.traces.split(",") if t.strip()]
     policies, seeds = parse_policies(args.policies), parse_seeds(args.seeds)
     jobs = [(t, p, s, args.variant_seed) for t in traces for p in policies for s in seeds]
@@ -97,6 +102,29 @@ def main(argv: list[str] | None = None) -> int:
         args.markdown.write_text(text)
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+def _read_runs(path: Path) -> list[dict[str, object]]:
+    """Runs of a --json file, or of a sweep's stderr (one JSON run per line)."""
+    text = path.read_text()
+    if text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _merge(args: argparse.Namespace) -> int:
+    runs = [run for path in args.merge for run in _read_runs(path)]
+    present = list(dict.fromkeys(str(r["trace"]) for r in runs))
+    traces = [t for t in ALL_TRACES if t in present] + [t for t in present if t not in ALL_TRACES]
+    if args.traces != "all":
+        traces = [t.strip() for t in args.traces.split(",") if t.strip()]
+    policies = parse_policies(args.policies)
+    seeds = sorted({int(r["seed"]) for r in runs})  # type: ignore[call-overload]
+    text = markdown(runs, traces, policies, seeds)
+    print(text)
+    if args.markdown is not None:
+        args.markdown.write_text(text)
     return 0
 
 
