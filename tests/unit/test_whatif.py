@@ -1,4 +1,5 @@
-"""The what-if replay (gpusched_simulation.whatif): recorded jobs through today's nodes, by policy and tenancy."""
+"""The what-if replay (gpusched_core.whatif, re-exported by gpusched_simulation.whatif): recorded jobs through
+today's nodes, by policy and tenancy; a higher-priority job preempts through the live victim selection."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 
 from gpusched_core.quota import parse_tenancy
 from gpusched_simulation.whatif.cluster import ReplayNode
+from gpusched_core.whatif import PreemptionSettings
 from gpusched_simulation.whatif.engine import ReplayJob, replay
 from gpusched_simulation.whatif.history import replay_jobs, replay_nodes
 from gpusched_simulation.whatif.report import percentile, summarise
@@ -86,3 +88,61 @@ def test_history_rows_become_jobs_and_nodes():
 
 def test_percentile_is_nearest_rank():
     assert percentile([], 99) is None and percentile([1, 2, 3, 4], 50) == 2 and percentile(range(100), 99) == 98
+
+
+# --- preemption -------------------------------------------------------------------------------------------
+
+LOW_TWO = [a_job("lo1", runtime=1000), a_job("lo2", submit=30, runtime=1000)]  # both nodes, priority 0
+
+
+@pytest.mark.parametrize("quota", [None, tenancy(8)], ids=["no-tenancy", "tenancy"])
+def test_a_higher_priority_job_preempts_the_run_that_loses_least_and_the_victim_runs_again(quota):
+    """hi arrives at 100 with both nodes busy: lo2 (younger: less work lost) is stopped after the 30 s grace,
+    hi starts then on its node; lo2 queues again and reruns from scratch once hi ends."""
+    jobs = [*LOW_TWO, a_job("hi", "t2" if quota else "t1", submit=100, runtime=100, priority=9)]
+    state = replay(jobs, NODES, "bestfit", quota)
+    hi, lo1, lo2 = state.outcomes["hi"], state.outcomes["lo1"], state.outcomes["lo2"]
+    assert (hi.start_s, hi.end_s) == (130, 230)
+    assert (lo2.preempted, lo2.start_s, lo2.end_s) == (1, 30, 230 + 1000)
+    assert lo2.lost_gpu_s == 8 * (130 - 30) and lo1.preempted == 0 and lo1.end_s == 1000
+    figures = summarise(state)
+    assert figures["preemptions"] == 1 and figures["lost_gpu_hours"] == pytest.approx(8 * 100 / 3600)
+    assert figures["tenants"]["t1"]["preempted"] == 1 and figures["replayed"] == 3
+    assert state.cluster.allocated == 0 and not state.running
+
+
+def test_a_run_younger_than_the_minimum_run_time_is_protected():
+    """At 70, lo2 has run 40 s (< 60 s): lo1 is the victim although it loses more."""
+    state = replay([*LOW_TWO, a_job("hi", submit=70, runtime=100, priority=9)], NODES, "bestfit")
+    assert state.outcomes["lo1"].preempted == 1 and state.outcomes["lo2"].preempted == 0
+    assert state.outcomes["hi"].start_s == 100 and state.outcomes["lo1"].lost_gpu_s == 8 * 100
+
+
+def test_no_preemption_for_equal_priority_nor_when_it_is_off_nor_while_every_run_is_protected():
+    same = replay([*LOW_TWO, a_job("x", submit=100, runtime=100)], NODES, "bestfit")
+    assert same.preemptions == 0 and same.outcomes["x"].start_s == 1000
+    off = replay([*LOW_TWO, a_job("hi", submit=100, priority=9)], NODES, "bestfit",
+                 preemption=PreemptionSettings(enabled=False))
+    assert off.preemptions == 0 and off.outcomes["hi"].start_s == 1000
+    young = replay([*LOW_TWO, a_job("hi", submit=55, priority=9)], NODES, "bestfit")  # both under 60 s
+    assert young.preemptions == 0
+
+
+def test_a_gang_is_preempted_whole_and_the_count_is_per_run():
+    """A 16-GPU gang of priority 0 holds both nodes; two priority-9 jobs arrive: one preemption frees both."""
+    jobs = [a_job("gang", gpus=16, runtime=1000), a_job("hi1", submit=100, runtime=50, priority=9),
+            a_job("hi2", submit=100, runtime=50, priority=9)]
+    state = replay(jobs, NODES, "bestfit")
+    assert state.preemptions == 1 and state.outcomes["gang"].lost_gpu_s == 16 * 130
+    assert state.outcomes["hi1"].start_s == 130 and state.outcomes["hi2"].start_s == 130  # the gang held both
+    assert state.outcomes["gang"].end_s == 180 + 1000  # it reruns once both have ended
+
+
+def test_the_cli_table_says_preemptions_and_the_gpu_hours_lost():
+    from gpusched_simulation.whatif.report import table
+
+    jobs = [*LOW_TWO, a_job("hi", submit=100, runtime=100, priority=9)]
+    text = table(run_all(jobs, NODES, ["bestfit"], {"": None}))
+    header, _, row = text.splitlines()[:3]
+    assert "PREEMPT." in header and "LOST GPU-h" in header
+    assert row.split()[-3:] == ["1", "0.2", "0"], row

@@ -1,22 +1,23 @@
 """`gpusched whatif --since 7d --policy ours,fgd,bestfit [--tenancy new.yaml] [--json]`: the submissions the
 event store recorded (GET /v1/jobs, paginated, as the caller's token may see them) replayed with their real
-run-times through today's nodes (GET /v1/nodes), in this process (``gpusched_simulation.whatif``)."""
+run-times through today's nodes (GET /v1/nodes), in this process (the pure core ``gpusched_core.whatif``; the
+gateway's POST /v1/whatif runs the same replay on its side)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpusched import Client
 from gpusched_core.durations import parse_duration
 from gpusched_core.quota import Tenancy, TenancyError, load_tenancy
+from gpusched_core.whatif import replay_jobs, replay_nodes, run_all
 from gpusched_simulation.report import stderr_log
-from gpusched_simulation.whatif.history import replay_jobs, replay_nodes
 from gpusched_simulation.whatif.report import table
-from gpusched_simulation.whatif.run import run_all
 
 from gpusched_cli.job_commands import through_gateway
 
@@ -66,7 +67,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             print("gpusched whatif: no Ready node to replay on", file=sys.stderr)
             return 1
         try:
-            results = run_all(jobs, nodes, [p.strip() for p in args.policy.split(",") if p.strip()], tenancies, log)
+            results = run_all(jobs, nodes, [p.strip() for p in args.policy.split(",") if p.strip()], tenancies, log,
+                              clock=time.perf_counter)
         except ValueError as exc:
             print(f"gpusched whatif: {exc}", file=sys.stderr)
             return 2

@@ -1,3 +1,3 @@
-"""What-if on the cluster's own history (``gpusched whatif``): the recorded submissions replayed through
-today's nodes under placement policies by name and, optionally, other tenancies (``engine``); figures per
-run (``report``); the history as the gateway serves it (``history``)."""
+"""What-if on the cluster's own history: the replay is the pure core ``gpusched_core.whatif`` (so the
+gateway's POST /v1/whatif runs it too); these modules re-export it for the simulations that use it
+(``simulate-estimates``) and keep what only a terminal needs (``report.table``)."""

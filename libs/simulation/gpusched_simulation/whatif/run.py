@@ -1,33 +1,5 @@
-"""One what-if experiment: the same history replayed once per placement policy and tenancy."""
+"""Re-export: one run per policy and tenancy is ``gpusched_core.whatif.run``."""
 
-from __future__ import annotations
+from gpusched_core.whatif.run import run_all
 
-import time
-from collections.abc import Callable, Mapping, Sequence
-
-from gpusched_core.placement import policy_names
-from gpusched_core.quota import Tenancy
-
-from .cluster import ReplayNode
-from .engine import ReplayJob, replay
-from .report import summarise
-
-
-def run_all(jobs: Sequence[ReplayJob], nodes: Sequence[ReplayNode], policies: Sequence[str],
-            tenancies: Mapping[str, Tenancy | None], log: Callable[[str], None]) -> dict[str, dict]:
-    """``{run name: figures}``; a run is named by its policy, and its tenancy file when there are several
-    or one was given (``policy@file``)."""
-    unknown = [p for p in policies if p not in policy_names()]
-    if unknown:
-        raise ValueError(f"unknown policies {unknown}; known: {', '.join(policy_names())}")
-    results = {}
-    for label, tenancy in tenancies.items():
-        for policy in policies:
-            name = policy if not label else f"{policy}@{label}"
-            began = time.perf_counter()
-            figures = summarise(replay(jobs, nodes, policy, tenancy))
-            figures |= {"policy": policy, "tenancy": label or None, "wall_s": time.perf_counter() - began}
-            log(f"  {name}: {figures['replayed']} of {figures['jobs']} jobs replayed, "
-                f"{len(figures['unschedulable'])} unschedulable ({figures['wall_s']:.1f} s)")
-            results[name] = figures
-    return results
+__all__ = ["run_all"]
