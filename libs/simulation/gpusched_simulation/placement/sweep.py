@@ -66,7 +66,7 @@ def markdown(runs: list[dict[str, object]], traces: list[str], policies: list[st
         figure = published_unallocated(published_dir(), published_name(trace), "06-FGD")
         ours = medians[policies.index("ours")] if "ours" in policies else None
         delta = f"{ours - figure.median:+.2f}" if figure and ours is not None else "-"
-        count = len({r["seed"] for r in runs if r["trace"] == trace})
+        count = min(len({r["seed"] for r in runs if r["trace"] == trace and r["policy"] == p}) for p in policies)
         cells = [trace, str(count), *(f"{m:.2f}" if m is not None else "-" for m in medians),
                  f"{figure.median:.2f}" if figure else "-", delta]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
