@@ -25,7 +25,7 @@ from gpusched_common.stores.tenancy import TenancyReader
 from gpusched_core.rates import RateLimit
 
 from services.gateway import control, estimates, handlers, logs, store, stream, submissions, views
-from services.gateway import check
+from services.gateway import check, whatif
 from services.gateway.dashboard import oidc_login
 from services.gateway.dashboard import routes as dashboard_routes
 from services.gateway.auth import AuthFailures, Problem, problem_response
@@ -105,6 +105,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(logs.router)
     app.include_router(views.router)
     app.include_router(estimates.router)
+    app.include_router(whatif.router)
     app.include_router(stream.router)
     app.include_router(oidc_login.router)
     app.include_router(dashboard_routes.router)  # last: its /ui/{path} answers every other dashboard path
@@ -113,7 +114,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_invalid)
     app.add_middleware(LimitsMiddleware, max_body_bytes=settings.gateway_max_body_bytes,
-                       timeout_s=settings.gateway_read_timeout_s)
+                       timeout_s=settings.gateway_read_timeout_s,
+                       slow_paths={whatif.PATH: settings.gateway_whatif_timeout_s + 5})  # it answers its own 504
     return app
 
 
@@ -149,10 +151,13 @@ async def _on_invalid(request: Request, exc: Exception) -> object:
 
 class LimitsMiddleware:
     """Refuses a body over ``max_body_bytes`` (413, by its Content-Length or as it streams in) and answers
-    504 to a request still unanswered after ``timeout_s``: a slow or huge request holds no worker."""
+    504 to a request still unanswered after ``timeout_s`` (the paths of ``slow_paths``: after theirs): a slow
+    or huge request holds no worker."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, timeout_s: float,
+                 slow_paths: dict[str, float] | None = None) -> None:
         self.app, self.max_body_bytes, self.timeout_s = app, max_body_bytes, timeout_s
+        self.slow_paths = slow_paths or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,12 +187,13 @@ class LimitsMiddleware:
                     deadline.reschedule(None)  # answered in time: a stream (a followed job) may go on
             await send(message)
 
+        timeout_s = self.slow_paths.get(scope.get("path", ""), self.timeout_s)
         try:
-            async with asyncio.timeout(self.timeout_s) as deadline:
+            async with asyncio.timeout(timeout_s) as deadline:
                 await self.app(scope, limited_receive, tracking_send)
         except TimeoutError:
             if not started:
-                await _send_problem(send, 504, f"the request took longer than {self.timeout_s}s")
+                await _send_problem(send, 504, f"the request took longer than {timeout_s}s")
 
 
 async def _send_problem(send: Send, status: int, detail: str) -> None:

@@ -61,3 +61,9 @@ class GatewaySettings(Settings):
     placement_policy: str = "bestfit"
     preemption_min_runtime_s: float = 60.0
     preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
+    # POST /v1/whatif: at most this many jobs in the window; a replay past the timeout is given up (504); at
+    # most this many replays at once in one process (others 503); victims' grace as the preemption service's
+    gateway_whatif_max_jobs: int = Field(50_000, ge=1)
+    gateway_whatif_timeout_s: float = Field(60.0, gt=0)
+    gateway_whatif_concurrency: int = Field(1, ge=1)
+    preemption_grace_s: float = 30.0

@@ -266,6 +266,9 @@ async def test_every_submission_route_answers_every_role_as_the_rule_table_says(
                     assert assert_problem(response, want)["status"] == want, (path, name, own, response.text)
                 elif scope is Scope.NONE:
                     assert f"role {role}" in assert_problem(response, 403)["detail"]
+                elif path == "/v1/whatif":  # a JobSpec is no what-if request: 422 once the role may replay
+                    assert response.status_code == 422 and "no what-if request" in response.json()["detail"], (
+                        path, name, response.text)  # a problem with every reason (test_gateway_whatif.py)
                 elif path.endswith(":check") and (own or scope is Scope.ANY):  # a check publishes nothing: 200
                     assert response.status_code == 200 and response.json()["verdict"] == "wait", response.text
                 elif own or scope is Scope.ANY:

@@ -1,6 +1,7 @@
 """The gateway's database role (migrations 017 and 032) on real PostgreSQL: it reads exactly the read models the
 gateway serves and writes nothing but a token's last use; creating it again is a no-op; and the real app,
-connected as it, answers every /v1 route (so the grants are complete)."""
+connected as it, answers every /v1 route (so the grants are complete; POST /v1/whatif reads only what 017
+grants: no migration 035)."""
 
 from __future__ import annotations
 
@@ -201,6 +202,9 @@ async def test_the_gateway_as_its_role_answers_every_route(database_url, admin, 
             queue = (await client.get("/v1/queue", headers=bearer(names["operator"]))).json()["jobs"]
             cluster = (await client.get("/v1/cluster", headers=bearer(names["operator"]))).json()
             history = (await client.get("/v1/history", headers=bearer(names["user"]))).json()
+            # the one POST route that reads (the others publish, or are check's: test_gateway_check.py)
+            replayed = await client.post("/v1/whatif", json={"since": "3650d"}, headers=bearer(names["operator"]))
+            assert replayed.status_code == 200 and replayed.json()["left_out"] > 0, replayed.text
     assert cluster["nodes"][0]["gpus"][0]["utilization_pct"] == 42.0
     assert [s["tenant"] for s in history["series"]] == ["a"] and history["series"][0]["points"][-1][1] == 1.0
     assert [(w["tenant"], w["count"], w["p50_s"]) for w in history["waits"]] == [("a", 1, 5.0)]

@@ -36,6 +36,8 @@ TENANT_EXPECTED = {
     A.QUEUE_READ: {**BOUND, R.VIEWER: ANYWHERE, R.OPERATOR: ANYWHERE},
     A.TENANTS_READ: {**BOUND, R.VIEWER: ANYWHERE, R.OPERATOR: ANYWHERE},
     A.HISTORY_READ: {**BOUND, R.VIEWER: ANYWHERE, R.OPERATOR: ANYWHERE},  # a user sees its tenant's history only
+    # a replay of history: an operator's of any tenant or all, a tenant admin's of its tenant's jobs only
+    A.WHATIF_RUN: {R.USER: NO, R.TENANT_ADMIN: BOUND[R.TENANT_ADMIN], R.VIEWER: NO, R.OPERATOR: ANYWHERE},
 }
 
 # The cluster's own things, per role: (user, tenant-admin, viewer, operator)

@@ -9,4 +9,6 @@
 - ``metrics``: the utilisation samples (owned by metrics; read by the CLI's summary).
 - ``running``: who holds GPUs and what quota charges them (placement's and quota's tables; read by
   preemption).
+- ``whatif``: the jobs submitted in a window and today's nodes (the jobs read model, placement's nodes;
+  read by the gateway's POST /v1/whatif).
 """

@@ -60,6 +60,7 @@ class Action(StrEnum):
     TENANCY_WRITE = "tenancy.write", Target.CLUSTER, "change the tenancy"
     TOKENS_MANAGE = "tokens.manage", Target.CLUSTER, "manage tokens"
     PRODUCERS_MANAGE = "producers.manage", Target.CLUSTER, "manage producers"
+    WHATIF_RUN = "whatif.run", Target.VIEW, "replay history (what-if)"
 
 
 def all_actions() -> tuple[Action, ...]:

@@ -64,6 +64,7 @@ _TABLE: dict[Action, tuple[Scope, ...]] = {
     Action.TENANCY_WRITE:    (_NO, _NO, _NO, _ANY),
     Action.TOKENS_MANAGE:    (_NO, _NO, _NO, _ANY),
     Action.PRODUCERS_MANAGE: (_NO, _NO, _NO, _ANY),
+    Action.WHATIF_RUN:       (_NO, _TENANT, _NO, _ANY),
 }  # fmt: skip
 RULES: Mapping[tuple[Role, Action], Scope] = MappingProxyType(
     {(role, action): scope for action, row in _TABLE.items() for role, scope in zip(_ROLES, row, strict=True)}

@@ -5,11 +5,11 @@ tenancies, with the live preemption core choosing victims for higher-priority jo
 tenancy (``run``). No I/O, clock or random source: the callers (the CLI, the gateway) read the history."""
 
 from .cluster import ReplayCluster, ReplayNode, gang_shape
-from .engine import Outcome, Replay, ReplayJob, replay
+from .engine import Outcome, Replay, ReplayJob, Stopped, replay
 from .history import replay_jobs, replay_nodes
 from .preempt import PreemptionSettings
 from .report import percentile, summarise
 from .run import run_all
 
 __all__ = ["Outcome", "PreemptionSettings", "Replay", "ReplayCluster", "ReplayJob", "ReplayNode", "gang_shape",
-           "percentile", "replay", "replay_jobs", "replay_nodes", "run_all", "summarise"]
+           "percentile", "replay", "replay_jobs", "replay_nodes", "run_all", "summarise", "Stopped"]

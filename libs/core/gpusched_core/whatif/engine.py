@@ -282,19 +282,29 @@ class Replay:
 
 
 Observer = Callable[[Replay, float], None]
+CHECK_EVERY = 256  # event times between two looks at ``stop``
+
+
+class Stopped(Exception):
+    """The caller's ``stop`` said so (a what-if past its deadline): the replay was left unfinished."""
 
 
 def replay(jobs: Iterable[ReplayJob], nodes: Sequence[ReplayNode], placement: str, tenancy: Tenancy | None = None,
            *, fragmentation: bool = True, observe: Observer | None = None, observe_at_s: Sequence[float] = (),
-           preemption: PreemptionSettings = PreemptionSettings()) -> Replay:
-    """Every job to its end (or unschedulable); the final state."""
+           preemption: PreemptionSettings = PreemptionSettings(),
+           stop: Callable[[], bool] | None = None) -> Replay:
+    """Every job to its end (or unschedulable); the final state. ``stop``: asked now and then whether to give
+    up (``Stopped``), so that a caller with a deadline does not leave a replay running."""
     ordered = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
     workload = _workload(ordered, nodes) if fragmentation else None
     state = Replay(ReplayCluster(nodes, placement, workload), tenancy, workload, preemption=preemption)
     state.now_s = ordered[0].submit_s if ordered else 0.0
     samples = sorted(observe_at_s)
-    i = k = 0
+    i = k = steps = 0
     while True:
+        steps += 1
+        if stop is not None and steps % CHECK_EVERY == 0 and stop():
+            raise Stopped(f"stopped after {steps} event times")
         now = min(ordered[i].submit_s if i < len(ordered) else math.inf, state.ends.next_at())
         while observe is not None and k < len(samples) and samples[k] < now:
             observe(state, samples[k])  # nothing changed since the last event: this is the state then

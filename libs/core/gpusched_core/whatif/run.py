@@ -16,8 +16,8 @@ from .report import summarise
 
 def run_all(jobs: Sequence[ReplayJob], nodes: Sequence[ReplayNode], policies: Sequence[str],
             tenancies: Mapping[str, Tenancy | None], log: Callable[[str], None] = lambda line: None, *,
-            clock: Callable[[], float] | None = None,
-            preemption: PreemptionSettings = PreemptionSettings()) -> dict[str, dict]:
+            clock: Callable[[], float] | None = None, preemption: PreemptionSettings = PreemptionSettings(),
+            stop: Callable[[], bool] | None = None) -> dict[str, dict]:
     """``{run name: figures}``; a run is named by its policy, and its tenancy file when there are several
     or one was given (``policy@file``)."""
     unknown = [p for p in policies if p not in policy_names()]
@@ -28,7 +28,7 @@ def run_all(jobs: Sequence[ReplayJob], nodes: Sequence[ReplayNode], policies: Se
         for policy in policies:
             name = policy if not label else f"{policy}@{label}"
             began = clock() if clock is not None else None
-            figures = summarise(replay(jobs, nodes, policy, tenancy, preemption=preemption))
+            figures = summarise(replay(jobs, nodes, policy, tenancy, preemption=preemption, stop=stop))
             figures |= {"policy": policy, "tenancy": label or None}
             took = ""
             if clock is not None and began is not None:
