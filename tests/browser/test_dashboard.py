@@ -1,8 +1,9 @@
 """The dashboard in a real headless Chromium against the whole local stack (every service a process, a
 real broker and PostgreSQL): a tenant's user signs in and sees only its tenant's jobs; an operator sees
 every node; a job submitted from the CLI appears in the open job list and goes Running without a reload;
-it is cancelled from its page (with confirmation); a preempted job's page says why. Each page is
-screenshotted into bench-results/screenshots/."""
+it is cancelled from its page (with confirmation); a preempted job's page says why; an operator replays
+the history under two policies from the History page's What-if panel. Each page is screenshotted into
+bench-results/screenshots/."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from gpusched.config import read_config
 from gpusched_cli.client import Client
@@ -184,3 +185,28 @@ async def test_the_queues_and_history_pages_draw_from_the_gateway_s_data(local_s
     until(page, lambda d: "/ui/signin" in d.current_url, "signed out")
     page.get(f"{local_stack.gateway}/ui/jobs")
     until(page, lambda d: "/ui/signin" in d.current_url, "the cookie is gone: signed out for good")
+
+
+def whatif_tables(driver) -> dict[str, list[str]]:
+    """The runs and the tenants the What-if panel's tables show (read in one script)."""
+    return driver.execute_script(
+        "const out = {runs: [], tenants: []};"
+        " for (const r of document.querySelectorAll('#whatif-runs tbody tr')) out.runs.push(r.dataset.run);"
+        " for (const r of document.querySelectorAll('#whatif-tenants tbody tr')) out.tenants.push(r.dataset.tenant);"
+        " return out;")
+
+
+async def test_an_operator_replays_the_history_under_two_policies_from_the_history_page(local_stack, page):
+    sign_in(page, local_stack.gateway, operator_token(local_stack), "/ui/history")
+    until(page, lambda d: d.find_element(By.ID, "whatif-form").is_displayed(), "the what-if form is drawn")
+    Select(page.find_element(By.ID, "whatif-window")).select_by_value("1d")
+    for policy in ("ours", "fgd", "bestfit", "random"):
+        box = page.find_element(By.ID, f"whatif-policy-{policy}")
+        if box.is_selected() != (policy in ("ours", "bestfit")):
+            box.click()
+    page.find_element(By.ID, "whatif-run").click()
+    shown = until(page, lambda d: (t := whatif_tables(d))["runs"] and t, "the what-if's tables are drawn", 120)
+    assert sorted(shown["runs"]) == ["bestfit", "ours"], shown
+    assert {"research", "inference"} <= set(shown["tenants"]), shown  # the tenants of the jobs run above
+    assert "jobs replayed since" in page.find_element(By.ID, "whatif-status").text
+    screenshot(page, "history-whatif")

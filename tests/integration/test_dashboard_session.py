@@ -34,7 +34,7 @@ async def test_a_typed_token_becomes_a_strict_httponly_cookie_that_reads_the_api
     client, _, names = gateway
     who = await signed_in(client, names["user"])
     assert (who["role"], who["tenant"]) == ("user", "a") and who["csrf"] == session.csrf_token(names["user"])
-    assert who["may"] == {"nodes": False, "jobs": True, "history": True, "act": True}
+    assert who["may"] == {"nodes": False, "jobs": True, "history": True, "act": True, "whatif": False}
     raw = (await client.post("/ui/session", json={"token": names["user"]}, headers=ORIGIN)).headers["set-cookie"]
     assert raw.startswith(f"{session.COOKIE}=") and "HttpOnly" in raw and "SameSite=Strict" in raw, raw
     assert "Secure" not in raw  # plain HTTP here; over TLS (or gateway_cookie_secure) it is Secure

@@ -72,12 +72,13 @@ def _files(request: Request) -> StaticFiles:
 
 def may(principal: Principal) -> dict[str, bool]:
     """What the pages offer this principal (each still judged by its route): the cluster view, job lists,
-    usage history and job actions."""
+    usage history, job actions and the history page's what-if replay."""
     own = Resource.in_tenant(None)
     return {"nodes": authorize(principal, Action.NODES_READ, Resource.cluster()).allowed,
             "jobs": authorize(principal, Action.JOB_LIST, own).allowed,
             "history": authorize(principal, Action.HISTORY_READ, own).allowed,
-            "act": never(principal, Action.JOB_CANCEL) is None}
+            "act": never(principal, Action.JOB_CANCEL) is None,
+            "whatif": authorize(principal, Action.WHATIF_RUN, own).allowed}
 
 
 def _who(principal: Principal, token: str | None) -> dict[str, Any]:

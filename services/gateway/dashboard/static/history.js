@@ -1,16 +1,22 @@
 // history.js: usage over a window (1h / 6h / 24h / 7d, or ?since=&until= as given): GPU allocation per
 // tenant (stacked), utilisation per GPU model, submit-to-placed waits per tenant (histograms with
-// p50/p90/p99) and preemptions over time. A relative window slides forward once a minute.
+// p50/p90/p99) and preemptions over time. A relative window slides forward once a minute. Where the
+// session may (`may.whatif`), a What-if panel replays a window's jobs under placement policies
+// (POST /v1/whatif) and tables the figures per policy and per tenant.
 
-import { getJSON, withQuery } from './api.js';
+import { getJSON, postJSON, withQuery, isAbort } from './api.js';
 import { h, fmtInt, fmtNum, fmtPct, fmtDuration, fmtTime, tenantColour, seriesColour, throttle } from './app.js';
 import { timeChart, barChart } from './chart.js';
 
 const RANGES = { '1h': 3600, '6h': 6 * 3600, '24h': 86400, '7d': 7 * 86400 };
 const BIN_LABELS = { 1: '≤1s', 10: '≤10s', 60: '≤1m', 300: '≤5m', 1800: '≤30m', 3600: '≤1h' };
 
+const WHATIF_WINDOWS = ['1d', '7d', '30d'];
+const WHATIF_POLICIES = ['ours', 'fgd', 'bestfit', 'random'];   // the gateway's policy names (random exists)
+const WHATIF_MAX = 3;
+
 export function mount(view, ctx) {
-  const { signal, params } = ctx;
+  const { signal, params, session } = ctx;
   const explicit = params.get('since') || params.get('until');
   const range = RANGES[params.get('range')] ? params.get('range') : explicit ? null : '24h';
 
@@ -23,9 +29,10 @@ export function mount(view, ctx) {
   const waits = h('section', { id: 'waits', class: 'card' });
   const preempt = h('section', { id: 'chart-preemptions', class: 'card' });
 
+  const mayReplay = !!(session && session.may && session.may.whatif);
   view.append(h('section', { class: 'page page-history' },
     h('div', { class: 'page-head' }, h('h1', {}, 'History'), links, windowText),
-    alloc, util, waits, preempt));
+    alloc, util, waits, preempt, mayReplay ? whatIfPanel(signal) : null));
   for (const [el, title] of [[alloc, 'GPU allocation by tenant'], [util, 'Utilisation by GPU model'],
     [waits, 'Waits from submit to placed'], [preempt, 'Preemptions']]) {
     el.append(h('h2', {}, title), h('p', { class: 'muted' }, 'Loading…'));
@@ -140,4 +147,86 @@ export function mount(view, ctx) {
       clearInterval(timer);
     },
   };
+}
+
+// --- what-if ----------------------------------------------------------------------------------------
+
+const secs = (v) => (v === null || v === undefined ? '—' : fmtDuration(v));
+const num = (v, digits) => (v === null || v === undefined ? '—' : fmtNum(v, digits));
+
+/** A table of `columns` ([heading, cell(row), numeric?]) over `items`, each row's dataset from `data(item)`. */
+function figuresTable(id, columns, items, data) {
+  return h('div', { class: 'table-scroll' }, h('table', { id, class: 'data compact whatif-table' },
+    h('thead', {}, h('tr', {}, columns.map(([title, , n]) => h('th', { class: n ? 'num' : null, scope: 'col' }, title)))),
+    h('tbody', {}, items.map((item) => h('tr', { dataset: data(item) },
+      columns.map(([, cell, n]) => h('td', { class: n ? 'num' : null }, cell(item))))))));
+}
+
+const RUN_COLUMNS = [
+  ['Run', ([name]) => name], ['Replayed', ([, r]) => fmtInt(r.replayed), true],
+  ['Unsched.', ([, r]) => fmtInt((r.unschedulable || []).length), true],
+  ['Avg wait', ([, r]) => secs(r.avg_wait_s), true], ['P99 wait', ([, r]) => secs(r.p99_wait_s), true],
+  ['Avg JCT', ([, r]) => secs(r.avg_jct_s), true], ['GPU alloc.', ([, r]) => fmtPct(r.gpu_allocation_pct), true],
+  ['Frag.', ([, r]) => (r.fragmentation_pct === null ? '—' : fmtPct(r.fragmentation_pct)), true],
+  ['Preemptions', ([, r]) => fmtInt(r.preemptions), true], ['Lost GPU-h', ([, r]) => num(r.lost_gpu_hours, 1), true],
+  ['Overshoot GPUs', ([, r]) => num(r.max_quota_overshoot_gpus, 1), true],
+];
+const TENANT_COLUMNS = [
+  ['Run', ([name]) => name], ['Tenant', ([, t]) => t], ['Jobs', ([, , f]) => fmtInt(f.jobs), true],
+  ['Avg wait', ([, , f]) => secs(f.avg_wait_s), true], ['P99 wait', ([, , f]) => secs(f.p99_wait_s), true],
+  ['Unsched.', ([, , f]) => fmtInt(f.unschedulable), true], ['Preempted', ([, , f]) => fmtInt(f.preempted || 0), true],
+];
+
+/** The What-if card: window, policies, Run; then the answer's tables (one request at a time). */
+function whatIfPanel(signal) {
+  const windowSelect = h('select', { id: 'whatif-window', name: 'since', 'aria-label': 'Replay window' },
+    WHATIF_WINDOWS.map((w) => h('option', { value: w, selected: w === '7d' ? true : null }, `last ${w}`)));
+  const boxes = WHATIF_POLICIES.map((p) => h('input', { type: 'checkbox', name: 'policy', value: p,
+    id: `whatif-policy-${p}`, checked: p === 'ours' || p === 'bestfit' }));
+  const run = h('button', { id: 'whatif-run', type: 'submit' }, 'Run');
+  const status = h('p', { id: 'whatif-status', class: 'muted small', role: 'status', 'aria-live': 'polite' });
+  const result = h('div', { id: 'whatif-result' });
+  const form = h('form', { id: 'whatif-form', class: 'whatif-form' },
+    h('label', { class: 'seg-label', for: 'whatif-window' }, 'Window'), windowSelect,
+    h('fieldset', { class: 'whatif-policies' }, h('legend', { class: 'seg-label' }, 'Policies'),
+      boxes.map((box) => h('label', { class: 'whatif-policy', for: box.id }, box, ` ${box.value}`))),
+    run);
+
+  async function replay(event) {
+    event.preventDefault();
+    const policies = boxes.filter((b) => b.checked).map((b) => b.value);
+    if (!policies.length || policies.length > WHATIF_MAX) {
+      status.textContent = `Choose 1 to ${WHATIF_MAX} policies.`;
+      return;
+    }
+    run.disabled = true;
+    status.textContent = `Replaying the last ${windowSelect.value} under ${policies.join(', ')}…`;
+    result.replaceChildren();
+    try {
+      const { body } = await postJSON('/v1/whatif', { since: windowSelect.value, policies }, { signal });
+      if (!signal.aborted) show(body);
+    } catch (err) {
+      if (!isAbort(err)) status.textContent = `The what-if failed: ${err.detail || err.message}`;
+    } finally {
+      run.disabled = false;
+    }
+  }
+
+  function show(doc) {
+    const runs = Object.entries(doc.runs || {});
+    status.textContent = `${fmtInt(doc.jobs)} jobs replayed since ${fmtTime(doc.since)} (${fmtInt(doc.left_out)} ` +
+      `left out: never ran or still running) on ${fmtInt(doc.nodes)} nodes, ${fmtInt(doc.gpus)} GPUs.`;
+    const tenants = runs.flatMap(([name, r]) => Object.entries(r.tenants || {}).map(([t, f]) => [name, t, f]));
+    result.replaceChildren(
+      h('h3', {}, 'Per policy'), figuresTable('whatif-runs', RUN_COLUMNS, runs, ([name]) => ({ run: name })),
+      h('h3', {}, 'Per policy and tenant'),
+      tenants.length ? figuresTable('whatif-tenants', TENANT_COLUMNS, tenants, ([name, t]) => ({ run: name, tenant: t }))
+        : h('p', { class: 'empty' }, 'No job was submitted in this window.'));
+  }
+
+  form.addEventListener('submit', (event) => { replay(event); });
+  return h('section', { id: 'whatif', class: 'card' }, h('h2', {}, 'What-if'),
+    h('p', { class: 'muted small' }, 'Replays the jobs submitted in the window, with their real run-times, through ' +
+      "today's nodes under each placement policy; a higher-priority job preempts as the live service would."),
+    form, status, result);
 }
