@@ -146,7 +146,10 @@ async def sign_out(request: Request, principal: Caller) -> Response:
 
 @router.get("/ui/{path:path}")
 async def page(request: Request, path: str) -> Response:
-    """Every other dashboard path is the one page shell; its script routes by path."""
+    """Every other dashboard path is the one page shell; its script routes by path (a missing file under
+    ``static/`` is a 404, not the shell)."""
+    if path.startswith("static/") or path == "static":
+        raise Problem(404, "no such dashboard file")
     return _files(request).answer(request, "index.html")
 
 
