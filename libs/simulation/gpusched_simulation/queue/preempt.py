@@ -132,8 +132,6 @@ def fair_victims(state: SimState, margin: float, quantum_s: float) -> tuple[str,
     config = SelectionConfig(default_min_runtime_s=max(quantum_s, JUST_STARTED_S))
     for queue in sorted(queues, key=lambda q: (shares.get(q.tenant, 0.0), q.tenant)):
         job = queue.entries[0][1]
-        if job.ask.units > book.available(job.tenant, FLAVOR):
-            continue
         victims = fair_victim_tenants(snapshot, shares, entitled, job.tenant, FLAVOR, job.ask.units, margin)
         if not victims:
             continue
@@ -144,9 +142,19 @@ def fair_victims(state: SimState, margin: float, quantum_s: float) -> tuple[str,
         plan = select_victims(state.cluster.snapshot, preemptor(state, job.job_id, FIRST_QUEUE), running,
                               state.now_s, trigger=PriorityTrigger(), quota=tenant_quotas(state, book),
                               config=config, policy=state.cluster.policy)  # fmt: skip
-        if plan.outcome != "none" and plan.victim_ids:
+        if plan.outcome != "none" and plan.victim_ids and _quota_after(state, book, job.tenant, job.ask.units,
+                                                                       plan.victim_ids):  # fmt: skip
             return job.job_id, list(plan.victim_ids)
     return None
+
+
+def _quota_after(state: SimState, book: QuotaBook, tenant: str, units: int, victims: tuple[str, ...]) -> bool:
+    """Whether the tenant has quota for ``units`` once ``victims`` gave theirs back."""
+    after = book.copy()
+    for job_id in victims:
+        run = state.running[job_id]
+        after.charge(run.tenant, FLAVOR, -run.units)
+    return units <= after.available(tenant, FLAVOR)
 
 
 def _shares(snapshot: QuotaSnapshot, state: SimState, queues: list | None = None) -> tuple[dict, dict[str, float]]:

@@ -98,17 +98,21 @@ def _las_policy(fair_gangs: bool) -> Policy:
     return Policy("las", "fairshare", 0.0, las=True, reclaim=False, fair_gang_preemption=fair_gangs)
 
 
-@pytest.mark.parametrize("fair_gangs, starts_at", [(False, 5000), (True, 20_000)], ids=["plain-las", "fair-gangs"])
-def test_a_whole_node_job_preempts_another_tenant_only_when_that_tenant_is_above_its_fair_share(fair_gangs, starts_at):
-    # t2 borrows (8 GPUs on a nominal of 2: share 4); t1 borrows more (8 on 1: share 8) and asks for a node
+@pytest.mark.parametrize("fair_gangs, t3_nominal, starts_at", [(False, 21, 5000), (True, 21, 5000), (True, 13, 20_000)],
+                         ids=["plain-las", "fair-gangs-under-share", "fair-gangs-at-share"])
+def test_a_whole_node_job_preempts_another_tenant_only_when_that_tenant_is_above_its_fair_share(fair_gangs, t3_nominal,
+                                                                                                starts_at):
+    # t2 (nominal 2) holds 8 GPUs and wants no more; t1 (nominal 1) holds 8 and asks for a node. t3 leaves its
+    # quota idle: with 21 (a pool of 24) t1 is entitled to the other 16, so it is under its fair share (0.5)
+    # and t2 over it (1.0): t2 loses a run; with 13 (a pool of 16, all held) both are at their share and
+    # t1's own quota could come only from its runs, still in the first queue: t1-b waits
     jobs = [job("t2-a", "t2", 0, 20_000, 4), job("t2-b", "t2", 1, 20_000, 4), job("t1-a", "t1", 4700, 20_000, 8),
             job("t1-b", "t1", 5000, 100, 8)]
-    tenancy = tenancy_for(QuotaSetup({"t1": 1, "t2": 2, "t3": 21}, 16), 0.0)
+    tenancy = tenancy_for(QuotaSetup({"t1": 1, "t2": 2, "t3": t3_nominal}, 16), 0.0)
     state = simulate(jobs, tenancy, _las_policy(fair_gangs), SimConfig(nodes=2, gpus_per_node=8))
     assert state.jobs["t1-b"].completed_s == starts_at + 100
-    assert (state.jobs["t2-a"].preemptions + state.jobs["t2-b"].preemptions == 0) == fair_gangs
+    assert (state.jobs["t2-a"].preemptions + state.jobs["t2-b"].preemptions == 0) == (starts_at > 5000)
     assert state.max_overshoot_units == 0
-
 
 
 def test_a_reclaim_preempts_nothing_when_the_owner_could_not_start_anyway():
@@ -133,3 +137,17 @@ def test_a_reclaim_takes_no_run_that_would_push_its_tenant_below_its_nominal_quo
         assert state.preemptions == 1, name
         assert state.jobs["t3-b"].preemptions == 1 and state.jobs["own"].completed_s == 110
         assert state.jobs["t2-a"].preemptions == state.jobs["t2-b"].preemptions == 0
+
+
+@pytest.mark.parametrize("margin, preempted", [(0.2, 1), (None, 0)])
+def test_a_tenant_under_its_fair_share_preempts_one_far_over_it(margin, preempted):
+    # t3 leaves its 8 GPUs idle, so t1 and t2 are each entitled to 8 of the 16; t2 holds 12 (share 1.5),
+    # t1's second job takes it to its 8 (share 1.0): fair-share preemption takes one of t2's runs
+    policy = Policy("fair", "fairshare", 21600.0, las=False, reclaim=True, fair_preemption_margin=margin)
+    jobs = [job("t1-a", "t1", 0, 10_000, 4), *(job(f"t2-{i}", "t2", 0, 10_000, 4) for i in range(3)),
+            job("t1-b", "t1", 2000, 100, 4)]
+    tenancy = tenancy_for(QuotaSetup({"t1": 4, "t2": 4, "t3": 8}, 16), policy.half_life_s)
+    state = simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
+    assert state.preemptions == preempted
+    assert (state.jobs["t1-b"].completed_s == 2100) == bool(preempted)
+    assert state.max_overshoot_units == 0
