@@ -30,6 +30,14 @@ from tests.builders import a_job
 from tests.integration.test_gateway_api import assert_problem, bearer, issue
 
 NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture(autouse=True)
+def _now_is_when_the_test_runs() -> None:
+    """``NOW`` is set again as each test starts: the gateway reads the real clock, and a time taken at
+    import is stale by the time a long suite reaches this module."""
+    global NOW
+    NOW = datetime.now(UTC).replace(microsecond=0)
 H100 = "H100-80GB"
 TENANCY = """
 version: 1

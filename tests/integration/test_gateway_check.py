@@ -30,6 +30,14 @@ from tests.integration.test_gateway_api import assert_problem, bearer, issue
 GPU = 7000  # quota units per GPU
 H100 = "H100-80GB"
 STARTED = datetime.now(UTC) - timedelta(hours=1)  # past the minimum run time that protects a fresh run
+
+
+@pytest.fixture(autouse=True)
+def _now_is_when_the_test_runs() -> None:
+    """``STARTED`` is set again as each test starts: the gateway reads the real clock, and a time taken at
+    import is stale by the time a long suite reaches this module."""
+    global STARTED
+    STARTED = datetime.now(UTC) - timedelta(hours=1)
 POLICY = engine.make_policy("bestfit")
 TENANCY = """
 version: 1

@@ -25,6 +25,14 @@ from services.placement.handlers import process
 from tests.integration.test_gateway_api import assert_problem, bearer, issue
 
 NOW = datetime.now(UTC)
+
+
+@pytest.fixture(autouse=True)
+def _now_is_when_the_test_runs() -> None:
+    """``NOW`` is set again as each test starts: the gateway reads the real clock, and a time taken at
+    import is stale by the time a long suite reaches this module."""
+    global NOW
+    NOW = datetime.now(UTC)
 H100 = "H100-80GB"
 # job id, tenant, GPUs, priority, submitted (minutes ago), ran (minutes)
 JOBS = [("b-long", "b", 8, 10, 50, 40), ("a-high", "a", 4, 100, 45, 5), ("a-1", "a", 1, 10, 30, 2),
