@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 
@@ -38,3 +38,8 @@ class EventQueue:
         """The events due at or before ``now_s``, earliest first (also those pushed while iterating)."""
         while self._heap and self._heap[0].at_s <= now_s:
             yield heapq.heappop(self._heap)
+
+    def discard_stale(self, live: Callable[[Event], bool]) -> None:
+        """Drop the earliest events for as long as they are not ``live``."""
+        while self._heap and not live(self._heap[0]):
+            heapq.heappop(self._heap)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpusched_core import placement as engine
+from gpusched_core.whatif.cluster import gang_shape
+
 
 FLAVOR = "philly-gpu"
 DEFAULT_PLACEMENT = "bestfit"
@@ -20,15 +22,6 @@ DEFAULT_PLACEMENT = "bestfit"
 class Binding:
     node: int  # row of the node in the snapshot
     gpu_indices: tuple[int, ...]
-
-
-def gang_shape(gpus: int, per_node: int) -> tuple[int, int]:
-    """``(members, gpus per member)``: the fewest equal members of at most ``per_node`` GPUs.
-    ``12`` on 8-GPU nodes -> ``(2, 6)``; ``32`` -> ``(4, 8)``; ``3`` -> ``(1, 3)``."""
-    members = -(-gpus // per_node)
-    while gpus % members:
-        members += 1
-    return members, gpus // members
 
 
 def gang_parts(gpus: int, per_node: int) -> tuple[int, ...]:
