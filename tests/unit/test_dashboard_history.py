@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched_core.dashboard import UsageRow, WaitRow, WindowError, percentile, plan_history, plan_window
+from gpusched_core.dashboard import UsageSample, WaitRow, WindowError, percentile, plan_history, plan_window
 from gpusched_core.dashboard.history import histogram
 from tests.builders import T0
 
@@ -70,8 +70,8 @@ def test_usage_is_averaged_over_the_bucket_s_sampling_instants_and_a_bucket_with
     window = plan_window(T0, T0 - 3 * H, T0, 3600)
     at = [T0 - 3 * H + timedelta(minutes=m) for m in (0, 30)]  # two cycles in the first hour, none in the second
     third = T0 - H + timedelta(minutes=5)
-    usage = [UsageRow(at[0], "a", "H100-80GB", 4.0, 2.0, 50.0),  # a held 4 for half of the hour: averages 2
-             UsageRow(at[1], "b", "H100-80GB", 2.0, 0.0, None), UsageRow(third, "a", "H100-80GB", 1.0, 1.0, 90.0)]
+    usage = [UsageSample(at[0], "a", "H100-80GB", 4.0, 2.0, 50.0),  # a held 4 for half of the hour: averages 2
+             UsageSample(at[1], "b", "H100-80GB", 2.0, 0.0, None), UsageSample(third, "a", "H100-80GB", 1.0, 1.0, 90.0)]
     doc = plan_history(window, None, usage, [*at, third, T0 + H], [], [])
     series = {(s["tenant"], s["gpu_model"]): s["points"] for s in doc["series"]}
     first, last = window.start_of(0), window.start_of(2)

@@ -57,11 +57,19 @@ def _redirect_url(request: Request) -> str:
 
 
 async def _endpoints(request: Request) -> tuple[str, str]:
-    """The issuer's authorization and token endpoints (its discovery document, checked to be its own)."""
-    issuer = request.app.state.settings.oidc_issuer
+    """The issuer's authorization and token endpoints (its discovery document, checked to be its own),
+    fetched once per process: a sign-in needs them twice (login, callback)."""
+    known = getattr(request.app.state, "oidc_endpoints", None)
+    if known is None:
+        config = request.app.state.oidc.config
+        known = request.app.state.oidc_endpoints = await _discover(config.issuer, config.discovery_url)
+    return known
+
+
+async def _discover(issuer: str, discovery_url: str) -> tuple[str, str]:
     try:
         async with httpx.AsyncClient(timeout=_TIMEOUT_S, follow_redirects=False) as http:
-            response = await http.get(issuer.rstrip("/") + "/.well-known/openid-configuration")
+            response = await http.get(discovery_url)
             response.raise_for_status()
             doc = response.json()
     except (httpx.HTTPError, ValueError):

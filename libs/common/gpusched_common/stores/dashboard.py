@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from gpusched_core.dashboard import AllocationRow, GpuRow, PendingRow, ShareRow, TelemetryRow, UsageRow, WaitRow
+from gpusched_core.dashboard import AllocationRow, GpuRow, PendingRow, ShareRow, TelemetryRow, UsageSample, WaitRow
 
 PREEMPTED = "JobPreempted"  # gpusched_common.events.JobPreempted.TYPE (the event store's type column)
 
@@ -44,13 +44,13 @@ async def allocation_shares(conn: asyncpg.Connection) -> list[ShareRow]:
     return [ShareRow(**dict(r)) for r in rows]
 
 
-async def usage_rows(conn: asyncpg.Connection, since: datetime, until: datetime, tenant: str | None) -> list[UsageRow]:
+async def usage_rows(conn: asyncpg.Connection, since: datetime, until: datetime, tenant: str | None) -> list[UsageSample]:
     """``usage_samples`` in ``[since, until)`` of ``tenant`` (None: every tenant)."""
     rows = await conn.fetch(
         "SELECT sampled_at, tenant, gpu_model, allocated_gpus, busy_gpus, mean_utilization_pct FROM usage_samples"
         " WHERE sampled_at >= $1 AND sampled_at < $2 AND ($3::text IS NULL OR tenant = $3)"
         " ORDER BY sampled_at, tenant, gpu_model", since, until, tenant)
-    return [UsageRow(**dict(r)) for r in rows]
+    return [UsageSample(**dict(r)) for r in rows]
 
 
 async def sampling_instants(conn: asyncpg.Connection, since: datetime, until: datetime) -> list[datetime]:

@@ -12,10 +12,10 @@
 """
 
 from .cluster import AllocationRow, GpuRow, NodeRow, TelemetryRow, plan_cluster
-from .history import HistoryWindow, UsageRow, WaitRow, WindowError, percentile, plan_history, plan_window
+from .history import HistoryWindow, WaitRow, WindowError, percentile, plan_history, plan_window
 from .tenants import PendingRow, plan_tenants
 from .usage import ShareRow, UsageSample, plan_usage_samples
 
 __all__ = ["AllocationRow", "GpuRow", "HistoryWindow", "NodeRow", "PendingRow", "ShareRow", "TelemetryRow",
-           "UsageRow", "UsageSample", "WaitRow", "WindowError", "percentile", "plan_cluster", "plan_history",
+           "UsageSample", "WaitRow", "WindowError", "percentile", "plan_cluster", "plan_history",
            "plan_tenants", "plan_usage_samples", "plan_window"]

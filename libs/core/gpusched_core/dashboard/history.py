@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from .usage import UsageSample
+
 DEFAULT_SPAN = timedelta(hours=24)
 TARGET_BUCKETS = 300
 MAX_BUCKETS = 2000
@@ -59,16 +61,6 @@ class HistoryWindow:
 
     def start_of(self, bucket: int) -> str:
         return (self.since + timedelta(seconds=bucket * self.step_s)).isoformat()
-
-
-@dataclass(frozen=True, slots=True)
-class UsageRow:
-    sampled_at: datetime
-    tenant: str
-    gpu_model: str
-    allocated_gpus: float
-    busy_gpus: float
-    mean_utilization_pct: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +106,7 @@ def histogram(values: Iterable[float]) -> list[dict]:
     return [{"le_s": le, "count": n} for le, n in zip(WAIT_BINS_S, counts, strict=True)]
 
 
-def _series(window: HistoryWindow, rows: list[UsageRow], instants: Iterable[datetime]) -> list[dict]:
+def _series(window: HistoryWindow, rows: list[UsageSample], instants: Iterable[datetime]) -> list[dict]:
     per_bucket: dict[int, set[datetime]] = {}
     for at in [*instants, *(r.sampled_at for r in rows)]:
         bucket = window.bucket_of(at)
@@ -167,7 +159,7 @@ def _preemptions(window: HistoryWindow, events: Iterable[tuple[str | None, datet
             for tenant, per in sorted(counts.items())]
 
 
-def plan_history(window: HistoryWindow, tenant: str | None, usage: Iterable[UsageRow], instants: Iterable[datetime],
+def plan_history(window: HistoryWindow, tenant: str | None, usage: Iterable[UsageSample], instants: Iterable[datetime],
                  waits: Iterable[WaitRow], preemptions: Iterable[tuple[str | None, datetime]]) -> dict:
     """The /v1/history document for ``window``, narrowed to ``tenant`` by whoever loaded the rows
     (``tenant`` is echoed; None: every tenant's)."""
