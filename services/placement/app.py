@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import asyncpg
+
 from gpusched_common import kafka_admin
-from gpusched_common.db import DATABASE_AWAY
+from gpusched_common.db import DATABASE_AWAY, yielding_to_live_work
 from gpusched_common.kafka_client import client_options
 from gpusched_common.runtime import Runtime, StoreClock, run_service
 from gpusched_common.topics import (
@@ -107,12 +109,18 @@ async def setup(runtime: Runtime) -> None:
                         if lapsed:
                             log.warning("GPUs held for %s were not used within %.0f s; released to everyone",
                                         ", ".join(lapsed), settings.nomination_ttl_s)
-                        recovered = await recovery.recover(conn, utcnow(), resend_s=settings.start_resend_s,
-                                                           stops_sent=stops_sent)
-                        if recovered.cluster_changed:
-                            cache.forget()
-                        if summary := recovered.summary():
-                            log.warning("placement recovered from the store: %s", summary)
+                        try:
+                            async with yielding_to_live_work(conn):
+                                recovered = await recovery.recover(conn, utcnow(), resend_s=settings.start_resend_s,
+                                                                   stops_sent=stops_sent)
+                        except asyncpg.LockNotAvailableError:
+                            log.info("placement recovery yielded to a batch holding the same jobs; it runs again "
+                                     "at the next pass")
+                        else:
+                            if recovered.cluster_changed:
+                                cache.forget()
+                            if summary := recovered.summary():
+                                log.warning("placement recovered from the store: %s", summary)
                         await run_cycle(conn, utcnow(), policy, cache)
                         await starts.resend_unacknowledged(conn, utcnow(), settings.start_resend_s)
                 checked_at = loop.time()

@@ -17,6 +17,7 @@ from pathlib import Path
 import asyncpg
 
 from gpusched_common.credentials import load_keys
+from gpusched_common.db import yielding_to_live_work
 from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_common.topics import GROUP_QUOTA, GROUP_QUOTA_ADMIN, JOBS_EVENTS, TENANCY_UPDATES
@@ -67,8 +68,12 @@ async def reconcile_loop(runtime: Runtime, tenancies: TenancyStore, options: Cyc
     while True:
         await asyncio.sleep(interval_s)
         try:
-            async with runtime.pool.acquire() as conn, conn.transaction():
-                recovered = await recovery.recover(conn, tenancies, utcnow())
+            recovered: dict[str, list[str]] = {}
+            try:
+                async with runtime.pool.acquire() as conn, conn.transaction(), yielding_to_live_work(conn):
+                    recovered = await recovery.recover(conn, tenancies, utcnow())
+            except asyncpg.LockNotAvailableError:
+                log.info("quota recovery yielded to a batch holding the same jobs; it runs again at the next pass")
             cycles = await reconcile(runtime.pool, tenancies, utcnow(), options)
             if any(recovered.values()):
                 runtime.wake_relay()

@@ -56,6 +56,29 @@ async def test_a_relay_whose_term_was_taken_publishes_nothing_more(relay_env):
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 1  # left for the second
 
 
+async def test_a_commit_in_another_process_wakes_the_active_relay_without_polling(relay_env, settings):
+    """Rows written by another connection (another replica, an operator's tool) go out on their commit's
+    notification (migration 034), long before the relay's next poll; another producer's rows wake nothing."""
+    pool, broker = relay_env
+    topic = "gpusched.test.relay.woken"
+    await create_topic(settings.kafka_bootstrap, topic)
+    relay = OutboxRelay(pool, broker, "svc", poll_interval_s=3600.0)
+    running = asyncio.create_task(relay.run())
+    try:
+        while relay.term is None:  # active: the advisory lock, its term and the listener
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # its first pass found nothing; it now waits for a wake or an hour
+        insert = "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, 'k', '{}', $3)"
+        await pool.execute(insert, "someone-else", topic, b"elsewhere")
+        await pool.execute(insert, "svc", topic, b"woken")
+        records = await read_topic(settings.kafka_bootstrap, topic, expect=1, timeout_s=30)
+        assert [r.value for r in records] == [b"woken"]
+        assert await pool.fetchval("SELECT published_at IS NULL FROM outbox WHERE value = 'elsewhere'")
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
 async def test_a_row_the_broker_refuses_for_good_is_parked_and_the_rest_go_out(relay_env, settings):
     pool, broker = relay_env
     too_big = b"x" * (settings.kafka_max_request_bytes + 1024)

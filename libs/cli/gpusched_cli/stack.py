@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -121,11 +122,36 @@ def node_specs(nodes: int, gpu_models: list[str], gpus_per_node: int) -> list[tu
     return specs
 
 
+def fleet_specs(fleet: int, processes: int, gpu_models: list[str], gpus_per_node: int) -> list[tuple[str, int, str]]:
+    """(process prefix, node count, simulated GPU spec) of each fleet process: ``fleet`` simulated nodes split
+    as evenly as can be over ``processes`` processes, models alternating across the processes. A fleet's
+    nodes are ``<prefix>-0001``.. (``services.node_agent.fleet.fleet_node_ids``)."""
+    processes = max(1, min(processes, fleet))
+    out = []
+    for k in range(processes):
+        count = fleet // processes + (1 if k < fleet % processes else 0)
+        model, *options = gpu_models[k % len(gpu_models)].split("+")
+        out.append((f"fleet{k + 1}", count, ":".join([model, str(gpus_per_node), *options])))
+    return [spec for spec in out if spec[1] > 0]
+
+
+def capacity_specs(nodes: int, gpu_models: list[str], gpus_per_node: int, fleet: int = 0,
+                   fleet_processes: int = 1) -> list[tuple[str, str]]:
+    """A (node, spec) pair per node of the stack, single agents and fleets alike (the local tenancy's
+    capacity)."""
+    specs = node_specs(nodes, gpu_models, gpus_per_node)
+    for prefix, count, spec in fleet_specs(fleet, fleet_processes, gpu_models, gpus_per_node) if fleet else []:
+        specs += [(f"{prefix}-{i}", spec) for i in range(count)]
+    return specs
+
+
 async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_name: str = "gpusched_local",
              fresh: bool = True, extra_env: dict[str, str] | None = None, broker: BrokerKind = "tansu",
-             pg_server: str | None = None, progress=print) -> StackState:
+             pg_server: str | None = None, fleet: int = 0, fleet_processes: int = 1, progress=print) -> StackState:
     """Start the stack on `broker` (Tansu by default); `pg_server`: a PostgreSQL server to create the
-    stack's database in (see prepare_database). When a step fails, what was started is stopped again."""
+    stack's database in (see prepare_database); `fleet`: that many more simulated nodes, run by
+    `fleet_processes` agent processes (a fleet each; hundreds of nodes per process). When a step fails,
+    what was started is stopped again."""
     home = home_dir()
     if (home / "stack.json").exists():
         raise RuntimeError(f"a stack is already up ({home / 'stack.json'}); run `gpusched down` first")
@@ -133,7 +159,7 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
     try:
         return await _start(home, nodes=nodes, gpu_models=gpu_models, gpus_per_node=gpus_per_node,
                             database_name=database_name, fresh=fresh, extra_env=extra_env, broker=broker,
-                            pg_server=pg_server, progress=progress)
+                            pg_server=pg_server, fleet=fleet, fleet_processes=fleet_processes, progress=progress)
     except BaseException:
         down(progress=lambda line: None)
         raise
@@ -141,7 +167,7 @@ async def up(*, nodes: int, gpu_models: list[str], gpus_per_node: int, database_
 
 async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node: int, database_name: str,
                  fresh: bool, extra_env: dict[str, str] | None, broker: BrokerKind, pg_server: str | None,
-                 progress) -> StackState:
+                 fleet: int, fleet_processes: int, progress) -> StackState:
     running = start_broker(broker, home / "broker")
     bootstrap = running.bootstrap
     state = StackState(home=str(home), kafka_bootstrap=bootstrap, database_url="", owns_database=False,
@@ -158,6 +184,10 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
     partitions = int(os.environ.get("GPUSCHED_KAFKA_PARTITIONS", "6"))
     await create_topics(bootstrap, partitions)
     progress(f"topics     created with {partitions} partitions")
+    if fresh:
+        # the agents' keys and enrolments belong to the database just dropped: kept, the nodes would sign
+        # with keys the new store never enrolled and placement would refuse every report they send
+        shutil.rmtree(home / "agents", ignore_errors=True)
     metrics_port = free_port()
     keys_dir = home / "service-keys"  # the signing services' keys: agents run only what placement/preemption sign
     command_keys = senders.provision_service_keys(keys_dir)
@@ -167,7 +197,8 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
            "GPUSCHED_AGENT_COMMAND_KEYS": command_keys,
            "GPUSCHED_TENANT_KEYS_FILE": str(make_local_keys(home)), **(extra_env or {})}
     if "GPUSCHED_TENANTS_FILE" not in env and "GPUSCHED_TENANTS_FILE" not in os.environ:
-        env["GPUSCHED_TENANTS_FILE"] = str(make_local_tenancy(home, node_specs(nodes, gpu_models, gpus_per_node)))
+        env["GPUSCHED_TENANTS_FILE"] = str(make_local_tenancy(
+            home, capacity_specs(nodes, gpu_models, gpus_per_node, fleet, fleet_processes)))
     state.env = env
     await start_gateway(state)  # first: the agents are given its public key (they serve it the jobs' logs)
     progress(f"gateway    {state.gateway} (server and an operator token in {state.config_path})")
@@ -177,11 +208,18 @@ async def _start(home: Path, *, nodes: int, gpu_models: list[str], gpus_per_node
         start_service(state, f"agent-{node_id}", "services.node_agent",
                       {"GPUSCHED_NODE_ID": node_id, "GPUSCHED_SIMULATED_GPUS": spec})
         state.node_ids.append(node_id)
+    fleets = fleet_specs(fleet, fleet_processes, gpu_models, gpus_per_node) if fleet else []
+    for prefix, count, spec in fleets:
+        start_service(state, f"agent-{prefix}", "services.node_agent",
+                      {"GPUSCHED_NODE_ID": prefix, "GPUSCHED_SIMULATED_GPUS": spec,
+                       "GPUSCHED_SIMULATED_NODES": str(count)})
     save(state)
-    progress(f"services   {', '.join(SERVICES)} and {nodes} node agent(s) started")
+    fleet_note = f" and {fleet} simulated node(s) in {len(fleets)} fleet process(es)" if fleets else ""
+    progress(f"services   {', '.join(SERVICES)} and {nodes} node agent(s){fleet_note} started")
     progress(f"metrics    http://127.0.0.1:{env['GPUSCHED_METRICS_PORT']}/metrics (Prometheus)")
-    await wait_for_nodes(url, nodes)
-    progress(f"ready      {nodes} node(s) registered")
+    total = nodes + sum(count for _, count, _ in fleets)
+    await wait_for_nodes(url, total, timeout_s=max(60.0, total * 0.2), progress=progress)
+    progress(f"ready      {total} node(s) registered")
     return state
 
 
@@ -292,13 +330,18 @@ def make_local_keys(home: Path) -> Path:
     return path
 
 
-async def wait_for_nodes(database_url: str, count: int, timeout_s: float = 60.0) -> None:
+async def wait_for_nodes(database_url: str, count: int, timeout_s: float = 60.0, progress=None) -> None:
     conn = await asyncpg.connect(database_url)
     try:
         deadline = time.monotonic() + timeout_s
+        shown = time.monotonic()
         while time.monotonic() < deadline:
-            if (await cluster.counts(conn))[0] >= count:
+            registered = (await cluster.counts(conn))[0]
+            if registered >= count:
                 return
+            if progress is not None and count > 50 and time.monotonic() - shown >= 5.0:
+                progress(f"           {registered}/{count} node(s) registered ...")
+                shown = time.monotonic()
             await asyncio.sleep(0.2)
         raise RuntimeError(f"{count} node(s) did not register within {timeout_s}s; see the logs in .gpusched/logs")
     finally:

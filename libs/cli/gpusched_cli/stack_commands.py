@@ -1,4 +1,4 @@
-"""`gpusched up | down | demo | bench-e2e | bench-turnover`: the local stack and what runs on it."""
+"""`gpusched up | down | demo | bench-e2e | bench-turnover | bench-scale`: the local stack and what runs on it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 
 from gpusched_cli import stack
 from gpusched_cli.bench import add_bench_arguments, cmd_bench
+from gpusched_cli.bench_scale import add_scale_arguments, cmd_scale
 from gpusched_cli.bench_turnover import add_turnover_arguments, cmd_turnover
 from gpusched_cli.demo import add_demo_arguments, cmd_demo
 
@@ -21,6 +22,9 @@ def add_stack_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-data", action="store_true", help="keep the local database from the last run")
     p.add_argument("--broker", choices=BROKER_KINDS, default="tansu",
                    help="tansu: embedded, in memory (default); kafka: Apache Kafka from Maven Central (needs Java)")
+    p.add_argument("--fleet", type=int, default=0, metavar="N",
+                   help="N more simulated nodes, run as fleets (many nodes per agent process): fleet1-0001, ...")
+    p.add_argument("--fleet-processes", type=int, default=1, metavar="K", help="agent processes the fleet is split over")
     p.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop what `up` started").set_defaults(func=cmd_down)
 
@@ -38,10 +42,15 @@ def add_workload_parsers(sub: argparse._SubParsersAction) -> None:
     add_turnover_arguments(p)
     p.set_defaults(func=cmd_turnover)
 
+    p = sub.add_parser("bench-scale", help="a burst into 1,000 simulated nodes, then half load (a stack of its own)")
+    add_scale_arguments(p)
+    p.set_defaults(func=cmd_scale)
+
 
 def cmd_up(args: argparse.Namespace) -> int:
     asyncio.run(stack.up(nodes=args.nodes, gpu_models=args.gpu_models.split(","),
-                         gpus_per_node=args.gpus_per_node, fresh=not args.keep_data, broker=args.broker))
+                         gpus_per_node=args.gpus_per_node, fresh=not args.keep_data, broker=args.broker,
+                         fleet=args.fleet, fleet_processes=args.fleet_processes))
     print("stack is up; `gpusched down` stops it")
     return 0
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import asyncpg
@@ -13,6 +15,26 @@ _MIGRATION_LOCK = 727_001  # advisory lock id: one migrator at a time
 # What a loop that reads the store meets while PostgreSQL is away or restarting (refused or broken
 # connections, "the database system is starting up", a connection ended mid-query): it waits and retries.
 DATABASE_AWAY: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+# A background repair pass (recovery from the store) yields to the live path: it waits at most this long
+# for a row lock a consumer's batch holds, then gives up its own work and tries again at its next pass. Well
+# under PostgreSQL's deadlock_timeout (1 s), so a repair and a batch that lock the same new rows in
+# opposite orders never deadlock: the repair always steps back first.
+YIELD_LOCK_TIMEOUT_MS = 200
+
+
+@asynccontextmanager
+async def yielding_to_live_work(conn: asyncpg.Connection, lock_timeout_ms: int = YIELD_LOCK_TIMEOUT_MS,
+                                ) -> AsyncIterator[None]:
+    """A savepoint in the caller's transaction whose statements wait at most ``lock_timeout_ms`` for a lock;
+    past that its work is rolled back and ``asyncpg.LockNotAvailableError`` raised (the caller's transaction
+    goes on). The caller's own lock timeout is restored after it."""
+    previous = await conn.fetchval("SELECT current_setting('lock_timeout')")
+    async with conn.transaction():
+        await conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+        yield
+    await conn.execute("SELECT set_config('lock_timeout', $1, true)", previous)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

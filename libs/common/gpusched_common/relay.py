@@ -1,5 +1,9 @@
 """The outbox relay: publishes committed outbox rows in id order, then marks them published.
 
+The active relay is woken by the commit of every transaction that wrote rows for its producer, in any
+process (PostgreSQL's LISTEN/NOTIFY, migration 034; and at once by its own process, ``wake``); it polls
+besides, every ``outbox_poll_interval_s``, only to cover a notification lost with a broken connection.
+
 One relay per producer is active at a time (a PostgreSQL advisory lock); a standby takes over when the
 active one dies. Leadership is fenced (migration 026): taking the lock takes the producer's next *term*
 (``relay_terms``), and a relay publishes a batch, and marks it, only while the term is still its own; one
@@ -45,6 +49,7 @@ log = logging.getLogger(__name__)
 DoneWith = Callable[[asyncpg.Connection, list[asyncpg.Record]], Awaitable[set[int]]]
 
 _BATCH = 500
+NOTIFY_CHANNEL = "gpusched_outbox"  # migration 034: every committed outbox row names its producer here
 _REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordTooLargeError, InvalidTopicError, ValueError, TypeError)
 
 
@@ -75,6 +80,11 @@ class OutboxRelay:
         """Called after a transaction that wrote outbox rows commits, to publish without polling delay."""
         self._wake.set()
 
+    def _notified(self, _conn: object, _pid: int, _channel: str, producer: str) -> None:
+        """A transaction that wrote rows for ``producer`` committed (migration 034's trigger), in any process."""
+        if producer == self._producer:
+            self._wake.set()
+
     async def run(self) -> None:
         while True:
             try:
@@ -82,6 +92,7 @@ class OutboxRelay:
                     if not await lock_conn.fetchval("SELECT pg_try_advisory_lock($1)", self._lock_id):
                         await asyncio.sleep(1.0)  # another replica relays for this producer
                         continue
+                    await lock_conn.add_listener(NOTIFY_CHANNEL, self._notified)
                     try:
                         self.term = await take_term(lock_conn, self._producer, self.holder)
                         self._offsets = AckOffsets(json.loads(await lock_conn.fetchval(
@@ -90,6 +101,7 @@ class OutboxRelay:
                         await self._pump()
                     finally:
                         self.term = None
+                        await lock_conn.remove_listener(NOTIFY_CHANNEL, self._notified)
                         await lock_conn.execute("SELECT pg_advisory_unlock($1)", self._lock_id)
             except asyncio.CancelledError:
                 raise

@@ -146,6 +146,8 @@ def start_private(root: Path, *, binaries: Binaries | None = None, port: int | N
                "-c max_connections=300", "-c shared_buffers=64MB"]
     if not durable:
         options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+    # more server settings, for profiling (e.g. "-c shared_preload_libraries=pg_stat_statements")
+    options += [os.environ["GPUSCHED_PG_EXTRA_OPTIONS"]] if os.environ.get("GPUSCHED_PG_EXTRA_OPTIONS") else []
     _run([bindir / "pg_ctl", "-D", data_dir, "-l", data_dir / "server.log", "-w", "-t", str(int(timeout_s)),
           "-o", " ".join(options), "start"], user)
     return PrivatePostgres(str(data_dir), port, str(bindir), user, version)

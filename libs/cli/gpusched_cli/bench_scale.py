@@ -1,0 +1,314 @@
+"""`gpusched bench-scale` (`make bench-scale`): scheduling measured the way schedulers are judged (issue 16).
+
+A local stack of its own with ``--nodes`` simulated nodes (fleets of agents, every node with its own key,
+lease, heartbeats and telemetry) and every service as its own process. Two phases, each on a fresh stack:
+
+1. **Burst**: ``--jobs`` jobs of mixed shapes (mostly 1-8 GPUs, some GPU shares and 2 x 8 gangs) that
+   run an hour, submitted at once through the gateway's batch route. A job counts as placed when its node
+   agent reported it started (admission, quota, placement and the agent, each durable). ``placed_per_s``
+   is the placed jobs over the time from the first submission to the last start; the cluster fills before
+   every job has room, the rest wait (and show what a waiting job costs each service in memory).
+2. **Half load**: jobs submitted at a steady half of the burst's rate for ``--half-load-s`` seconds (at most
+   a third of the cluster's GPUs in all), and their submit -> placed latencies.
+
+Beside them, the floors of the same run: PostgreSQL appending event rows in batched transactions, and the
+broker carrying messages produced and consumed in batches. Per service: CPU milliseconds per placed job
+and resident memory. A table, and ``bench-results/scale.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from gpusched_common import events as ev
+from gpusched_common.infra.brokers import BROKER_KINDS
+from gpusched_common.table import render
+
+from gpusched_cli import stack
+from gpusched_cli.proc_usage import postmaster_pid, usage
+from gpusched_cli.workload import submit_through_gateway
+
+TENANTS = ("research", "inference", "platform", "ml-eval")
+RUN = ["sleep", "3600"]
+
+
+def add_scale_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=1000, help="simulated nodes of 8 GPUs (default 1,000)")
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs in the burst (default 20,000)")
+    p.add_argument("--fleet-processes", type=int, default=0, help="agent processes (default: one per 250 nodes)")
+    p.add_argument("--half-load-s", type=float, default=20.0, help="seconds of the half-load phase (0: skip it)")
+    p.add_argument("--settle-s", type=float, default=20.0,
+                   help="the burst ends when no job started for this long (the cluster is full or all ran)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up on a phase after this many seconds")
+    p.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
+    p.add_argument("--seed", type=int, default=16)
+    p.add_argument("--out", default="bench-results/scale.json")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def scale_workload(count: int, seed: int, prefix: str = "scale") -> list[ev.JobSpec]:
+    """Mixed shapes that run for an hour: 1 GPU 45%, 2 GPUs 15%, 4 GPUs 10%, 8 GPUs 5%, a quarter or half of
+    a GPU 20%, gangs of 2 nodes x 8 GPUs 5%; tenants round robin."""
+    rng = random.Random(seed)
+    shapes: list[dict] = [{"gpus": 1}, {"gpus": 2}, {"gpus": 4}, {"gpus": 8},
+                          {"gpus": 1, "gpu_share": ev.GpuShareSpec(milli=250)},
+                          {"gpus": 1, "gpu_share": ev.GpuShareSpec(milli=500)}, {"gpus": 8, "nodes": 2}]
+    weights = (45, 15, 10, 5, 10, 10, 5)
+    return [ev.JobSpec(tenant=TENANTS[i % len(TENANTS)], command=RUN, name=f"{prefix}-{i}",
+                       **rng.choices(shapes, weights)[0]) for i in range(count)]
+
+
+def gpu_demand(spec: ev.JobSpec) -> float:
+    return spec.gpu_share.milli / 1000 if spec.gpu_share else spec.gpus * spec.nodes
+
+
+# --- the floors ----------------------------------------------------------------------------------------
+
+
+async def floor_pg_batch_events_per_s(database_url: str, batches: int = 40, rows: int = 500) -> float:
+    """Event-sized rows (a JSON payload of ~400 bytes) appended ``rows`` to a transaction, one commit each."""
+    conn = await asyncpg.connect(database_url)
+    payload = json.dumps({"job_id": "j-" + "0" * 16, "spec": {"command": RUN, "gpus": 1, "tenant": "research"},
+                          "reasons": ["x" * 200]})
+    try:
+        await conn.execute("CREATE TEMP TABLE bench_events (position bigserial PRIMARY KEY, stream_id text,"
+                           " version int, type text, payload jsonb, at timestamptz DEFAULT now(),"
+                           " UNIQUE (stream_id, version))")
+        started = time.perf_counter()
+        for b in range(batches):
+            async with conn.transaction():
+                await conn.executemany(
+                    "INSERT INTO bench_events (stream_id, version, type, payload) VALUES ($1, 1, 'JobPlaced', $2)",
+                    [(f"job-{b}-{i}", payload) for i in range(rows)])
+        return batches * rows / (time.perf_counter() - started)
+    finally:
+        await conn.close()
+
+
+async def floor_broker_msgs_per_s(bootstrap: str, count: int = 20_000, size: int = 600) -> float:
+    """Messages of ``size`` bytes produced (batched, acks=all) and consumed by one consumer, end to end."""
+    topic = f"gpusched.bench.scale.{int(time.time() * 1000)}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, linger_ms=5)
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, fetch_max_wait_ms=50)
+    await producer.start()
+    await consumer.start()
+    try:
+        value = b"x" * size
+        started = time.perf_counter()
+        sends = [await producer.send(topic, value, key=str(i % 64).encode()) for i in range(count)]
+        await asyncio.gather(*sends)
+        seen = 0
+        while seen < count:
+            batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            seen += sum(len(records) for records in batch.values())
+        return count / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+# --- watching the stack ------------------------------------------------------------------------------
+
+
+def stack_pids(state: stack.StackState) -> dict[str, int]:
+    """Every process of the stack by name; the fleets as one `agents` entry is not possible (each has its
+    pid), so agents stay by name and are summed by ``per_service``."""
+    pids = dict(state.processes)
+    broker = state.running_broker
+    if broker is not None:
+        pids["broker"] = broker.pid
+    if state.private_pg:
+        pg = postmaster_pid(state.private_pg["data_dir"])
+        if pg is not None:
+            pids["postgres"] = pg
+    return pids
+
+
+def per_service(values: dict[str, float], combine: Callable[[list[float]], float] = sum) -> dict[str, float]:
+    """Agents' figures combined into one `agents` entry (fleets of the same stack)."""
+    out: dict[str, list[float]] = {}
+    for name, value in values.items():
+        out.setdefault("agents" if name.startswith("agent-") else name, []).append(value)
+    return {name: combine(items) for name, items in out.items()}
+
+
+async def counts(conn: asyncpg.Connection, ids: list[str] | None = None) -> tuple[int, int, int]:
+    """(submitted, placed, started) jobs of the stack (or of ``ids``)."""
+    where, args = ("WHERE job_id = ANY($1::text[])", [ids]) if ids is not None else ("", [])
+    row = await conn.fetchrow(
+        "SELECT count(*) AS n, count(placed_at) AS placed, count(started_at) AS started FROM jobs " + where, *args)
+    return row["n"], row["placed"], row["started"]
+
+
+async def latencies(conn: asyncpg.Connection, ids: list[str] | None = None) -> dict[str, float | None]:
+    where, args = ("AND job_id = ANY($1::text[])", [ids]) if ids is not None else ("", [])
+    row = await conn.fetchrow(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY placed) AS placed_p50,"
+        " percentile_cont(0.99) WITHIN GROUP (ORDER BY placed) AS placed_p99,"
+        " percentile_cont(0.5) WITHIN GROUP (ORDER BY started) AS started_p50,"
+        " percentile_cont(0.99) WITHIN GROUP (ORDER BY started) AS started_p99,"
+        " extract(epoch FROM max(started_at) - min(submitted_at)) AS span_s FROM ("
+        " SELECT extract(epoch FROM placed_at - submitted_at) * 1000 AS placed,"
+        " extract(epoch FROM started_at - submitted_at) * 1000 AS started, started_at, submitted_at"
+        " FROM jobs WHERE started_at IS NOT NULL " + where + ") t", *args)
+    return {k: (round(float(v), 1) if v is not None else None) for k, v in dict(row).items()}
+
+
+# --- the phases --------------------------------------------------------------------------------------
+
+
+async def up_for(args: argparse.Namespace, progress: Callable[[str], None]) -> stack.StackState:
+    processes = args.fleet_processes or max(1, -(-args.nodes // 250))
+    return await stack.up(nodes=0, gpu_models=["H100-80GB"], gpus_per_node=8, broker=args.broker,
+                          fleet=args.nodes, fleet_processes=processes, database_name="gpusched_scale",
+                          progress=lambda line: progress("  " + line))
+
+
+async def burst(args: argparse.Namespace, state: stack.StackState, progress: Callable[[str], None]) -> dict:
+    specs = scale_workload(args.jobs, args.seed)
+    pids = stack_pids(state)
+    conn = await asyncpg.connect(state.database_url)
+    try:
+        before = usage(pids)
+        started_at = time.monotonic()
+        submitting = asyncio.create_task(asyncio.to_thread(submit_through_gateway, state, specs))
+        last_started, last_change = -1, time.monotonic()
+        submitted_s = None
+        while True:
+            await asyncio.sleep(1.0)
+            n, placed, started = await counts(conn)
+            now = time.monotonic()
+            if submitting.done() and submitted_s is None:
+                submitting.result()  # a refusal raises here
+                submitted_s = now - started_at
+            if started != last_started:
+                last_started, last_change = started, now
+            progress(f"  [{now - started_at:6.1f}s] submitted {n}, placed {placed}, started {started}")
+            if submitted_s is not None and (started >= len(specs) or now - last_change >= args.settle_s):
+                break
+            if now - started_at > args.timeout:
+                progress(f"  the burst did not settle within {args.timeout:g}s; measuring what ran")
+                break
+        after = usage(pids)
+        lat = await latencies(conn)
+        waiting = len(specs) - last_started
+    finally:
+        await conn.close()
+    cpu = per_service({name: after[name].cpu_s - before[name].cpu_s for name in pids})
+    rss = per_service({name: after[name].rss_mib for name in pids}, max)
+    rss_before = per_service({name: before[name].rss_mib for name in pids}, max)
+    span = lat["span_s"] or (time.monotonic() - started_at)
+    return {
+        "placed": last_started, "waiting": waiting, "submit_s": round(submitted_s or 0.0, 1),
+        "placed_per_s": round(last_started / span, 1) if span else 0.0,
+        "submit_to_placed_p50_ms": lat["placed_p50"], "submit_to_placed_p99_ms": lat["placed_p99"],
+        "submit_to_started_p50_ms": lat["started_p50"], "submit_to_started_p99_ms": lat["started_p99"],
+        "cpu_ms_per_job": {k: round(1000 * v / max(last_started, 1), 2) for k, v in sorted(cpu.items())},
+        "cpu_share": {k: round(v / span, 2) for k, v in sorted(cpu.items())} if span else {},
+        "rss_mib": {k: round(v, 1) for k, v in sorted(rss.items())},
+        "rss_kib_per_waiting_job": {k: round(1024 * (rss[k] - rss_before.get(k, 0.0)) / waiting, 2)
+                                    for k in sorted(rss)} if waiting > 0 else {},
+    }
+
+
+async def half_load(args: argparse.Namespace, state: stack.StackState, rate: float,
+                    progress: Callable[[str], None]) -> dict:
+    """Jobs at ``rate`` per second for ``args.half_load_s`` seconds (at most a third of the GPUs)."""
+    gpus = args.nodes * 8
+    specs, demand = [], 0.0
+    for spec in scale_workload(int(rate * args.half_load_s) + 1, args.seed + 1, prefix="steady"):
+        if demand + gpu_demand(spec) > gpus / 3:
+            break
+        specs.append(spec)
+        demand += gpu_demand(spec)
+    tick = 0.2
+    per_tick = max(1, round(rate * tick))
+    ids: list[str] = []
+    progress(f"  submitting {len(specs)} jobs at {rate:.0f}/s ...")
+    started = time.monotonic()
+    for i in range(0, len(specs), per_tick):
+        ids += await asyncio.to_thread(submit_through_gateway, state, specs[i:i + per_tick])
+        delay = started + (i // per_tick + 1) * tick - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    offered = len(ids) / (time.monotonic() - started)
+    conn = await asyncpg.connect(state.database_url)
+    try:
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            _, placed, started_n = await counts(conn, ids)
+            if started_n >= len(ids):
+                break
+            progress(f"  placed {placed}, started {started_n} of {len(ids)}")
+            await asyncio.sleep(1.0)
+        lat = await latencies(conn, ids)
+    finally:
+        await conn.close()
+    return {"half_load_rate_per_s": round(offered, 1), "half_load_jobs": len(ids),
+            "half_load_p50_ms": lat["placed_p50"], "half_load_p99_ms": lat["placed_p99"],
+            "half_load_started_p50_ms": lat["started_p50"], "half_load_started_p99_ms": lat["started_p99"]}
+
+
+async def run_scale(args: argparse.Namespace, progress: Callable[[str], None] = print) -> dict:
+    progress(f"phase 1: a burst of {args.jobs} jobs into {args.nodes} nodes x 8 GPUs")
+    state = await up_for(args, progress)
+    try:
+        progress("  the floors: PostgreSQL batched appends, the broker's batched throughput ...")
+        pg = await floor_pg_batch_events_per_s(state.database_url)
+        broker = await floor_broker_msgs_per_s(state.kafka_bootstrap)
+        result: dict = {"nodes": args.nodes, "gpus": args.nodes * 8, "jobs": args.jobs, "broker": args.broker}
+        result.update(await burst(args, state, progress))
+    finally:
+        stack.down(progress=lambda line: None)
+    result["floor_pg_batch_events_per_s"] = round(pg, 1)
+    result["floor_broker_msgs_per_s"] = round(broker, 1)
+    result["ratio_placed_per_s_to_pg_batch_events_per_s"] = round(result["placed_per_s"] / pg, 4)
+    if args.half_load_s > 0 and result["placed_per_s"] > 0:
+        rate = result["placed_per_s"] / 2
+        progress(f"phase 2: half load, {rate:.0f} jobs/s for {args.half_load_s:g}s on a fresh stack")
+        state = await up_for(args, progress)
+        try:
+            result.update(await half_load(args, state, rate, progress))
+        finally:
+            stack.down(progress=lambda line: None)
+    return result
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    if stack.load() is not None:
+        print("gpusched bench-scale: a stack is up; it starts its own (run `gpusched down` first)")
+        return 1
+    os.environ.setdefault("GPUSCHED_KAFKA_SESSION_TIMEOUT_MS", "10000")
+    result = asyncio.run(run_scale(args, progress=lambda line: print(line, flush=True)))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        flat = [(k, v) for k, v in result.items() if not isinstance(v, dict)]
+        print("\n" + render(["METRIC", "VALUE"], flat))
+        services = sorted(result["cpu_ms_per_job"])
+        rows = [(s, result["cpu_ms_per_job"].get(s), result["cpu_share"].get(s), result["rss_mib"].get(s),
+                 result["rss_kib_per_waiting_job"].get(s)) for s in services]
+        print("\n" + render(["SERVICE", "CPU MS/JOB", "CORES", "RSS MIB", "KIB/WAITING JOB"], rows))
+    print(f"\nwritten to {out}")
+    return 0
