@@ -98,17 +98,34 @@ async def _append(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.
                   producer: str, now: datetime) -> JobState:
     traceparent = current_traceparent()
     tenant = _tenant(state, payloads)
+    stream = job_stream(state.job_id)
     envelopes = [
-        ev.make_envelope(p, event_id=str(uuid.uuid4()), stream_id=job_stream(state.job_id), occurred_at=now,
-                         producer=producer, tenant=tenant, traceparent=traceparent)
-        for p in payloads
+        ev.make_envelope(p, event_id=str(uuid.uuid4()), stream_id=stream, occurred_at=now,
+                         producer=producer, tenant=tenant, traceparent=traceparent,
+                         stream_version=state.version + i + 1)
+        for i, p in enumerate(payloads)
     ]
-    stamped = await store.append(conn, job_stream(state.job_id), state.version, envelopes)
-    await store.enqueue(conn, producer=producer, topic=JOBS_EVENTS.name, key=state.job_id, envelopes=stamped)
     new_state = replace(state, trace_parent=traceparent or state.trace_parent)
     for payload in payloads:
         new_state = evolve(new_state, payload)
-    await _project(conn, new_state, payloads, now)
+    rows = store.outbox_rows(JOBS_EVENTS.name, envelopes)
+    try:
+        # the events, their outbox rows and the read model in one statement: one round trip, not three
+        await conn.execute(
+            "WITH appended AS (INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at,"
+            "   producer, tenant, traceparent, payload)"
+            " SELECT $21, v, e::uuid, t, sv, $22, $23, $24, $25, p FROM unnest($26::int[], $27::text[], $28::text[],"
+            "   $29::int[], $30::jsonb[]) WITH ORDINALITY AS x(v, e, t, sv, p, n) ORDER BY n RETURNING 1),"
+            " published AS (INSERT INTO outbox (producer, topic, key, headers, value)"
+            " SELECT $23, $31, $1, h, b FROM unnest($32::jsonb[], $33::bytea[]) WITH ORDINALITY AS y(h, b, n)"
+            "   ORDER BY n RETURNING 1) " + _PROJECT_SQL,
+            *_project_args(new_state, payloads, now), stream, now, producer, tenant, traceparent,
+            [e.stream_version for e in envelopes], [e.event_id for e in envelopes], [e.type for e in envelopes],
+            [e.schema_version for e in envelopes], [e.payload for e in envelopes],
+            JOBS_EVENTS.name, [headers for headers, _ in rows], [value for _, value in rows])
+    except asyncpg.UniqueViolationError as exc:
+        # the unique (stream_id, version) index caught a concurrent writer that read the same version
+        raise store.ConcurrencyError(f"stream {stream} was appended concurrently: {exc}") from exc
     return new_state
 
 
@@ -137,16 +154,7 @@ _TIMESTAMP_COLUMN = {
 }
 
 
-async def _project(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.Payload, ...],
-                   now: datetime) -> None:
-    spec = state.spec
-    status = state.status.value if state.status else JobStatus.ADMITTED.value
-    submitted_at = next((p.submitted_at for p in payloads if isinstance(p, ev.JobSubmitted | ev.JobAdmitted)), None)
-    stamps = {_TIMESTAMP_COLUMN[type(p)]: now for p in payloads if type(p) in _TIMESTAMP_COLUMN}
-    if submitted_at is None and state.version == len(payloads):
-        submitted_at = now  # a rejection is the first event of its stream
-    await conn.execute(
-        """
+_PROJECT_SQL = """
         INSERT INTO jobs (job_id, tenant, status, version, gpus, gpu_model, priority, node_id, gpu_indices,
                           exit_code, reasons, submitted_at, admitted_at, queued_at, placed_at, started_at,
                           finished_at, updated_at, submitted_by, name)
@@ -161,7 +169,18 @@ async def _project(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev
             finished_at = coalesce(jobs.finished_at, EXCLUDED.finished_at),
             updated_at = EXCLUDED.updated_at,
             submitted_by = coalesce(jobs.submitted_by, EXCLUDED.submitted_by), name = coalesce(jobs.name, EXCLUDED.name)
-        """,
+        """
+
+
+def _project_args(state: JobState, payloads: tuple[ev.Payload, ...], now: datetime) -> tuple:
+    """The read model's row for ``state`` after ``payloads`` ($1..$20 of ``_PROJECT_SQL``)."""
+    spec = state.spec
+    status = state.status.value if state.status else JobStatus.ADMITTED.value
+    submitted_at = next((p.submitted_at for p in payloads if isinstance(p, ev.JobSubmitted | ev.JobAdmitted)), None)
+    stamps = {_TIMESTAMP_COLUMN[type(p)]: now for p in payloads if type(p) in _TIMESTAMP_COLUMN}
+    if submitted_at is None and state.version == len(payloads):
+        submitted_at = now  # a rejection is the first event of its stream
+    return (
         state.job_id, spec.tenant if spec else _tenant(state, payloads), status, state.version,
         (spec.whole_gpus or spec.gpus) if spec else None, spec.gpu_model if spec else None,
         spec.priority if spec else None,

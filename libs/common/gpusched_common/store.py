@@ -111,13 +111,20 @@ async def enqueue(conn: asyncpg.Connection, *, producer: str, topic: str, key: s
     """Put messages in the outbox, in order, signed with the process's key where it has one and the topic's
     receivers know senders by their signature (``gpusched_common.senders``: node commands, scale
     decisions); the relay publishes them after this transaction commits."""
+    await conn.executemany(
+        "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5)",
+        [(producer, topic, key, headers, value) for headers, value in outbox_rows(topic, envelopes)])
+
+
+def outbox_rows(topic: str, envelopes: list[Envelope]) -> list[tuple[dict[str, str], bytes]]:
+    """(headers, value) of each envelope's outbox row on ``topic``: signed where the topic's receivers know
+    senders by their signature."""
     rows = []
     for envelope in envelopes:
         value = envelope.model_dump_json().encode()
         signature = signing.headers_for(topic, value) if senders.signed_topic(topic) else {}
-        rows.append((producer, topic, key, {**_headers(envelope), **signature}, value))
-    await conn.executemany(
-        "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5)", rows)
+        rows.append(({**_headers(envelope), **signature}, value))
+    return rows
 
 
 def _headers(envelope: Envelope) -> dict[str, str]:
