@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 
 from faststream.kafka import KafkaBroker
@@ -15,7 +15,9 @@ from faststream.kafka import KafkaBroker
 from gpusched_common import events as ev
 from gpusched_common import senders
 from gpusched_common.ignored import Ignored
-from gpusched_common.messaging import Incoming, publish
+from gpusched_common.kafka_client import client_options
+from gpusched_common.messaging import Handler, Incoming, publish
+from gpusched_common.partitioning import follow_partition_count, partitions_for, wait_for_partition_count
 from gpusched_common.runtime import Runtime, run_service
 from gpusched_common.signing import SIGNED_AT_HEADER, TrustedKeys
 from gpusched_common.topics import NODES_COMMANDS, agent_group
@@ -139,6 +141,19 @@ def signed_only(trusted: TrustedKeys | None,
     return on_command
 
 
+def own_commands_only(node_ids: Collection[str], handle: Handler) -> Handler:
+    """Pass on only the commands keyed by a node of this process, before anything else is done with them:
+    a partition carries the commands of every node whose id hashes to it (~16 at 1,000 nodes on 64
+    partitions), and only this process's own are worth a signature check."""
+    own = frozenset(node_ids)
+
+    async def on_command(message: Incoming) -> None:
+        if message.key in own:
+            await handle(message)
+
+    return on_command
+
+
 def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[None]], list[Fleet]]:
     """The runtime setup of an agent process, and a list that holds its fleet once built."""
     settings = AgentSettings.of(settings)
@@ -157,7 +172,14 @@ def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[
             runtime.background.append(log_server.run)
         built.append(fleet)
         group = agent_group(settings.node_id if settings.simulated_nodes <= 1 else f"fleet-{settings.node_id}")
-        runtime.subscribe(NODES_COMMANDS.name, group, signed_only(trusted, fleet.on_command))
+        count = await wait_for_partition_count(client_options(settings), NODES_COMMANDS.name)
+        mine = partitions_for(node_ids, count)
+        log.info("%s: reading partition(s) %s of the %d of %s", group, ", ".join(map(str, mine)), count,
+                 NODES_COMMANDS.name)
+        subscriber = runtime.subscribe(NODES_COMMANDS.name, group,
+                                       own_commands_only(node_ids, signed_only(trusted, fleet.on_command)),
+                                       partitions=mine)
+        runtime.background.append(lambda: follow_partition_count(subscriber, NODES_COMMANDS.name, node_ids, count))
         runtime.background.append(fleet.run)
         if settings.agent_watchdog:
             dirs = [settings.agent_work_dir / node_id for node_id in node_ids]

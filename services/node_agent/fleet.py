@@ -1,8 +1,8 @@
 """Many simulated node agents in one process (hundreds of nodes on one machine).
 
-One consumer reads the command topic for the whole fleet and hands each command to the agent its key
-names, so a fleet of N nodes costs one consumer group, not N; every agent keeps its own work directory,
-lease, health and loops.
+One consumer reads the command topic's partitions the fleet's nodes hash to (`app.agent_setup`) and hands
+each command to the agent its key names, so a fleet of N nodes costs one consumer and one group, not N;
+every agent keeps its own work directory, lease, health and loops.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from gpusched_cli.workload import wait_until_finished
 from gpusched_common import events as ev
 from gpusched_common import signing
 from gpusched_common.db import connect
+from gpusched_common.partitioning import partition_for
 from gpusched_common import topics as t
 from tests.builders import a_job
 from tests.e2e.test_job_control import token_for, wait_state
@@ -268,11 +269,20 @@ async def test_fuzzed_messages_on_every_topic_leave_every_consumer_live(local_st
                 key = local_stack.node_ids[n % len(local_stack.node_ids)]  # commands reach the agents' nodes
                 meta = await producer.send_and_wait(topic, value, key=key.encode(), headers=[("event-type", b"x")])
                 last[(topic, meta.partition)] = max(last.get((topic, meta.partition), -1), meta.offset)
+        command_partitions = len(await producer.partitions_for(t.NODES_COMMANDS.name))
     finally:
         await producer.stop()
-    readers = {**READERS, t.NODES_COMMANDS.name: tuple(t.agent_group(n) for n in local_stack.node_ids)}
+
+    def readers(topic: str, partition: int) -> tuple[str, ...]:
+        if topic != t.NODES_COMMANDS.name:
+            return READERS[topic]
+        # an agent reads only the partition its node hashes to (issue 16)
+        return tuple(t.agent_group(n) for n in local_stack.node_ids
+                     if partition_for(n, command_partitions) == partition)
+
     for (topic, partition), offset in sorted(last.items()):
-        for group in readers[topic]:
+        assert readers(topic, partition), (topic, partition)
+        for group in readers(topic, partition):
             await committed_past(local_stack.kafka_bootstrap, group, topic, partition, offset, timeout_s=120)
     for name, pid in local_stack.processes.items():  # nobody died of it
         assert Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) is gone"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     ClusterAuthorizationFailedError, GroupAuthorizationFailedError, KafkaConnectionError, SaslAuthenticationFailed,
@@ -31,12 +31,14 @@ from aiokafka.structs import ConsumerRecord
 
 from gpusched_common.infra import kafka, kafka_security
 from gpusched_common.infra.kafka_security import ADMIN, SecureKafka
-from gpusched_common.kafka_admin import TopicCreationFailed, create_topics
+from gpusched_common.kafka_admin import TopicCreationFailed, create_topics, partition_count
 from gpusched_common.kafka_client import client_options
 from gpusched_common.messaging import Incoming, build_broker, publish, subscribe
+from gpusched_common.partitioning import partition_for
 from gpusched_common.settings import Settings
 from gpusched_common.topics import (
-    ALL_TOPICS, DEADLETTER, JOBS_EVENTS, JOBS_SUBMITTED, NODES_COMMANDS, NODES_REPORTS, NODES_TELEMETRY, agent_group,
+    ALL_TOPICS, DEADLETTER, JOBS_EVENTS, JOBS_SUBMITTED, NODE_COMMAND_PARTITIONS, NODES_COMMANDS, NODES_REPORTS,
+    NODES_TELEMETRY, agent_group,
 )
 
 NODE_ID = "n1"
@@ -257,20 +259,43 @@ async def test_a_node_cannot_produce_to_any_topic_but_its_reports_telemetry_and_
 
 
 async def test_a_node_consumes_its_commands_in_its_own_group(secured: Secured) -> None:
+    """As its agent does (issue 16): the topic's partition count from the metadata, its node's partition
+    assigned by hand, the offsets committed under its group."""
     value = unique()
     async with AIOKafkaProducer(**secured.options(ADMIN)) as producer:
         await producer.send_and_wait(NODES_COMMANDS.name, value, key=NODE_ID.encode())
-    consumer = AIOKafkaConsumer(NODES_COMMANDS.name, group_id=agent_group(NODE_ID), auto_offset_reset="earliest",
-                                enable_auto_commit=False, session_timeout_ms=2000, heartbeat_interval_ms=500,
+    count = await partition_count(secured.options(NODE), NODES_COMMANDS.name)
+    assert count == NODE_COMMAND_PARTITIONS
+    mine = TopicPartition(NODES_COMMANDS.name, partition_for(NODE_ID, count))
+    consumer = AIOKafkaConsumer(group_id=agent_group(NODE_ID), auto_offset_reset="earliest", enable_auto_commit=False,
                                 **secured.options(NODE))
     await consumer.start()
     try:
+        consumer.assign([mine])
         async with asyncio.timeout(20):
             while (record := await consumer.getone()).value != value:
                 pass
+        assert record.partition == mine.partition
         await consumer.commit()  # the group's offsets are the node's too
-        partition = next(iter(consumer.assignment()))
-        assert await consumer.committed(partition) == record.offset + 1
+        assert await consumer.committed(mine) == record.offset + 1
+    finally:
+        await consumer.stop()
+
+
+async def test_a_node_may_still_read_another_nodes_commands(secured: Secured) -> None:
+    """Reading only its own partition saves traffic; it confines nothing: Kafka's ACLs name topics, not
+    partitions (commands are signed for their node, not secret)."""
+    value = unique()
+    async with AIOKafkaProducer(**secured.options(ADMIN)) as producer:
+        meta = await producer.send_and_wait(NODES_COMMANDS.name, value, key=b"n2")
+    assert meta.partition != partition_for(NODE_ID, NODE_COMMAND_PARTITIONS)
+    consumer = AIOKafkaConsumer(auto_offset_reset="earliest", enable_auto_commit=False, **secured.options(NODE))
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(NODES_COMMANDS.name, meta.partition)])
+        async with asyncio.timeout(20):
+            while (await consumer.getone()).value != value:
+                pass
     finally:
         await consumer.stop()
 

@@ -45,7 +45,8 @@ def cmd_create_topics(args: argparse.Namespace) -> int:
     try:
         created = asyncio.run(create_topics(settings.kafka_bootstrap, settings.kafka_partitions, args.replication,
                                             client=client_options(settings),
-                                            max_message_bytes=settings.kafka_max_request_bytes))
+                                            max_message_bytes=settings.kafka_max_request_bytes,
+                                            command_partitions=settings.node_command_partitions))
     except (TopicCreationFailed, KafkaConnectionError, KafkaSecurityError) as exc:
         print(f"gpusched create-topics: {exc}", file=sys.stderr)
         return 1

@@ -13,7 +13,7 @@ from aiokafka.errors import (
     for_code,
 )
 
-from gpusched_common.topics import ALL_TOPICS
+from gpusched_common.topics import ALL_TOPICS, NODE_COMMAND_PARTITIONS, NODES_COMMANDS
 
 # Records up to this size are accepted (Settings.kafka_max_request_bytes). Apache Kafka refuses records
 # over ~1 MiB by default, and an oversized submission must reach admission to be rejected with a reason.
@@ -40,10 +40,14 @@ async def _connect(options: dict, timeout_s: float) -> AIOKafkaAdminClient:
 
 
 async def create_topics(bootstrap: str, partitions: int, replication: int = 1, *, timeout_s: float = 30.0,
-                        client: dict | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[str]:
-    """Create every missing topic; returns the names created. `client`: further aiokafka options (the
-    security of `kafka_client.client_options`). Raises TopicCreationFailed with the broker's reasons when
-    it refuses any (the admin client reports them in the response, not as exceptions)."""
+                        client: dict | None = None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                        command_partitions: int = NODE_COMMAND_PARTITIONS) -> list[str]:
+    """Create every missing topic, with `partitions` partitions each but the node commands' (`command_partitions`:
+    each agent reads only the partitions its nodes hash to, so more partitions carry fewer other nodes'
+    commands to each); returns the names created. A topic that exists is left as it is (its partitions
+    too: adding some would move keys). `client`: further aiokafka options (the security of
+    `kafka_client.client_options`). Raises TopicCreationFailed with the broker's reasons when it refuses
+    any (the admin client reports them in the response, not as exceptions)."""
     admin = await _connect({**(client or {}), "bootstrap_servers": bootstrap}, timeout_s)
     try:
         existing = set(await admin.list_topics())
@@ -51,8 +55,9 @@ async def create_topics(bootstrap: str, partitions: int, replication: int = 1, *
         if not missing:
             return []
         config = {"max.message.bytes": str(max_message_bytes)}
-        response = await admin.create_topics([NewTopic(name, partitions, replication, topic_configs=config)
-                                              for name in missing])
+        counts = {NODES_COMMANDS.name: command_partitions}
+        response = await admin.create_topics([NewTopic(name, counts.get(name, partitions), replication,
+                                                       topic_configs=config) for name in missing])
         refused = {}
         for name, code, *message in response.topic_errors:
             if code not in (0, TopicAlreadyExistsError.errno):  # already there: a concurrent creator won
@@ -63,6 +68,20 @@ async def create_topics(bootstrap: str, partitions: int, replication: int = 1, *
         return missing
     finally:
         await admin.close()
+
+
+async def partition_count(options: dict, topic: str) -> int | None:
+    """How many partitions ``topic`` has, by the cluster's metadata (None: no such topic). Asks for every
+    topic's metadata: naming the topic could make a broker with auto-creation on create it."""
+    from aiokafka.client import AIOKafkaClient
+
+    client = AIOKafkaClient(**options)
+    try:
+        await client.bootstrap()
+        cluster = await client.fetch_all_metadata()
+        return len(cluster.partitions_for_topic(topic) or ()) or None
+    finally:
+        await client.close()
 
 
 async def read_to_end(options: dict, topic: str, *, limit_s: float = 30.0) -> list:

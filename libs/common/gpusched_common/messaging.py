@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 import asyncpg
 from faststream import AckPolicy
-from faststream.kafka import KafkaBroker, KafkaMessage
+from faststream.kafka import KafkaBroker, KafkaMessage, TopicPartition
 from opentelemetry import trace
 
 from gpusched_common.events import Envelope, Payload, parse_payload
@@ -193,10 +193,20 @@ async def guard_positions(broker: KafkaBroker, interval_s: float = 2.0, seen: In
 
 
 def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, settings: Settings,
-              handler: Handler) -> None:
-    """Register `handler` for `topic` under the delivery contract in this module's docstring."""
+              handler: Handler, partitions: Collection[int] | None = None) -> object:
+    """Register `handler` for `topic` under the delivery contract in this module's docstring; returns the
+    subscriber (its ``consumer`` once started).
 
-    subscriber = broker.subscriber(topic, **consumer_options(settings, group_id))
+    `partitions`: read only these partitions of `topic`, assigned by hand rather than by the group (a node
+    agent: the partitions its nodes' commands are on). No group membership, so one reader joining or
+    leaving moves no other; the group still keeps the committed offsets, so a restarted reader resumes
+    where it was. The topic must exist (it is not created here: its partition count is the point)."""
+    options = consumer_options(settings, group_id)
+    if partitions is None:
+        subscriber = broker.subscriber(topic, **options)
+    else:
+        subscriber = broker.subscriber(
+            partitions=[TopicPartition(topic, p, declare=False) for p in sorted(partitions)], **options)
     track(broker, subscriber)
 
     @subscriber
@@ -204,6 +214,8 @@ def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, s
         incoming = to_incoming(msg.raw_message)
         await handle_with_retries(broker, incoming, service=service, settings=settings, handler=handler)
         await msg.ack()
+
+    return subscriber
 
 
 def message_span(service: str, incoming: Incoming):  # noqa: ANN201 - a context manager

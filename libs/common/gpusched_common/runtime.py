@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 from datetime import datetime, timedelta, timezone
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +58,11 @@ class Runtime:
     background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
     tasks: list[asyncio.Task] = field(default_factory=list)
 
-    def subscribe(self, topic: str, group_id: str, handler: Handler) -> None:
-        subscribe(self.broker, topic=topic, group_id=group_id, service=self.service, settings=self.settings,
-                  handler=handler)
+    def subscribe(self, topic: str, group_id: str, handler: Handler, *,
+                  partitions: Collection[int] | None = None) -> object:
+        """``messaging.subscribe``: the subscriber (``partitions``: only these, assigned by hand)."""
+        return subscribe(self.broker, topic=topic, group_id=group_id, service=self.service, settings=self.settings,
+                         handler=handler, partitions=partitions)
 
     def subscribe_transactional(self, topic: str, group_id: str, handler: TxHandler, *,
                                 screen: Screen | None = poisoned) -> None:

@@ -12,6 +12,8 @@ from typing import Literal, Self
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpusched_common.topics import NODE_COMMAND_PARTITIONS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUSCHED_", extra="ignore")
@@ -21,6 +23,8 @@ class Settings(BaseSettings):
     # Apache Kafka supports the idempotent producer; the local Tansu broker does not.
     kafka_idempotence: bool = False
     kafka_partitions: int = 6
+    # the node command topic's own partition count for `create-topics` (topics.NODE_COMMAND_PARTITIONS says why)
+    node_command_partitions: int = NODE_COMMAND_PARTITIONS
     kafka_max_request_bytes: int = 2 * 1024 * 1024
     # Brokers hold a group join open for a while waiting for more members (Tansu: about half the session
     # timeout), so local stacks and tests use a short session; Apache Kafka needs >= 6000.

@@ -23,6 +23,11 @@ QUOTA_RECLAIMS = Topic("gpusched.quota.reclaims", key="tenant")
 TENANCY_UPDATES = Topic("gpusched.admin.tenancy", key="the constant 'tenancy' (one ordered stream)")
 DEADLETTER = Topic("gpusched.deadletter", key="original key")
 
+# The node commands' partitions when `create_topics` makes the topic (GPUSCHED_NODE_COMMAND_PARTITIONS): each
+# agent reads only the partitions its nodes hash to (gpusched_common.partitioning), so at 1,000 nodes each
+# partition carries ~16 nodes' commands. Set at creation: adding partitions later moves nodes' keys.
+NODE_COMMAND_PARTITIONS = 64
+
 ALL_TOPICS: tuple[Topic, ...] = (
     JOBS_SUBMITTED,
     JOBS_EVENTS,

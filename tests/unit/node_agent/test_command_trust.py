@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
@@ -16,7 +17,7 @@ from gpusched_common import senders, signing
 from gpusched_common.messaging import Incoming
 from gpusched_common.topics import NODES_COMMANDS
 
-from services.node_agent.app import command_refusal
+from services.node_agent.app import UNTRUSTED, command_refusal, own_commands_only, signed_only
 
 _, PLACEMENT = signing.new_key()
 _, PREEMPTION = signing.new_key()
@@ -61,3 +62,24 @@ def test_an_unnamed_trusted_key_may_send_any_node_command():
 def test_a_named_entry_must_be_a_name():
     with pytest.raises(ValueError, match="sender"):
         signing.TrustedKeys.parse(["bad name=" + signing.trusted_entry(PLACEMENT)])
+
+
+async def test_another_nodes_command_is_dropped_before_its_signature_is_checked():
+    """A partition carries other nodes' commands too (issue 16): only this process's own are verified."""
+    ran: list[str | None] = []
+
+    async def run(message: Incoming) -> None:
+        ran.append(message.key)
+
+    _, stranger = signing.new_key()
+    handle = own_commands_only(["n1", "n3"], signed_only(TRUSTED, run))
+    refused_before = UNTRUSTED.total()
+    for key in ("n2", "n4", None):  # others' commands, forged or not: neither verified nor run
+        for signer in (PLACEMENT, stranger):
+            await handle(replace(message(START, signer), key=key))
+    assert (ran, UNTRUSTED.total()) == ([], refused_before)
+    await handle(message(START, stranger))  # its own: verified, and refused
+    assert (ran, UNTRUSTED.total()) == ([], refused_before + 1)
+    await handle(message(START, PLACEMENT))
+    await handle(replace(message(START, PLACEMENT), key="n3"))
+    assert ran == ["n1", "n3"]
