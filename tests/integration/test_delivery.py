@@ -59,6 +59,48 @@ async def test_the_same_submission_delivered_twice_changes_state_once(settings):
         await pool.close()
 
 
+async def test_a_batch_reads_its_claims_and_streams_at_once_and_keeps_exactly_once(settings):
+    """A batch answers claims and job streams from two reads at its start (issue 16): a message delivered
+    twice in one batch, one claimed by an earlier batch and a retry of an admitted job each change nothing;
+    a claim another transaction takes while the batch runs rolls the batch back (its messages then go one
+    by one, each with its own claim)."""
+    pool = await create_pool(settings.database_url)
+    try:
+        policy = AdmissionPolicy(AdmissionLimits(), RateLimit(1000, 1000), keys=None, require_credentials=False)
+        handler = make_submission_handler(policy, now)
+
+        def submitted(job_id: str, offset: int) -> Incoming:
+            return Incoming(JOBS_SUBMITTED.name, 0, offset, job_id, submission_bytes(a_job(job_id).spec(), job_id), {})
+
+        early = submitted("b-early", 1)
+        await apply_batch(pool, "admission", [early], handler)
+        twice, fresh = submitted("b-twice", 2), submitted("b-fresh", 3)
+        retry = submitted("b-early", 4)  # a client retry of the admitted job: a new event id, the same job
+        await apply_batch(pool, "admission", [early, twice, fresh, twice, retry], handler)
+        for job_id in ("b-early", "b-twice", "b-fresh"):
+            assert await stream_types(settings.database_url, job_id) == ["JobSubmitted", "JobAdmitted"]
+        claims = await pool.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'admission' AND event_id LIKE '%-%'")
+        assert claims == 4  # early, twice, fresh, retry: each once
+
+        late, taken = submitted("b-late", 5), submitted("b-taken", 6)
+
+        async def claims_first_elsewhere(conn, message: Incoming, batch) -> None:  # noqa: ANN001
+            if message is taken:  # a second consumer of the same message claims it and commits meanwhile
+                async with pool.acquire() as other:
+                    await claim(other, "admission", json.loads(taken.value)["event_id"])
+            await handler(conn, message, batch)
+
+        try:
+            await apply_batch(pool, "admission", [late, taken], claims_first_elsewhere)
+            raise AssertionError("the batch committed although one of its claims was taken")
+        except Exception as exc:  # noqa: BLE001 - the store's ClaimedElsewhere
+            assert type(exc).__name__ == "ClaimedElsewhere"
+        assert await stream_types(settings.database_url, "b-late") == []  # rolled back with the batch
+        assert await stream_types(settings.database_url, "b-taken") == []
+    finally:
+        await pool.close()
+
+
 async def test_the_outbox_publishes_after_a_crash_between_commit_and_publish(settings):
     pool = await create_pool(settings.database_url)
     broker = build_broker(settings, "relay-test")

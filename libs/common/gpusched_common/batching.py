@@ -28,7 +28,10 @@ from gpusched_common.messaging import (
     to_incoming,
     track,
 )
+from gpusched_common import store
+from gpusched_common.ids import job_stream
 from gpusched_common.store import claim_dead_lettered
+from gpusched_common.topics import JOBS_CONTROL, JOBS_EVENTS, JOBS_SUBMITTED
 from gpusched_common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,14 +56,33 @@ class Batch:
 TxHandler = Callable[[asyncpg.Connection, Incoming, Batch], Awaitable[None]]
 
 
+# Topics whose messages are keyed by the job whose stream they concern: a batch reads those streams at once.
+_JOB_KEYED = frozenset({JOBS_SUBMITTED.name, JOBS_EVENTS.name, JOBS_CONTROL.name})
+
+
 async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming], handler: TxHandler) -> None:
-    """Apply messages in one transaction; raises (after rollback) if any of them fails."""
+    """Apply messages in one transaction; raises (after rollback) if any of them fails. A batch of several
+    reads its claims and its jobs' streams in two queries first, and writes its claims in one before it
+    commits (``store.BatchReads``)."""
     async with pool.acquire() as conn, conn.transaction():
-        batch = Batch()
-        for message in messages:
-            with message_span(service, message):
-                await handler(conn, message, batch)
-        await batch.finish(conn)
+        token = None
+        if len(messages) > 1:
+            event_ids = [m.parsed[0].event_id if m.parsed is not None else store.event_id_of(m.value)
+                         for m in messages]
+            streams = [job_stream(m.key) for m in messages if m.topic in _JOB_KEYED and m.key]
+            reads = await store.read_for_batch(conn, service, [e for e in event_ids if e is not None], streams)
+            token = store.BATCH_READS.set(reads)
+        try:
+            batch = Batch()
+            for message in messages:
+                with message_span(service, message):
+                    await handler(conn, message, batch)
+            await batch.finish(conn)
+            if token is not None:
+                await store.write_claims(conn, reads)
+        finally:
+            if token is not None:
+                store.BATCH_READS.reset(token)
 
 
 Screen = Callable[[Incoming], Exception | None]

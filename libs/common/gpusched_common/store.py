@@ -6,9 +6,10 @@ rows, inbox mark and read-model updates commit or roll back together.
 
 from __future__ import annotations
 
+import json
 import uuid
-
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
@@ -51,6 +52,70 @@ def _stored(row: asyncpg.Record) -> StoredEvent:
     return StoredEvent(Position(row["txid"], row["global_position"]), row["recorded_at"], envelope)
 
 
+class ClaimedElsewhere(RuntimeError):
+    """A batch's claim was taken by another transaction since the batch looked (a second consumer of the same
+    message): the batch rolls back and its messages are applied again one by one, each with its own claim."""
+
+
+@dataclass
+class BatchReads:
+    """What one transactional batch read of the store at its start, in two queries instead of one per message:
+    which of its messages' event ids the consumer has claimed before, and the job streams its messages name.
+    ``claim`` and ``load`` answer from here; the batch's claims are written in one statement before it commits
+    (``write_claims``), and a stream the batch appends to is read afresh from then on."""
+
+    conn: asyncpg.Connection  # the batch's transaction: reads on any other connection go to the store
+    consumer: str
+    event_ids: frozenset[str]
+    claimed_before: frozenset[str]
+    streams: dict[str, list[StoredEvent]]
+    claims: list[str] = field(default_factory=list)
+
+
+BATCH_READS: ContextVar[BatchReads | None] = ContextVar("gpusched_batch_reads", default=None)
+
+
+def event_id_of(value: bytes) -> str | None:
+    """The event id of a message's envelope, read without validating the rest (None: none readable)."""
+    try:
+        event_id = json.loads(value).get("event_id")
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return event_id if isinstance(event_id, str) and len(event_id) <= 200 else None
+
+
+async def read_for_batch(conn: asyncpg.Connection, consumer: str, event_ids: list[str],
+                         streams: list[str]) -> BatchReads:
+    """The claims of a batch's messages (their ``event_ids``) and the job ``streams`` they name, read in the
+    caller's transaction."""
+    event_ids = frozenset(event_ids)
+    claimed = await conn.fetch("SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2::text[])",
+                               consumer, sorted(event_ids)) if event_ids else []
+    loaded: dict[str, list[StoredEvent]] = {stream: [] for stream in streams}
+    if streams:
+        for row in await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
+                                    " ORDER BY stream_id, version", sorted(set(streams))):
+            loaded[row["stream_id"]].append(_stored(row))
+    return BatchReads(conn, consumer, event_ids, frozenset(r["event_id"] for r in claimed), loaded)
+
+
+async def write_claims(conn: asyncpg.Connection, reads: BatchReads) -> None:
+    """The batch's claims, in one statement; ``ClaimedElsewhere`` when another transaction took one first."""
+    if not reads.claims:
+        return
+    inserted = await conn.fetch("INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::text[])"
+                                " ON CONFLICT DO NOTHING RETURNING event_id", reads.consumer, reads.claims)
+    if len(inserted) != len(reads.claims):
+        raise ClaimedElsewhere(f"{len(reads.claims) - len(inserted)} of the batch's claims were taken meanwhile")
+
+
+def forget_stream(stream_id: str) -> None:
+    """The batch appended to ``stream_id``: read it from the store from now on."""
+    reads = BATCH_READS.get()
+    if reads is not None:
+        reads.streams.pop(stream_id, None)
+
+
 async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int,
                  envelopes: list[Envelope]) -> list[Envelope]:
     """Append events at versions expected_version+1.. ; raises ConcurrencyError if the stream moved.
@@ -59,6 +124,7 @@ async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int
     other writer committed before us or is still in flight (then this insert waits for it)."""
     stamped = [e.model_copy(update={"stream_id": stream_id, "stream_version": expected_version + i + 1})
                for i, e in enumerate(envelopes)]
+    forget_stream(stream_id)
     try:
         await conn.executemany(
             "INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at, producer,"
@@ -74,6 +140,10 @@ async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int
 
 async def load(conn: asyncpg.Connection, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
     """The stream's events in order, those after ``after_version`` (0: all)."""
+    reads = BATCH_READS.get()
+    cached = reads.streams.get(stream_id) if reads is not None and reads.conn is conn else None
+    if cached is not None:
+        return [e for e in cached if e.envelope.stream_version > after_version]
     rows = await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND version > $2 ORDER BY version",
                             stream_id, after_version)
     return [_stored(r) for r in rows]
@@ -135,7 +205,15 @@ def _headers(envelope: Envelope) -> dict[str, str]:
 
 
 async def claim(conn: asyncpg.Connection, consumer: str, event_id: str) -> bool:
-    """Record that `consumer` handled `event_id`; False when it already had (a redelivery)."""
+    """Record that `consumer` handled `event_id`; False when it already had (a redelivery). In a batch that
+    read its claims at the start (``BatchReads``), the answer comes from there and the claim is written with
+    the batch's others before it commits."""
+    reads = BATCH_READS.get()
+    if reads is not None and reads.conn is conn and reads.consumer == consumer and event_id in reads.event_ids:
+        if event_id in reads.claimed_before or event_id in reads.claims:
+            return False
+        reads.claims.append(event_id)
+        return True
     inserted = await conn.fetchval(
         "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1",
         consumer, event_id,
