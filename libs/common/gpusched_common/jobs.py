@@ -109,6 +109,7 @@ async def _append(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.
     for payload in payloads:
         new_state = evolve(new_state, payload)
     rows = store.outbox_rows(JOBS_EVENTS.name, envelopes)
+    store.forget_stream(stream)
     try:
         # the events, their outbox rows and the read model in one statement: one round trip, not three
         await conn.execute(

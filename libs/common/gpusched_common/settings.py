@@ -49,7 +49,9 @@ class Settings(BaseSettings):
     consumer_batch_max: int = 200  # messages applied in one database transaction
     consumer_batch_wait_ms: int = 5  # how long a fetch may wait to fill a batch
     handler_retry_backoff_s: float = 0.2
-    outbox_poll_interval_s: float = 0.05
+    # the relay is woken by each commit that wrote outbox rows (LISTEN/NOTIFY); this poll only covers a
+    # notification lost with a broken connection
+    outbox_poll_interval_s: float = 1.0
     # retention (issue 15): published outbox rows and inbox claims are deleted after these; the event store
     # is kept. Keep the inbox at least as long as the topics' retention (Kafka's default: 7 days), so a
     # message redelivered from an old offset is still known
