@@ -178,7 +178,7 @@ def agent_setup(settings: AgentSettings) -> tuple[Callable[[Runtime], Awaitable[
                  NODES_COMMANDS.name)
         subscriber = runtime.subscribe(NODES_COMMANDS.name, group,
                                        own_commands_only(node_ids, signed_only(trusted, fleet.on_command)),
-                                       partitions=mine)
+                                       partitions=mine, by_key=True)  # a fleet's nodes start their jobs at once
         runtime.background.append(lambda: follow_partition_count(subscriber, NODES_COMMANDS.name, node_ids, count))
         runtime.background.append(fleet.run)
         if settings.agent_watchdog:

@@ -193,15 +193,22 @@ async def guard_positions(broker: KafkaBroker, interval_s: float = 2.0, seen: In
 
 
 def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, settings: Settings,
-              handler: Handler, partitions: Collection[int] | None = None) -> object:
+              handler: Handler, partitions: Collection[int] | None = None, by_key: bool = False) -> object:
     """Register `handler` for `topic` under the delivery contract in this module's docstring; returns the
     subscriber (its ``consumer`` once started).
 
     `partitions`: read only these partitions of `topic`, assigned by hand rather than by the group (a node
     agent: the partitions its nodes' commands are on). No group membership, so one reader joining or
     leaving moves no other; the group still keeps the committed offsets, so a restarted reader resumes
-    where it was. The topic must exist (it is not created here: its partition count is the point)."""
+    where it was. The topic must exist (it is not created here: its partition count is the point).
+
+    `by_key`: messages are fetched in batches and those of different keys handled concurrently, each key's
+    in order (a fleet of simulated nodes: one node's slow start does not hold up the others); the batch's
+    offsets are committed once every message of it was handled (or dead-lettered), as for one message."""
     options = consumer_options(settings, group_id)
+    if by_key:
+        options = {**options, "batch": True, "max_records": settings.consumer_batch_max,
+                   "batch_timeout_ms": settings.consumer_batch_wait_ms}
     if partitions is None:
         subscriber = broker.subscriber(topic, **options)
     else:
@@ -209,13 +216,35 @@ def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, s
             partitions=[TopicPartition(topic, p, declare=False) for p in sorted(partitions)], **options)
     track(broker, subscriber)
 
-    @subscriber
-    async def on_message(msg):  # noqa: ANN001 - the decoder hands over the KafkaMessage itself
-        incoming = to_incoming(msg.raw_message)
+    async def one(incoming: Incoming) -> None:
         await handle_with_retries(broker, incoming, service=service, settings=settings, handler=handler)
-        await msg.ack()
+
+    if by_key:
+        @subscriber
+        async def on_batch(msg):  # noqa: ANN001 - the decoder hands over the batch's KafkaMessage
+            records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
+            await handle_by_key([to_incoming(r) for r in records], one)
+            await msg.ack()
+    else:
+        @subscriber
+        async def on_message(msg):  # noqa: ANN001 - the decoder hands over the KafkaMessage itself
+            await one(to_incoming(msg.raw_message))
+            await msg.ack()
 
     return subscriber
+
+
+async def handle_by_key(messages: list[Incoming], handle: Handler) -> None:
+    """Handle ``messages``: those of one key one after another, in their order; different keys at once."""
+    by_key: dict[str | None, list[Incoming]] = {}
+    for message in messages:
+        by_key.setdefault(message.key, []).append(message)
+
+    async def in_order(group: list[Incoming]) -> None:
+        for message in group:
+            await handle(message)
+
+    await asyncio.gather(*(in_order(group) for group in by_key.values()))
 
 
 def message_span(service: str, incoming: Incoming):  # noqa: ANN201 - a context manager

@@ -59,10 +59,11 @@ class Runtime:
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     def subscribe(self, topic: str, group_id: str, handler: Handler, *,
-                  partitions: Collection[int] | None = None) -> object:
-        """``messaging.subscribe``: the subscriber (``partitions``: only these, assigned by hand)."""
+                  partitions: Collection[int] | None = None, by_key: bool = False) -> object:
+        """``messaging.subscribe``: the subscriber (``partitions``: only these, assigned by hand; ``by_key``:
+        batches, keys handled concurrently)."""
         return subscribe(self.broker, topic=topic, group_id=group_id, service=self.service, settings=self.settings,
-                         handler=handler, partitions=partitions)
+                         handler=handler, partitions=partitions, by_key=by_key)
 
     def subscribe_transactional(self, topic: str, group_id: str, handler: TxHandler, *,
                                 screen: Screen | None = poisoned) -> None:
