@@ -83,7 +83,7 @@ def test_growth_equals_the_measured_change_of_node_fragmentation(snapshot, warmu
 
 def test_the_memo_gives_what_a_fresh_computation_gives_as_the_cluster_changes() -> None:
     snapshot = a_cluster(*(a_node(f"n{i}").gpus(4, "T4" if i % 2 else "A10") for i in range(6)))
-    memo = FragmentationMemo(WORKLOAD, measure="capped")
+    memo = FragmentationMemo(WORKLOAD, ("capped",))
     policy = make_policy("ours", workload=WORKLOAD)
     shapes = shape_arrays(WORKLOAD, snapshot.layout)
     stream = [a_request(f"r{i}").share(250 + 50 * (i % 3)).cpu(2_000).build() for i in range(12)]

@@ -8,31 +8,25 @@ snapshot order (the artifact's deterministic scheduler), which packs. Without th
 (``fgd-exact``) FGD spreads load and does far worse on the openb traces.
 
 Speed: the growth of a node depends only on that node's free CPU and GPU milli and on the request's
-shape, so results are memoised per shape and recomputed only for the nodes whose free capacity
-changed since (a content comparison, never a version counter, so any lineage of snapshots is safe).
+shape, so results are memoised per shape and recomputed only for the nodes that changed since and are
+asked for (``frag_memo``), from per-node statistics (``growth``). ``frag_growth`` here is the plain
+reference computation the memo is tested against.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .feasibility import gpu_free_for
-from .fragmentation import (
-    ShapeArrays,
-    WorkloadDistribution,
-    shape_arrays,
-    shape_stats,
-    usable_from_stats,
-    usable_milli,
-)
+from .frag_memo import FragmentationMemo
+from .fragmentation import ShapeArrays, WorkloadDistribution, shape_stats, usable_from_stats, usable_milli
 from .model import MILLI_PER_GPU, GpuShare, MigSlice, PodRequest, WholeGpus
 from .policies import MAX_NODE_SCORE, Candidates, NodeScores, mig_packing_scores
-from .snapshot import ClusterLayout, ClusterSnapshot
+from .snapshot import ClusterSnapshot
 
-_MAX_CACHED_SHAPES = 512
+__all__ = ["FgdPolicy", "FragmentationMemo", "best_fgd_score", "best_per_node", "fgd_scores", "frag_growth", "sigmoid_score"]
 
 
 def _frag(free: np.ndarray, cpu: np.ndarray, shapes: ShapeArrays, rows: np.ndarray, measure: str) -> np.ndarray:
@@ -44,7 +38,8 @@ def frag_growth(
 ) -> np.ndarray:
     """(len(rows), gpus) growth of node fragmentation (milli) if ``request`` goes to each node.
 
-    Column g is the growth with a shared request on GPU g (+inf where it does not fit); for other
+    The reference computation: everything recomputed from the snapshot, nothing kept (the policies use
+    ``FragmentationMemo``, which is tested to give the same). Column g is the growth with a shared request on GPU g (+inf where it does not fit); for other
     requests every column holds the same value (the GPUs they take do not change the result).
     Rounded to a millionth of a milli: the weighted sums over shapes differ in their last bits with the
     number of rows computed at once, and a node's growth must not depend on which other rows were
@@ -92,71 +87,41 @@ def _frag_growth(
     return np.repeat((after - before)[:, None], width, axis=1)
 
 
-@dataclass(eq=False)
-class _Memo:
-    layout: ClusterLayout
-    cpu: np.ndarray
-    free: np.ndarray
-    memory: np.ndarray | None
-    growth: np.ndarray
-
-
-@dataclass(eq=False)
-class FragmentationMemo:
-    """Per-shape memo of ``frag_growth`` over all nodes, refreshed only where nodes changed."""
-
-    workload: WorkloadDistribution
-    measure: str = "fgd"
-    _shapes: dict[int, tuple[ClusterLayout, ShapeArrays]] = field(default_factory=dict)
-    _entries: OrderedDict[tuple[object, ...], _Memo] = field(default_factory=OrderedDict)
-
-    def shapes_for(self, layout: ClusterLayout) -> ShapeArrays:
-        cached = self._shapes.get(id(layout))
-        if cached is None or cached[0] is not layout:
-            self._shapes = {id(layout): (layout, shape_arrays(self.workload, layout))}
-            cached = self._shapes[id(layout)]
-        return cached[1]
-
-    def growth(self, snapshot: ClusterSnapshot, request: PodRequest) -> np.ndarray:
-        """(nodes, gpus) growth for every node (values of infeasible nodes are meaningless)."""
-        layout = snapshot.layout
-        shapes = self.shapes_for(layout)
-        key = (id(layout), request.gpu, request.cpu_milli, request.allowed_models)
-        needs_memory = isinstance(request.gpu, GpuShare) and request.gpu.memory_mib > 0
-        entry = self._entries.get(key)
-        if entry is None or entry.layout is not layout:
-            rows = np.arange(layout.node_count)
-            entry = _Memo(layout, snapshot.cpu_free, snapshot.share_free,
-                          snapshot.gpu_memory_free if needs_memory else None,
-                          frag_growth(snapshot, request, shapes, rows, self.measure))  # fmt: skip
-            self._entries[key] = entry
-            if len(self._entries) > _MAX_CACHED_SHAPES:
-                self._entries.popitem(last=False)
-            return entry.growth
-        self._entries.move_to_end(key)
-        changed = (entry.cpu != snapshot.cpu_free) | (entry.free != snapshot.share_free).any(axis=1)
-        if needs_memory:
-            changed |= (entry.memory != snapshot.gpu_memory_free).any(axis=1)
-        rows = np.flatnonzero(changed)
-        if rows.size:
-            growth = entry.growth.copy()
-            growth[rows] = frag_growth(snapshot, request, shapes, rows, self.measure)
-            entry.growth, entry.cpu, entry.free = growth, snapshot.cpu_free, snapshot.share_free
-            if needs_memory:
-                entry.memory = snapshot.gpu_memory_free
-        return entry.growth
-
-
 def sigmoid_score(growth: np.ndarray) -> np.ndarray:
     """The published FGD score: int64(sigmoid(-growth / 1000) * 100)."""
     with np.errstate(over="ignore"):
         return np.trunc(MAX_NODE_SCORE / (1.0 + np.exp(growth / 1000.0)))
 
 
+def best_per_node(per_gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's best value and its first GPU among equals, as the artifact picks; (R,) values stand
+    for every GPU of their row (GPU 0 then)."""
+    if per_gpu.ndim == 1:
+        return per_gpu, np.zeros(per_gpu.shape, dtype=np.intp)
+    best_gpu = per_gpu.argmax(axis=1)
+    return per_gpu[np.arange(best_gpu.size), best_gpu], best_gpu
+
+
+def fgd_scores(growth: np.ndarray) -> np.ndarray:
+    """FGD's per-GPU score of growth; -inf where the request does not fit."""
+    return np.where(np.isinf(growth), -np.inf, sigmoid_score(growth))
+
+
+def best_fgd_score(growth: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Each row's best FGD score and GPU (a ``FragmentationMemo.derive``)."""
+    return best_per_node(fgd_scores(growth[0]))
+
+
+def _best_negative_growth(growth: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    return best_per_node(np.where(np.isinf(growth[0]), -np.inf, -growth[0]))
+
+
 @dataclass(eq=False)
 class FgdPolicy:
     """FGD as published: least fragmentation growth, scored through a truncated sigmoid, against
-    the most popular shapes covering ``popularity`` of the workload (the artifact's typical pods)."""
+    the most popular shapes covering ``popularity`` of the workload (the artifact's typical pods).
+
+    The memo keeps each node's best score and GPU per request shape, so a decision reads them."""
 
     workload: WorkloadDistribution
     name: str = "fgd"
@@ -165,16 +130,14 @@ class FgdPolicy:
     memo: FragmentationMemo = field(init=False)
 
     def __post_init__(self) -> None:
-        self.memo = FragmentationMemo(self.workload.most_popular(self.popularity))
+        derive = best_fgd_score if self.quantized else _best_negative_growth
+        self.memo = FragmentationMemo(self.workload.most_popular(self.popularity), derive=derive)
 
     def score(self, candidates: Candidates) -> NodeScores:
-        if isinstance(candidates.request.gpu, MigSlice):
+        request, nodes = candidates.request, candidates.nodes
+        if isinstance(request.gpu, MigSlice):
             return mig_packing_scores(candidates)
-        growth = self.memo.growth(candidates.snapshot, candidates.request)[candidates.nodes]
-        per_gpu = sigmoid_score(growth) if self.quantized else -growth
-        per_gpu = np.where(np.isinf(growth), -np.inf, per_gpu)
-        best_gpu = per_gpu.argmax(axis=1)  # first GPU among equals, as the artifact does
-        values = per_gpu[np.arange(best_gpu.size), best_gpu]
-        share = best_gpu if isinstance(candidates.request.gpu, GpuShare) else None
+        best, best_gpu = self.memo.refresh(candidates.snapshot, request, nodes).derived
+        share = best_gpu[nodes] if isinstance(request.gpu, GpuShare) else None
         meaning = "FGD score" if self.quantized else "-(fragmentation growth, milli)"
-        return NodeScores(values, share, meaning=meaning)
+        return NodeScores(best[nodes], share, meaning=meaning)

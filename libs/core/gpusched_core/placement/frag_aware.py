@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fgd import FragmentationMemo, sigmoid_score
+from .fgd import FragmentationMemo, best_per_node, sigmoid_score
 from .fragmentation import WorkloadDistribution
-from .model import GpuShare, MigSlice
 from .layout import ClusterLayout
+from .model import GpuShare, MigSlice, PodRequest
 from .policies import Candidates, NodeScores, mig_packing_scores
-from .scarcity import ModelIndex, model_pressure, scarcity_cost
+from .scarcity import _MAX_PRESSURE, ModelIndex, model_excess, model_pressure
 
 # The secondary criterion moves a score by less than 0.1, so it only orders FGD's ties.
 _SECONDARY_SCALE = 1e-6
@@ -38,21 +38,23 @@ _SECONDARY_CLIP = 1e5
 
 @dataclass(eq=False)
 class FragAwarePolicy:
-    """FGD score first, then least CPU-capped fragmentation growth (in quarter-GPU steps), then node order."""
+    """FGD score first, then least CPU-capped fragmentation growth (in quarter-GPU steps), then node order.
+
+    Speed: one memo keeps both growths per request shape and each node's best score and GPU, so a
+    decision reads them, unless the scarcity cost is due (then they are scored from the growths).
+    """
 
     workload: WorkloadDistribution
     name: str = "ours"
     popularity: float = 0.95
     secondary_step_milli: float = 250.0
     scarcity_weight: float = 2.0
-    fgd_memo: FragmentationMemo = field(init=False)
-    capped_memo: FragmentationMemo = field(init=False)
+    memo: FragmentationMemo = field(init=False)
     _pressure: tuple[ClusterLayout, np.ndarray | None, ModelIndex] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         typical = self.workload.most_popular(self.popularity)
-        self.fgd_memo = FragmentationMemo(typical, measure="fgd")
-        self.capped_memo = FragmentationMemo(typical, measure="capped")
+        self.memo = FragmentationMemo(typical, ("fgd", "capped"), derive=lambda growth: self._best(*growth))
 
     def pressure_for(self, layout: ClusterLayout) -> np.ndarray | None:
         """Pressure of pinned demand on each of the layout's models (None: none pinned)."""
@@ -63,23 +65,43 @@ class FragAwarePolicy:
         return self._pressure[1]
 
     def score(self, candidates: Candidates) -> NodeScores:
-        request = candidates.request
+        request, nodes = candidates.request, candidates.nodes
         if isinstance(request.gpu, MigSlice):
             return mig_packing_scores(candidates)
-        growth = self.fgd_memo.growth(candidates.snapshot, request)[candidates.nodes]
-        pressure = self.pressure_for(candidates.snapshot.layout)
-        if pressure is not None:
-            index = self._pressure[2]  # type: ignore[index]
-            cost = scarcity_cost(pressure, index, candidates.snapshot, request, candidates.nodes,
-                                 per_gpu=isinstance(request.gpu, GpuShare))  # fmt: skip
-            growth = growth + self.scarcity_weight * cost
-        capped = self.capped_memo.growth(candidates.snapshot, request)[candidates.nodes]
-        secondary = np.clip(np.where(np.isinf(capped), 0.0, capped), -_SECONDARY_CLIP, _SECONDARY_CLIP)
+        entry = self.memo.refresh(candidates.snapshot, request, nodes)
+        cost = self._scarcity(candidates.snapshot.layout, request, nodes)
+        if cost is None:
+            values, best_gpu = (derived[nodes] for derived in entry.derived)
+        else:
+            fgd, capped = (_columns(growth[nodes], cost) for growth in entry.growth)
+            values, best_gpu = self._best(fgd + cost, capped)
+        share = best_gpu if isinstance(request.gpu, GpuShare) else None
+        return NodeScores(values, share, meaning="FGD score - 1e-6 x CPU-capped fragmentation growth (quarter GPUs)")
+
+    def _best(self, growth: np.ndarray, capped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each node's best score and GPU from its FGD growth (scarcity cost included) and capped growth."""
+        unfit = np.isinf(growth)  # where the capped growth is infinite too (the same fit decides both)
+        secondary = np.minimum(np.maximum(np.where(unfit, 0.0, capped), -_SECONDARY_CLIP), _SECONDARY_CLIP)
         if self.secondary_step_milli > 0:
             secondary = np.floor(secondary / self.secondary_step_milli)
         per_gpu = sigmoid_score(growth) - _SECONDARY_SCALE * secondary
-        per_gpu = np.where(np.isinf(growth), -np.inf, per_gpu)
-        best_gpu = per_gpu.argmax(axis=1)
-        values = per_gpu[np.arange(best_gpu.size), best_gpu]
-        share = best_gpu if isinstance(request.gpu, GpuShare) else None
-        return NodeScores(values, share, meaning="FGD score - 1e-6 x CPU-capped fragmentation growth (quarter GPUs)")
+        return best_per_node(np.where(unfit, -np.inf, per_gpu))
+
+    def _scarcity(self, layout: ClusterLayout, request: PodRequest, nodes: np.ndarray) -> np.ndarray | None:
+        """(len(nodes), gpus) ``scarcity_cost`` weighted, or None where it is 0 for every node."""
+        pressure = self.pressure_for(layout)
+        if pressure is None or request.gpu_milli_total == 0:
+            return None
+        index = self._pressure[2]  # type: ignore[index]
+        per_model = model_excess(pressure, index, self.memo.rows.model_free(), request)
+        if per_model is None or not per_model.any():
+            return None
+        excess = per_model[index.model_of[nodes]]
+        if not isinstance(request.gpu, GpuShare):
+            excess = np.repeat(excess.max(axis=1, keepdims=True), excess.shape[1], axis=1)
+        return self.scarcity_weight * (np.minimum(excess, _MAX_PRESSURE) * request.gpu_milli_total)
+
+
+def _columns(values: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Per-node values (R,) as the (R, gpus) of ``like`` (every GPU alike); (R, gpus) unchanged."""
+    return values if values.ndim == 2 else np.repeat(values[:, None], like.shape[1], axis=1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -104,6 +105,22 @@ class ShapeArrays:
     gpu_ok: np.ndarray | None  # (T, nodes, gpus) GPUs of an allowed model; None when no shape limits models
     mig: tuple[tuple[RequestShape, float], ...]  # MIG shapes, measured separately
 
+    @cached_property
+    def cpu_divisor(self) -> np.ndarray:
+        """(T,) CPU per request, at least 1 (what free CPU is divided by under ``capped``)."""
+        return np.maximum(self.cpu, 1)
+
+    @cached_property
+    def cap_per_request(self) -> np.ndarray:
+        """(T,) GPU milli of one request of each shape; ``_NO_CAP`` for shapes without CPU (their cap
+        is then at least ``_NO_CAP``, above any node's GPU milli, for any free CPU >= 0)."""
+        return np.where(self.cpu > 0, self.milli * self.count, _NO_CAP)
+
+    @cached_property
+    def cpu_free_request(self) -> np.ndarray:
+        """(T,) 1 for shapes without CPU (one more request than free CPU // 1), else 0."""
+        return (self.cpu == 0).astype(np.int64)
+
 
 def shape_arrays(workload: WorkloadDistribution, layout: ClusterLayout) -> ShapeArrays:
     gpu_shapes = [(s, w) for s, w in zip(workload.shapes, workload.weights, strict=True) if s.gpu_count > 0]
@@ -122,6 +139,7 @@ def shape_arrays(workload: WorkloadDistribution, layout: ClusterLayout) -> Shape
 
 
 MEASURES = ("fgd", "capped")
+_NO_CAP = 1 << 32
 
 
 def shape_stats(free: np.ndarray, shapes: ShapeArrays, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -147,16 +165,27 @@ def usable_from_stats(count: np.ndarray, usable: np.ndarray, cpu: np.ndarray, sh
       - ``capped``: the same, but no more than the GPU milli of as many requests as the node's free
         CPU admits: CPU spent on a node with many free GPUs strands them.
     """
+    return usable_by_measure(count, usable, cpu, shapes, (measure,))[0]
+
+
+def usable_by_measure(count: np.ndarray, usable: np.ndarray, cpu: np.ndarray, shapes: ShapeArrays,
+                      measures: tuple[str, ...]) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """``usable_from_stats`` under each of ``measures``, sharing what they have in common."""
+    for measure in measures:
+        if measure not in MEASURES:
+            raise ValueError(f"unknown fragmentation measure {measure!r}; known: {', '.join(MEASURES)}")
     if shapes.weight.size == 0:
-        return np.zeros(np.broadcast_shapes(count.shape[:-1], cpu.shape))
+        return tuple(np.zeros(np.broadcast_shapes(count.shape[:-1], cpu.shape)) for _ in measures)
     cpu_free = cpu[..., None]
     placeable = (cpu_free >= shapes.cpu) & (count >= shapes.count)
-    if measure == "capped":
-        requests = cpu_free // np.maximum(shapes.cpu, 1)
-        usable = np.where(shapes.cpu > 0, np.minimum(usable, requests * shapes.milli * shapes.count), usable)
-    elif measure != "fgd":
-        raise ValueError(f"unknown fragmentation measure {measure!r}; known: {', '.join(MEASURES)}")
-    return (placeable * usable) @ shapes.weight
+    results = []
+    for measure in measures:
+        capped = usable
+        if measure == "capped":  # a shape without CPU is not capped (see ``cap_per_request``)
+            requests = cpu_free // shapes.cpu_divisor + shapes.cpu_free_request
+            capped = np.minimum(usable, requests * shapes.cap_per_request)
+        results.append((placeable * capped) @ shapes.weight)
+    return tuple(results)
 
 
 def usable_milli(free: np.ndarray, cpu: np.ndarray, shapes: ShapeArrays, rows: np.ndarray | None = None,

@@ -81,19 +81,30 @@ def scarcity_cost(pressure: np.ndarray, index: ModelIndex, snapshot: ClusterSnap
     """
     size = pressure.size
     free = np.bincount(index.model_of.ravel(), weights=snapshot.share_free.ravel(), minlength=size + 1)[:size]
+    per_model = model_excess(pressure, index, free, request, slack)
+    if per_model is None:
+        return np.zeros((nodes.size, index.model_of.shape[1]))
+    excess = per_model[index.model_of[nodes]]
+    if not per_gpu:
+        excess = np.repeat(excess.max(axis=1, keepdims=True), excess.shape[1], axis=1)
+    return np.minimum(excess, _MAX_PRESSURE) * request.gpu_milli_total
+
+
+def model_excess(pressure: np.ndarray, index: ModelIndex, free: np.ndarray, request: PodRequest,
+                 slack: float = 0.8) -> np.ndarray | None:  # fmt: skip
+    """(K + 1,) how far each model's tightness exceeds what the request pays nothing for (see
+    ``scarcity_cost``; the last entry, no GPU, is 0), from the free GPU milli of each model (K,);
+    None when the cluster has no GPU or the request may use none of its models."""
+    size = pressure.size
     capacity = float(index.count.sum()) * MILLI_PER_GPU
     if capacity <= 0:
-        return np.zeros((nodes.size, index.model_of.shape[1]))
+        return None
     still_free = float(free.sum()) / capacity
     tight = np.append(pressure * index.count * MILLI_PER_GPU * still_free / np.maximum(free, 1.0), 0.0)
     usable = index.count > 0
     if request.allowed_models:
         usable &= np.array([model in request.allowed_models for model in index.layout.models], bool)
     if not usable.any():
-        return np.zeros((nodes.size, index.model_of.shape[1]))
+        return None
     least = max(float(tight[:size][usable].min()), slack)
-    usable_of = np.append(usable, False)[index.model_of[nodes]]
-    excess = np.where(usable_of, np.maximum(tight[index.model_of[nodes]] - least, 0.0), 0.0)
-    if not per_gpu:
-        excess = np.repeat(excess.max(axis=1, keepdims=True), excess.shape[1], axis=1)
-    return np.minimum(excess, _MAX_PRESSURE) * request.gpu_milli_total
+    return np.where(np.append(usable, False), np.maximum(tight - least, 0.0), 0.0)

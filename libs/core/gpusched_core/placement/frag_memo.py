@@ -1,0 +1,127 @@
+"""Memo of fragmentation growth per request shape, refreshed only on nodes that changed and are asked for.
+
+``RowState`` follows the snapshots a policy is shown and gives each node that changed a new version.
+Each shape's memo keeps, per node, the growth under each measure and the version it was computed at;
+a node is recomputed when its version moved *and* a decision asks for it. Nodes in the same state
+(the same GPUs and free GPU milli, free CPU in the same class before and after:
+``RowState.classes``) have the same growth, so a large refresh (a shape's first use) computes each
+state once.
+
+``derive`` (optional) turns growth rows into per-node values a policy reads on every decision (its
+best score and GPU): they are recomputed with the growth, so they never go stale either.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .fragmentation import WorkloadDistribution
+from .growth import GrowthTables, growth_rows
+from .layout import ClusterLayout
+from .model import GpuShare, PodRequest
+from .row_state import RowState
+from .snapshot import ClusterSnapshot
+
+__all__ = ["Derive", "FragmentationMemo", "RowState"]
+
+_MAX_CACHED_SHAPES = 512
+_DEDUPE_FROM = 48  # nodes to refresh from which finding equal node states pays
+
+# growth rows per measure -> per-node values (R,) or (R, ...)
+Derive = Callable[[tuple[np.ndarray, ...]], tuple[np.ndarray, ...]]
+
+
+def _asks_memory(request: PodRequest) -> bool:
+    return isinstance(request.gpu, GpuShare) and request.gpu.memory_mib > 0
+
+
+@dataclass(eq=False)
+class _Entry:
+    layout: ClusterLayout
+    growth: tuple[np.ndarray, ...]  # per measure: (nodes, gpus) for a share, (nodes,) otherwise
+    version: np.ndarray  # (nodes,) the node version each row was computed at (0: never)
+    derived: tuple[np.ndarray, ...] = ()
+
+
+@dataclass(eq=False)
+class FragmentationMemo:
+    """Per-shape memo of fragmentation growth under ``measures`` (see the module doc)."""
+
+    workload: WorkloadDistribution
+    measures: tuple[str, ...] = ("fgd",)
+    derive: Derive | None = None
+    rows: RowState = field(init=False)
+    _entries: OrderedDict[tuple[object, ...], _Entry] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        self.rows = RowState(self.workload)
+
+    def refresh(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray) -> _Entry:
+        """The memo of ``request``'s shape, current on ``nodes`` (ascending node indices)."""
+        rows = self.rows
+        tables = rows.sync(snapshot, self.measures, _asks_memory(request))
+        entry = self._entry(snapshot, request)
+        stale = nodes[entry.version[nodes] != rows.version[nodes]]
+        if stale.size:
+            growth = self._compute(tables, snapshot, request, stale)
+            for target, values in zip(entry.growth, growth, strict=True):
+                target[stale] = values
+            entry.version[stale] = rows.version[stale]
+            if self.derive is not None:
+                for target, values in zip(entry.derived, self.derive(growth), strict=True):
+                    target[stale] = values
+        return entry
+
+    def _compute(self, tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest,
+                 stale: np.ndarray) -> tuple[np.ndarray, ...]:  # fmt: skip
+        """Growth of ``stale`` nodes, each node state once when there are many (GPU memory, which a state
+        leaves out, is then compared node by node)."""
+        rows = self.rows
+        unique = inverse = None
+        if stale.size >= _DEDUPE_FROM and not _asks_memory(request):
+            _, first, inverse = np.unique(rows.classes(stale, request.cpu_milli), return_index=True,
+                                          return_inverse=True)  # fmt: skip
+            if first.size < stale.size:
+                unique = stale[first]
+        chosen = stale if unique is None else unique
+        before = tuple(rows.before[measure][chosen] for measure in self.measures)
+        stats = (rows.count[chosen], rows.usable[chosen])
+        growth = growth_rows(tables, snapshot, request, chosen, stats, before, self.measures)
+        return growth if unique is None else tuple(values[inverse] for values in growth)
+
+    def _entry(self, snapshot: ClusterSnapshot, request: PodRequest) -> _Entry:
+        layout = snapshot.layout
+        key = (request.gpu, request.cpu_milli, request.allowed_models)
+        entry = self._entries.get(key)
+        if entry is not None and entry.layout is layout:
+            self._entries.move_to_end(key)
+            return entry
+        count = layout.node_count
+        shape = (count, layout.max_gpus) if isinstance(request.gpu, GpuShare) else (count,)
+        growth = tuple(np.zeros(shape) for _ in self.measures)
+        entry = _Entry(layout, growth, np.zeros(count, dtype=np.int64))
+        if self.derive is not None:
+            empty = self.derive(tuple(values[:0] for values in growth))
+            entry.derived = tuple(np.zeros((count, *a.shape[1:]), dtype=a.dtype) for a in empty)
+        self._entries[key] = entry
+        if len(self._entries) > _MAX_CACHED_SHAPES:
+            self._entries.popitem(last=False)
+        return entry
+
+    def growth_at(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray,
+                  measure: str | None = None) -> np.ndarray:  # fmt: skip
+        """(len(nodes), gpus) growth on ``nodes`` under ``measure`` (the first kept when None); columns
+        equal unless a share (see ``frag_growth``)."""
+        position = 0 if measure is None else self.measures.index(measure)
+        growth = self.refresh(snapshot, request, nodes).growth[position][nodes]
+        if growth.ndim == 1:
+            return np.repeat(growth[:, None], snapshot.layout.max_gpus, axis=1)
+        return growth
+
+    def growth(self, snapshot: ClusterSnapshot, request: PodRequest, measure: str | None = None) -> np.ndarray:
+        """(nodes, gpus) growth for every node (values of infeasible nodes are meaningless)."""
+        return self.growth_at(snapshot, request, np.arange(snapshot.layout.node_count), measure)

@@ -1,0 +1,125 @@
+"""Per-node state of the last snapshot a policy was shown, kept in step node by node.
+
+``RowState.sync`` finds the nodes whose free CPU or share-usable GPU milli (or GPU memory, once a
+request asks for it) differ from the last snapshot's: a content comparison, never a version counter
+kept in snapshots, so any lineage of snapshots (what-if copies, a gang's scratch binds) is safe. Each
+changed node gets a new version, and its group statistics, fragmentation per measure, free CPU class
+and state id are recomputed: once per node state, for every request shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .fragmentation import WorkloadDistribution
+from .growth import GrowthTables
+from .layout import ClusterLayout
+from .snapshot import ClusterSnapshot
+
+
+def changed_rows(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np.ndarray:
+    """Nodes whose free CPU or share-usable GPU milli (and GPU memory when ``memory``) differ."""
+    mark = old.cpu_free != new.cpu_free
+    width = new.share_free.shape[1]
+    mark[np.flatnonzero(old.share_free != new.share_free) // width] = True
+    if memory:
+        mark[np.flatnonzero(old.gpu_memory_free != new.gpu_memory_free) // width] = True
+    return np.flatnonzero(mark)
+
+
+class RowState:
+    """Per node of the last snapshot shown: a version, group statistics, fragmentation per measure, a
+    free CPU class (equal classes: equal results under every measure kept) and a state id (equal ids:
+    the same GPU models and free GPU milli)."""
+
+    def __init__(self, workload: WorkloadDistribution) -> None:
+        self.workload = workload
+        self.measures: tuple[str, ...] = ()
+        self.tables: GrowthTables | None = None
+        self.snapshot: ClusterSnapshot | None = None
+        self.clock = 0
+        self.version = self.state = self.cpu_class = np.zeros(0, dtype=np.int64)
+        self.count = self.usable = np.zeros((0, 0), dtype=np.int64)
+        self.before: dict[str, np.ndarray] = {}
+        self.breaks = np.zeros(1, dtype=np.int64)
+        self.memory = False  # GPU memory compared too (from the first request that asks for some)
+        self._ids: dict[bytes, int] = {}
+        self._model_free: np.ndarray | None = None  # (models + 1,) free share-usable milli per GPU model
+
+    def sync(self, snapshot: ClusterSnapshot, measures: tuple[str, ...], memory: bool = False) -> GrowthTables:
+        """Bring every node up to ``snapshot``, keeping ``measures`` too; returns the layout's tables."""
+        if memory and not self.memory:
+            self.memory, self.snapshot = True, None  # start over: earlier memory changes went unseen
+        if any(m not in self.before for m in measures):
+            self.measures += tuple(m for m in measures if m not in self.before)
+            self.snapshot = None  # start over with the new measure (once)
+        if snapshot is self.snapshot and self.tables is not None:
+            return self.tables
+        if self.tables is None or self.tables.layout is not snapshot.layout or self.snapshot is None:
+            self._reset(snapshot, snapshot.layout)
+        else:
+            rows = changed_rows(self.snapshot, snapshot, self.memory)
+            if rows.size:
+                if self._model_free is not None:
+                    self._model_free += self._free_by_model(snapshot, rows) - self._free_by_model(self.snapshot, rows)
+                self._recompute(snapshot, rows)
+        self.snapshot = snapshot
+        assert self.tables is not None
+        return self.tables
+
+    def _reset(self, snapshot: ClusterSnapshot, layout: ClusterLayout) -> None:
+        if self.tables is None or self.tables.layout is not layout:
+            self.tables = GrowthTables.of(self.workload, layout)
+        count, groups = layout.node_count, len(self.tables.group_milli)
+        self.version, self.state = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+        self.cpu_class = np.zeros(count, dtype=np.int64)
+        self.count, self.usable = np.zeros((count, groups), dtype=np.int64), np.zeros((count, groups), dtype=np.int64)
+        self.before = {m: np.zeros(count) for m in self.measures}
+        self.breaks = self.tables.cpu_breaks_for(self.measures) if self.measures else np.zeros(1, dtype=np.int64)
+        self._ids, self._model_free = {}, None
+        self._recompute(snapshot, np.arange(count))
+
+    def _recompute(self, snapshot: ClusterSnapshot, rows: np.ndarray) -> None:
+        tables = self.tables
+        assert tables is not None
+        self.clock += 1
+        self.version[rows] = self.clock
+        free = snapshot.share_free[rows].astype(np.int64)
+        models = tables.gpu_model[rows]
+        count, usable = tables.row_stats(free, models)
+        self.count[rows], self.usable[rows] = count, usable
+        cpu = snapshot.cpu_free[rows]
+        if self.measures:
+            fragmentation = tables.fragmentation(snapshot.share_free_total[rows], count, usable, cpu, self.measures)
+            for measure, values in zip(self.measures, fragmentation, strict=True):
+                self.before[measure][rows] = values
+        self.cpu_class[rows] = np.searchsorted(self.breaks, cpu, side="right")
+        if len(self._ids) > 4 * len(self.version) + 1024:  # forget states no node has had for long
+            self._ids, rows = {}, np.arange(len(self.version))
+            free, models = snapshot.share_free.astype(np.int64), tables.gpu_model
+        keys = np.concatenate([models, free], axis=1)
+        self.state[rows] = [self._ids.setdefault(key.tobytes(), len(self._ids)) for key in keys]
+
+    def classes(self, rows: np.ndarray, cpu_milli: int) -> np.ndarray:
+        """One int per node of ``rows``: equal when the nodes' growth under every kept measure is the
+        same for any request asking ``cpu_milli`` CPU and the same GPUs (the same state and free CPU
+        class, before and after)."""
+        assert self.snapshot is not None
+        width = len(self.breaks) + 1
+        after = np.searchsorted(self.breaks, self.snapshot.cpu_free[rows] - cpu_milli, side="right")
+        return (self.state[rows] * width + self.cpu_class[rows]) * width + after
+
+    def _free_by_model(self, snapshot: ClusterSnapshot, rows: np.ndarray | None = None) -> np.ndarray:
+        assert self.tables is not None
+        models, free = self.tables.gpu_model, snapshot.share_free
+        if rows is not None:
+            models, free = models[rows], free[rows]
+        size = len(self.tables.layout.models) + 1
+        return np.bincount(models.ravel(), weights=free.ravel(), minlength=size).astype(np.int64)
+
+    def model_free(self) -> np.ndarray:
+        """(models,) free share-usable GPU milli of each GPU model in the last snapshot (float, exact)."""
+        assert self.tables is not None and self.snapshot is not None
+        if self._model_free is None:
+            self._model_free = self._free_by_model(self.snapshot)
+        return self._model_free[:-1].astype(np.float64)
