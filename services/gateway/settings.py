@@ -58,7 +58,7 @@ class GatewaySettings(Settings):
     gateway_stream_cluster_every_s: float = Field(2.0, ge=0)
     # POST /v1/jobs:check judges as the services that decide: the same variables as placement's policy and
     # preemption's protection and cross-tenant rule (their settings; the defaults are theirs)
-    placement_policy: str = "bestfit"
+    placement_policy: str = "ours"
     preemption_min_runtime_s: float = 60.0
     preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
     # POST /v1/whatif: at most this many jobs in the window; a replay past the timeout is given up (504); at

@@ -6,7 +6,8 @@ from gpusched_common.settings import Settings
 
 
 class PlacementSettings(Settings):
-    placement_policy: str = "bestfit"  # any name from `gpusched simulate --list-policies`
+    # any name from `gpusched simulate --list-policies` (GPUSCHED_PLACEMENT_POLICY=bestfit: the published baseline)
+    placement_policy: str = "ours"
     # a cycle from the store alone this often, whatever the bus says (it places what a lost message left)
     reconcile_interval_s: float = 5.0
     # GPUs held for a preemptor go back to everyone when it has not been placed on them this long (a job
