@@ -5,6 +5,7 @@ job's events with the outbox, in the consumer's transaction."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -301,7 +302,10 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
     if not pending:
         return
     nodes, snapshot = await cache.load(conn)
-    placements, deferrals, after = run_plan(snapshot, pending, policy, nodes)
+    # the plan is pure and may take a while with thousands waiting: in a worker thread, so this process's
+    # event loop goes on with heartbeats, lease checks and its relay meanwhile (the cycle lock, held, keeps
+    # every other user of ``policy`` out until this cycle commits)
+    placements, deferrals, after = await asyncio.to_thread(run_plan, snapshot, pending, policy, nodes)
     exact = True
     for placement in placements:
         exact &= await commit_placement(conn, placement, now, policy.name)

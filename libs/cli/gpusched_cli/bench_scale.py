@@ -12,8 +12,9 @@ lease, heartbeats and telemetry) and every service as its own process. Two phase
    a third of the cluster's GPUs in all), and their submit -> placed latencies.
 
 Beside them, the floors of the same run: PostgreSQL appending event rows in batched transactions, and the
-broker carrying messages produced and consumed in batches. Per service: CPU milliseconds per placed job
-and resident memory. A table, and ``bench-results/scale.json``.
+broker carrying messages produced and consumed in batches. Per service: CPU milliseconds per placed job, net
+of what the idle cluster costs (heartbeats, telemetry, measured for ``--idle-s`` before the burst), the
+cores it used idle and during the burst, resident memory, and memory per waiting job. A table, and ``bench-results/scale.json``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--half-load-s", type=float, default=20.0, help="seconds of the half-load phase (0: skip it)")
     p.add_argument("--settle-s", type=float, default=20.0,
                    help="the burst ends when no job started for this long (the cluster is full or all ran)")
+    p.add_argument("--idle-s", type=float, default=10.0, help="seconds the idle cluster is measured first")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up on a phase after this many seconds")
     p.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     p.add_argument("--seed", type=int, default=16)
@@ -187,8 +189,13 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
     pids = stack_pids(state)
     conn = await asyncpg.connect(state.database_url)
     try:
+        progress(f"  {args.idle_s:g}s of the idle cluster first (heartbeats, telemetry: what the burst's CPU is net of)")
+        idle_from, idle_at = usage(pids), time.monotonic()
+        await asyncio.sleep(args.idle_s)
         before = usage(pids)
+        idle_rate = {name: (before[name].cpu_s - idle_from[name].cpu_s) / (time.monotonic() - idle_at) for name in pids}
         started_at = time.monotonic()
+        at_change = before
         submitting = asyncio.create_task(asyncio.to_thread(submit_through_gateway, state, specs))
         last_started, last_change = -1, time.monotonic()
         submitted_s = None
@@ -200,7 +207,7 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
                 submitting.result()  # a refusal raises here
                 submitted_s = now - started_at
             if started != last_started:
-                last_started, last_change = started, now
+                last_started, last_change, at_change = started, now, usage(pids)
             progress(f"  [{now - started_at:6.1f}s] submitted {n}, placed {placed}, started {started}")
             if submitted_s is not None and (started >= len(specs) or now - last_change >= args.settle_s):
                 break
@@ -212,7 +219,9 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
         waiting = len(specs) - last_started
     finally:
         await conn.close()
-    cpu = per_service({name: after[name].cpu_s - before[name].cpu_s for name in pids})
+    busy = max(last_change - started_at, 1e-9)  # from the first submission to the last start
+    idle = per_service(idle_rate)
+    cpu = per_service({name: at_change[name].cpu_s - before[name].cpu_s - idle_rate[name] * busy for name in pids})
     rss = per_service({name: after[name].rss_mib for name in pids}, max)
     rss_before = per_service({name: before[name].rss_mib for name in pids}, max)
     span = lat["span_s"] or (time.monotonic() - started_at)
@@ -222,7 +231,10 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
         "submit_to_placed_p50_ms": lat["placed_p50"], "submit_to_placed_p99_ms": lat["placed_p99"],
         "submit_to_started_p50_ms": lat["started_p50"], "submit_to_started_p99_ms": lat["started_p99"],
         "cpu_ms_per_job": {k: round(1000 * v / max(last_started, 1), 2) for k, v in sorted(cpu.items())},
-        "cpu_share": {k: round(v / span, 2) for k, v in sorted(cpu.items())} if span else {},
+        "cpu_ms_per_job_total": round(1000 * sum(cpu.values()) / max(last_started, 1), 2),
+        "idle_cores": {k: round(v, 3) for k, v in sorted(idle.items())},
+        "idle_cores_total": round(sum(idle.values()), 2),
+        "burst_cores": {k: round(v / busy, 2) + round(idle[k], 2) for k, v in sorted(cpu.items())},
         "rss_mib": {k: round(v, 1) for k, v in sorted(rss.items())},
         "rss_kib_per_waiting_job": {k: round(1024 * (rss[k] - rss_before.get(k, 0.0)) / waiting, 2)
                                     for k in sorted(rss)} if waiting > 0 else {},
@@ -239,6 +251,8 @@ async def half_load(args: argparse.Namespace, state: stack.StackState, rate: flo
             break
         specs.append(spec)
         demand += gpu_demand(spec)
+    progress(f"  {args.idle_s:g}s for the new cluster to settle (registrations, first telemetry) ...")
+    await asyncio.sleep(args.idle_s)
     tick = 0.2
     per_tick = max(1, round(rate * tick))
     ids: list[str] = []
@@ -307,8 +321,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
         flat = [(k, v) for k, v in result.items() if not isinstance(v, dict)]
         print("\n" + render(["METRIC", "VALUE"], flat))
         services = sorted(result["cpu_ms_per_job"])
-        rows = [(s, result["cpu_ms_per_job"].get(s), result["cpu_share"].get(s), result["rss_mib"].get(s),
-                 result["rss_kib_per_waiting_job"].get(s)) for s in services]
-        print("\n" + render(["SERVICE", "CPU MS/JOB", "CORES", "RSS MIB", "KIB/WAITING JOB"], rows))
+        rows = [(s, result["cpu_ms_per_job"].get(s), result["idle_cores"].get(s), result["burst_cores"].get(s),
+                 result["rss_mib"].get(s), result["rss_kib_per_waiting_job"].get(s)) for s in services]
+        print("\n" + render(["SERVICE", "CPU MS/JOB (NET OF IDLE)", "IDLE CORES", "BURST CORES", "RSS MIB",
+                             "KIB/WAITING JOB"], rows))
     print(f"\nwritten to {out}")
     return 0

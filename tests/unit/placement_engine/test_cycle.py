@@ -155,3 +155,39 @@ def test_a_mig_instance_held_for_its_preemptor_goes_to_it_and_a_hold_that_does_n
     assert plan_cycle(legacy, work[:1], bestfit, nodes)[0][0].job_id == "small"
     overlapped = build_cluster(nodes, {"victim": [Held("m1", 0, 0, 0, "7g.80gb", 0)]}, held_for_hp)
     assert "nominated-for/hp" not in overlapped.allocations  # counts once the victim let go of the slice
+
+
+def reference_plan(snapshot, pending, policy, nodes):
+    """Every waiting job searched for on its own (the cycle before it remembered shapes that found no room)."""
+    from gpusched_core.placement.cycle import Deferral, nomination_id, order_pending, placement_of, request_for
+    gpus = {(n.node_id, g.index): g for n in nodes for g in n.gpus}
+    placements, deferrals = [], []
+    for pending_job in order_pending(pending):
+        held = engine.RequestId(nomination_id(pending_job.job_id))
+        view = engine.release(snapshot, held) if held in snapshot.allocations else snapshot
+        decision = engine.place(view, request_for(pending_job), policy)
+        if not decision.placed:
+            reasons = tuple(str(r) for r in decision.unplaced_by_class) or decision.reasons
+            if decision.unplaced_by_class and decision.reasons and decision.reasons[0].startswith("gang"):
+                reasons = (decision.reasons[0], *reasons)
+            deferrals.append(Deferral(pending_job.job_id, reasons))
+            continue
+        snapshot = engine.apply(view, decision)
+        placements.append(placement_of(pending_job, decision, gpus))
+    return placements, deferrals
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(0, 2), st.sampled_from([None, "H100-80GB", "A100-80GB"]),
+                          st.integers(1, 2)), min_size=1, max_size=40),
+       st.integers(1, 4), st.booleans())
+def test_waiting_jobs_of_a_shape_that_found_no_room_get_the_same_answer_without_a_search(jobs, node_count, ours):
+    """The cycle skips the search for a job whose shape found no room on the same snapshot (issue 16): every
+    placement and every deferral, with its reasons, is what searching for each job gives."""
+    policy = engine.make_policy("ours" if ours else "bestfit")
+    nodes = [a_node(f"n{i}", model="H100-80GB" if i % 2 else "A100-80GB") for i in range(node_count)]
+    nominated = {"w0": [("n0", 0)]} if jobs[0][0] == 1 else {}
+    snapshot = build_cluster(nodes, {"old": [("n0", 7)]}, nominated)
+    pending = [PendingPlacement(f"w{i}", gpus, model, priority, i, nodes=members)
+               for i, (gpus, priority, model, members) in enumerate(jobs)]
+    expected = reference_plan(snapshot, pending, engine.make_policy("ours" if ours else "bestfit"), nodes)
+    assert plan_cycle(snapshot, pending, policy, nodes) == expected

@@ -10,7 +10,7 @@ its placement requests and cluster view with the same functions, so both judge a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from gpusched_common.events import JobSpec
@@ -253,15 +253,30 @@ def run_plan(snapshot: engine.ClusterSnapshot, pending: list[PendingPlacement], 
     gpus = {(n.node_id, g.index): g for n in nodes for g in n.gpus}
     placements: list[Placement] = []
     deferrals: list[Deferral] = []
+    # A single-node request that found no room on this very snapshot finds none again (the same inputs give
+    # the same decision): the jobs of the same shape behind it are deferred with its reasons, without the
+    # search and the per-class explanation (thousands of waiting jobs of a few shapes in a full cluster).
+    # Any placement makes a new snapshot, and with it forgets these.
+    no_room: dict[engine.PodRequest, tuple[str, ...]] = {}
+    no_room_on: engine.ClusterSnapshot | None = None
     for job in order_pending(pending):
         held = engine.RequestId(nomination_id(job.job_id))
         view = engine.release(snapshot, held) if held in snapshot.allocations else snapshot
-        decision = engine.place(view, request_for(job), policy)
+        request = request_for(job)
+        shape = replace(request, id=engine.RequestId("")) if isinstance(request, engine.PodRequest) else None
+        if shape is not None and view is snapshot and no_room_on is snapshot and shape in no_room:
+            deferrals.append(Deferral(job.job_id, no_room[shape]))
+            continue
+        decision = engine.place(view, request, policy)
         if not decision.placed:
             reasons = tuple(str(r) for r in decision.unplaced_by_class) or decision.reasons
             if decision.unplaced_by_class and decision.reasons and decision.reasons[0].startswith("gang"):
                 reasons = (decision.reasons[0], *reasons)
             deferrals.append(Deferral(job.job_id, reasons))
+            if shape is not None and view is snapshot:
+                if no_room_on is not snapshot:
+                    no_room, no_room_on = {}, snapshot
+                no_room[shape] = reasons
             continue
         snapshot = engine.apply(view, decision)
         placements.append(placement_of(job, decision, gpus))
