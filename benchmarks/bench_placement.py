@@ -40,6 +40,8 @@ from gpusched_core.placement import (  # noqa: E402
 )
 
 POLICIES = ("random", "bestfit", "packing", "dotprod", "fgd", "ours")
+# issue 16: ``ours`` fast enough to be the live default (decisions/s by cluster size)
+GOALS = {"ours": {1_000: 20_000, 10_000: 5_000}}
 SHARES = (100, 250, 300, 470, 500, 650, 810)
 
 
@@ -100,6 +102,21 @@ def measure(policy_name: str, snapshot: ClusterSnapshot, requests: list[PodReque
             "decisions_per_s": timed / placing if placing else float("inf")}  # fmt: skip
 
 
+def goal_lines(rows: list[dict]) -> list[str]:
+    """One line per policy with goals: its rate at each goal size measured, against the goal."""
+    lines = []
+    for policy, goals in GOALS.items():
+        cells = []
+        for nodes, goal in goals.items():
+            row = next((r for r in rows if r["policy"] == policy and r["nodes"] == nodes), None)
+            if row is not None:
+                rate = row["decisions_per_s"]
+                cells.append(f"{rate:,.0f}/{goal:,} d/s at {nodes:,} nodes ({'met' if rate >= goal else 'not met'})")
+        if cells:
+            lines.append(f"goal {policy}: " + "; ".join(cells))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,5000,10000")
@@ -130,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         rates = "".join(f"{c['decisions_per_s']:>12.0f} d/s" for c in cells)
         costs = " / ".join(f"{c['cost_vs_bestfit']:.1f}x" for c in cells)
         print(f"{policy:<9}{rates}   {costs}")
+    goals = goal_lines(rows)
+    for line in goals:
+        print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "placement", "sizes": sizes, "results": rows}, indent=1))
+    args.out.write_text(json.dumps({"benchmark": "placement", "sizes": sizes, "results": rows, "goals": goals},
+                                   indent=1))  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 

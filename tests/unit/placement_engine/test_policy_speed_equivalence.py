@@ -32,6 +32,7 @@ from gpusched_core.placement import (
     build_snapshot,
     make_policy,
     place,
+    rebuild,
     release,
     with_gpu_state,
     workload_from_requests,
@@ -83,14 +84,14 @@ def reference_growth(snapshot: ClusterSnapshot, request: PodRequest, workload: W
                 fits = (milli if allowed[g] or not request.allowed_models else 0) >= gpu.milli
                 if fits and snapshot.gpu_memory_free[row, g] >= gpu.memory_mib:
                     left = free[:g] + (milli - gpu.milli,) + free[g + 1:]
-                    out[i, g] = round(_fragmentation(left, models, after_cpu, workload, measure) - before, 6)
+                    out[i, g] = round(_fragmentation(left, models, after_cpu, workload, measure) - before, 6) + 0.0
             continue
         left = free
         if isinstance(gpu, WholeGpus):
             full = [g for g, milli in enumerate(free) if milli == 1000 and (allowed[g] or not request.allowed_models)]
             taken = set(full[: gpu.count])
             left = tuple(0 if g in taken else milli for g, milli in enumerate(free))
-        out[i, :] = round(_fragmentation(left, models, after_cpu, workload, measure) - before, 6)
+        out[i, :] = round(_fragmentation(left, models, after_cpu, workload, measure) - before, 6) + 0.0
     return out
 
 
@@ -168,6 +169,16 @@ def a_mixed_stream(rng: np.random.Generator, count: int) -> list[PodRequest | Ga
     return requests
 
 
+def _regear(nodes: tuple[Node, ...], rng: np.random.Generator) -> list[Node]:
+    """The nodes, one of them replaced by a node with GPUs of another model."""
+    chosen = int(rng.integers(len(nodes)))
+    node = nodes[chosen]
+    gpus = tuple(Gpu(g.index, "T4" if g.model != "T4" else "A10", g.memory_mib, g.uuid, g.healthy, g.nvlink_domain)
+                 for g in node.gpus)  # fmt: skip
+    return [*nodes[:chosen], Node(NodeId(f"{node.id}-new"), node.cpu_milli, node.memory_mib, gpus, node.labels),
+            *nodes[chosen + 1:]]  # fmt: skip
+
+
 def _pods(requests: list[PodRequest | GangRequest]) -> list[PodRequest]:
     return [r.member(0) if isinstance(r, GangRequest) else r for r in requests]
 
@@ -222,6 +233,9 @@ def test_memoised_policies_choose_as_the_full_computation_over_a_changing_cluste
             node = snapshot.nodes[int(rng.integers(len(snapshot.nodes)))]
             if node.gpus:
                 snapshot = with_gpu_state(snapshot, node.id, len(node.gpus) - 1, healthy=bool(rng.random() < 0.5))
+        if i % 53 == 52:  # loaded again from the store: the same nodes, or one of them with new GPUs
+            snapshot = rebuild(snapshot, snapshot.nodes if i % 106 == 52 else _regear(snapshot.nodes, rng))
+            live = [a for a in live if a in snapshot.allocations]  # those on the new node are gone
 
 
 @pytest.mark.usefixtures("dedupe")
@@ -283,3 +297,17 @@ def test_nodes_alike_but_for_their_free_cpu_are_told_apart() -> None:
         decision = place(snapshot, cpu_only, make_policy("random", seed=i))
         if decision.placed:
             snapshot = apply(snapshot, decision)
+
+
+def test_a_snapshot_loaded_again_over_the_same_gpus_keeps_the_memo() -> None:
+    rng = np.random.default_rng(2)
+    snapshot = a_mixed_cluster(rng, 16)
+    policy = make_policy("ours", workload=_pinned_heavy(a_mixed_stream(rng, 60)))
+    probe = PodRequest(RequestId("probe"), GpuShare(250), 2_000)
+    place(snapshot, probe, policy)
+    rows = policy.memo.rows  # type: ignore[attr-defined]
+    clock = rows.clock
+    again = rebuild(snapshot, [Node(n.id, n.cpu_milli, n.memory_mib, n.gpus, n.labels) for n in snapshot.nodes])
+    assert again.layout is not snapshot.layout
+    assert place(again, probe, policy) == place(again, probe, ReferencePolicy("ours", policy.workload))  # type: ignore[attr-defined]
+    assert rows.clock == clock  # nothing to recompute: the same GPUs, the same free capacity

@@ -43,9 +43,10 @@ def frag_growth(
     requests every column holds the same value (the GPUs they take do not change the result).
     Rounded to a millionth of a milli: the weighted sums over shapes differ in their last bits with the
     number of rows computed at once, and a node's growth must not depend on which other rows were
-    recomputed with it (the memo recomputes only changed rows).
+    recomputed with it (the memo recomputes only changed rows); and a zero is always +0.0 (a sum a
+    last bit below zero would otherwise round to -0.0, which ``fgd-exact`` shows as "-0").
     """
-    return np.round(_frag_growth(snapshot, request, shapes, rows, measure), 6)
+    return np.round(_frag_growth(snapshot, request, shapes, rows, measure), 6) + 0.0  # -0.0 too is 0.0
 
 
 def _frag_growth(

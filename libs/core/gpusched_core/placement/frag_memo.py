@@ -21,7 +21,6 @@ import numpy as np
 
 from .fragmentation import WorkloadDistribution
 from .growth import GrowthTables, growth_rows
-from .layout import ClusterLayout
 from .model import GpuShare, PodRequest
 from .row_state import RowState
 from .snapshot import ClusterSnapshot
@@ -41,7 +40,7 @@ def _asks_memory(request: PodRequest) -> bool:
 
 @dataclass(eq=False)
 class _Entry:
-    layout: ClusterLayout
+    tables: GrowthTables  # the layout (or layouts alike) its rows are nodes of
     growth: tuple[np.ndarray, ...]  # per measure: (nodes, gpus) for a share, (nodes,) otherwise
     version: np.ndarray  # (nodes,) the node version each row was computed at (0: never)
     derived: tuple[np.ndarray, ...] = ()
@@ -64,7 +63,7 @@ class FragmentationMemo:
         """The memo of ``request``'s shape, current on ``nodes`` (ascending node indices)."""
         rows = self.rows
         tables = rows.sync(snapshot, self.measures, _asks_memory(request))
-        entry = self._entry(snapshot, request)
+        entry = self._entry(tables, request)
         stale = nodes[entry.version[nodes] != rows.version[nodes]]
         if stale.size:
             growth = self._compute(tables, snapshot, request, stale)
@@ -93,17 +92,16 @@ class FragmentationMemo:
         growth = growth_rows(tables, snapshot, request, chosen, stats, before, self.measures)
         return growth if unique is None else tuple(values[inverse] for values in growth)
 
-    def _entry(self, snapshot: ClusterSnapshot, request: PodRequest) -> _Entry:
-        layout = snapshot.layout
+    def _entry(self, tables: GrowthTables, request: PodRequest) -> _Entry:
         key = (request.gpu, request.cpu_milli, request.allowed_models)
         entry = self._entries.get(key)
-        if entry is not None and entry.layout is layout:
+        if entry is not None and entry.tables is tables:
             self._entries.move_to_end(key)
             return entry
-        count = layout.node_count
-        shape = (count, layout.max_gpus) if isinstance(request.gpu, GpuShare) else (count,)
+        count = tables.layout.node_count
+        shape = (count, tables.layout.max_gpus) if isinstance(request.gpu, GpuShare) else (count,)
         growth = tuple(np.zeros(shape) for _ in self.measures)
-        entry = _Entry(layout, growth, np.zeros(count, dtype=np.int64))
+        entry = _Entry(tables, growth, np.zeros(count, dtype=np.int64))
         if self.derive is not None:
             empty = self.derive(tuple(values[:0] for values in growth))
             entry.derived = tuple(np.zeros((count, *a.shape[1:]), dtype=a.dtype) for a in empty)

@@ -64,6 +64,14 @@ class GrowthTables:
         """Free CPU values where some shape's result may change under any of ``measures``."""
         return np.unique(np.concatenate([self.cpu_breaks[m] for m in measures]))
 
+    def serves(self, layout: ClusterLayout) -> bool:
+        """Whether these tables hold for ``layout`` too: the same GPU models at the same places (what a
+        node's growth depends on besides its free capacity)."""
+        mine = self.layout
+        return layout is mine or (layout.models == mine.models and layout.gpu_present.shape == mine.gpu_present.shape
+                                  and np.array_equal(layout.gpu_present, mine.gpu_present)
+                                  and np.array_equal(layout.gpu_model, mine.gpu_model))  # fmt: skip
+
     def hosts(self, free: np.ndarray, models: np.ndarray) -> np.ndarray:
         """(..., gpus, H) which GPUs could host one GPU of each group, for free milli (..., gpus)."""
         return (free[..., None] >= self.group_milli) & self.group_ok[models]
@@ -104,7 +112,7 @@ def _cpu_breaks(shapes: ShapeArrays, max_gpus: int, measure: str) -> np.ndarray:
 def growth_rows(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest, rows: np.ndarray,
                 stats: tuple[np.ndarray, np.ndarray], before: tuple[np.ndarray, ...],
                 measures: tuple[str, ...]) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """Per measure, growth (milli, rounded to 1e-6) of the fragmentation of nodes ``rows`` if ``request``
+    """Per measure, growth (milli, rounded to 1e-6, as ``fgd.frag_growth``) of the fragmentation of nodes ``rows`` if ``request``
     goes there: (R, gpus) for a share (column g: on GPU g; +inf where it does not fit), else (R,).
 
     ``stats`` and ``before`` are the rows' current group statistics and fragmentation per measure
@@ -124,7 +132,7 @@ def growth_rows(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodReq
         count, usable = tables.row_stats(np.where(taken, 0, free), tables.gpu_model[rows])
         total = total - MILLI_PER_GPU * taken.sum(axis=1)
     afters = tables.usable(count, usable, cpu_after, measures)
-    return tuple(np.round(total - after - prior, 6) for after, prior in zip(afters, before, strict=True))
+    return tuple(np.round(total - after - prior, 6) + 0.0 for after, prior in zip(afters, before, strict=True))
 
 
 def _allowed(tables: GrowthTables, request: PodRequest) -> np.ndarray:
@@ -161,7 +169,7 @@ def _share_growth(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodR
     results = []
     for after, prior in zip(afters, before, strict=True):
         growth = np.full(free.shape, np.inf)
-        values = np.round(total - after - prior[row], 6)
+        values = np.round(total - after - prior[row], 6) + 0.0
         growth.ravel()[where] = values if inverse is None else values[inverse]
         results.append(growth)
     return tuple(results)

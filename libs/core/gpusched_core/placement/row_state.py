@@ -2,7 +2,9 @@
 
 ``RowState.sync`` finds the nodes whose free CPU or share-usable GPU milli (or GPU memory, once a
 request asks for it) differ from the last snapshot's: a content comparison, never a version counter
-kept in snapshots, so any lineage of snapshots (what-if copies, a gang's scratch binds) is safe. Each
+kept in snapshots, so any lineage of snapshots (what-if copies, a gang's scratch binds) is safe, and
+so is a snapshot rebuilt from the store over the same nodes and GPUs (a new layout object: the live
+service loads one whenever another process changed the cluster). Each
 changed node gets a new version, and its group statistics, fragmentation per measure, free CPU class
 and state id are recomputed: once per node state, for every request shape.
 """
@@ -55,7 +57,7 @@ class RowState:
             self.snapshot = None  # start over with the new measure (once)
         if snapshot is self.snapshot and self.tables is not None:
             return self.tables
-        if self.tables is None or self.tables.layout is not snapshot.layout or self.snapshot is None:
+        if self.tables is None or self.snapshot is None or not self.tables.serves(snapshot.layout):
             self._reset(snapshot, snapshot.layout)
         else:
             rows = changed_rows(self.snapshot, snapshot, self.memory)
@@ -68,7 +70,7 @@ class RowState:
         return self.tables
 
     def _reset(self, snapshot: ClusterSnapshot, layout: ClusterLayout) -> None:
-        if self.tables is None or self.tables.layout is not layout:
+        if self.tables is None or not self.tables.serves(layout):
             self.tables = GrowthTables.of(self.workload, layout)
         count, groups = layout.node_count, len(self.tables.group_milli)
         self.version, self.state = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
