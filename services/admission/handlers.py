@@ -22,6 +22,7 @@ from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.stores.tenancy import TenancyReader
 
 from gpusched_core import lifecycle
+from gpusched_core.rates import Bucket
 from gpusched_core.submission import with_default_time_limit, with_priority_class
 from services.admission import store
 from services.admission.core import (
@@ -70,12 +71,25 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
         if not await claim(conn, SERVICE, submission.event_id):
             return
         tenant = submission.spec.tenant if submission.spec else None
-        bucket = await store.lock_bucket(conn, tenant) if tenant is not None and verdict.reason is None else None
+        # a tenant's rate bucket is locked and read once per batch, kept in the batch, and written at its end
+        buckets: dict[str, Bucket | None] = batch.memo.setdefault("rate-buckets", {})  # type: ignore[assignment]
+        bucket = None
+        if tenant is not None and verdict.reason is None:
+            if tenant not in buckets:
+                buckets[tenant] = await store.lock_bucket(conn, tenant)
+            bucket = buckets[tenant]
         decided = decide_submission(submission, verdict, bucket, policy.rate, in_force, now)
         if decided.auth_failure is not None:  # authenticated, but not for this tenant: rejected with the reason
             await store.count_auth_failure(conn, credential, decided.auth_failure, now)
         if decided.bucket is not None and tenant is not None:
-            await store.save_bucket(conn, tenant, decided.bucket)
+            buckets[tenant] = decided.bucket
+
+            async def save(c: asyncpg.Connection, tenant: str = tenant) -> None:
+                saved = buckets[tenant]
+                if saved is not None:
+                    await store.save_bucket(c, tenant, saved)
+
+            batch.after(f"rate-bucket:{tenant}", save)
         if decided.check_repeat and tenant is not None and await store.is_repeat(conn, tenant, submission):
             log.info("submission %s repeats request %s of tenant %s; no new job", submission.job_id,
                      submission.request_id, tenant)

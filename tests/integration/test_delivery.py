@@ -101,6 +101,33 @@ async def test_a_batch_reads_its_claims_and_streams_at_once_and_keeps_exactly_on
         await pool.close()
 
 
+async def test_a_tenant_s_rate_holds_across_the_messages_of_one_batch(settings):
+    """The rate bucket is read once per batch and written at its end (issue 16): within one batch the third
+    submission of a tenant whose burst is 2 is rejected, another tenant's is not, and the next batch starts
+    from the tokens the first one left."""
+    pool = await create_pool(settings.database_url)
+    try:
+        policy = AdmissionPolicy(AdmissionLimits(), RateLimit(0.001, 2), keys=None, require_credentials=False)
+        handler = make_submission_handler(policy, now)
+
+        def submitted(job_id: str, tenant: str, offset: int) -> Incoming:
+            spec = a_job(job_id).tenant(tenant).spec()
+            return Incoming(JOBS_SUBMITTED.name, 0, offset, job_id, submission_bytes(spec, job_id), {})
+
+        await apply_batch(pool, "admission", [submitted("r1", "rt-a", 1), submitted("r2", "rt-a", 2),
+                                              submitted("r3", "rt-a", 3), submitted("r4", "rt-b", 4)], handler)
+        assert [await stream_types(settings.database_url, j) for j in ("r1", "r2", "r3", "r4")] == [
+            ["JobSubmitted", "JobAdmitted"], ["JobSubmitted", "JobAdmitted"], ["JobRejected"],
+            ["JobSubmitted", "JobAdmitted"]]
+        tokens = await pool.fetchval("SELECT tokens FROM admission_rate_buckets WHERE tenant = 'rt-a'")
+        assert tokens < 1
+        await apply_batch(pool, "admission", [submitted("r5", "rt-a", 5), submitted("r6", "rt-b", 6)], handler)
+        assert await stream_types(settings.database_url, "r5") == ["JobRejected"]
+        assert await stream_types(settings.database_url, "r6") == ["JobSubmitted", "JobAdmitted"]
+    finally:
+        await pool.close()
+
+
 async def test_the_outbox_publishes_after_a_crash_between_commit_and_publish(settings):
     pool = await create_pool(settings.database_url)
     broker = build_broker(settings, "relay-test")

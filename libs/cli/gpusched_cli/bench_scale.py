@@ -49,9 +49,13 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=20_000, help="jobs in the burst (default 20,000)")
     p.add_argument("--fleet-processes", type=int, default=0, help="agent processes (default: one per 250 nodes)")
     p.add_argument("--half-load-s", type=float, default=20.0, help="seconds of the half-load phase (0: skip it)")
-    p.add_argument("--settle-s", type=float, default=20.0,
+    p.add_argument("--settle-s", type=float, default=30.0,
                    help="the burst ends when no job started for this long (the cluster is full or all ran)")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds the idle cluster is measured first")
+    p.add_argument("--telemetry-s", type=float, default=15.0,
+                   help="each node's telemetry interval (default 15 s, a DCGM exporter's usual scrape; heartbeats "
+                        "stay at their 10 s)")
+    p.add_argument("--health-s", type=float, default=10.0, help="each simulated node's health check interval")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up on a phase after this many seconds")
     p.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     p.add_argument("--seed", type=int, default=16)
@@ -179,9 +183,10 @@ async def latencies(conn: asyncpg.Connection, ids: list[str] | None = None) -> d
 
 async def up_for(args: argparse.Namespace, progress: Callable[[str], None]) -> stack.StackState:
     processes = args.fleet_processes or max(1, -(-args.nodes // 250))
+    intervals = {"GPUSCHED_TELEMETRY_INTERVAL_S": f"{args.telemetry_s:g}", "GPUSCHED_HEALTH_INTERVAL_S": f"{args.health_s:g}"}
     return await stack.up(nodes=0, gpu_models=["H100-80GB"], gpus_per_node=8, broker=args.broker,
                           fleet=args.nodes, fleet_processes=processes, database_name="gpusched_scale",
-                          progress=lambda line: progress("  " + line))
+                          extra_env=intervals, progress=lambda line: progress("  " + line))
 
 
 async def burst(args: argparse.Namespace, state: stack.StackState, progress: Callable[[str], None]) -> dict:
@@ -288,7 +293,8 @@ async def run_scale(args: argparse.Namespace, progress: Callable[[str], None] = 
         progress("  the floors: PostgreSQL batched appends, the broker's batched throughput ...")
         pg = await floor_pg_batch_events_per_s(state.database_url)
         broker = await floor_broker_msgs_per_s(state.kafka_bootstrap)
-        result: dict = {"nodes": args.nodes, "gpus": args.nodes * 8, "jobs": args.jobs, "broker": args.broker}
+        result: dict = {"nodes": args.nodes, "gpus": args.nodes * 8, "jobs": args.jobs, "broker": args.broker,
+                        "telemetry_interval_s": args.telemetry_s, "heartbeat_interval_s": 10.0}
         result.update(await burst(args, state, progress))
     finally:
         stack.down(progress=lambda line: None)

@@ -44,6 +44,7 @@ class Batch:
 
     def __init__(self) -> None:
         self._after: dict[str, AfterBatch] = {}
+        self.memo: dict[str, object] = {}  # what a handler keeps for the batch's later messages (its transaction's)
 
     def after(self, key: str, work: AfterBatch) -> None:
         self._after.setdefault(key, work)
