@@ -76,9 +76,11 @@ def fence_lapsed(work_dir: Path, runner: JobRunner, now: float) -> tuple[list[st
     """SIGKILL the process group of every live job of a node whose lease lapsed: (the jobs killed, whether
     anything is left to watch: a lease still running or a live job)."""
     until = lease_until(work_dir)
+    if until is not None and now <= until:
+        return [], True  # the lease runs: its jobs are not read at all (a fleet's watchdog reads hundreds of nodes)
     live = [r for r in runner.records() if runner.is_alive(r)]
-    if until is None or now <= until:
-        return [], until is not None or bool(live)
+    if until is None:
+        return [], bool(live)
     killed = []
     for record in live:
         try:

@@ -51,8 +51,9 @@ def make_handler(policy: PreemptionPolicy, clock: Callable[[], datetime], tenanc
             return
         if not await claim(conn, SERVICE, envelope.event_id):
             return
-        job_id = payload.job_id
-        batch.after(f"preempt:{job_id}", lambda c: consider(c, job_id, policy, clock(), tenancies))
+        deferred: set[str] = batch.memo.setdefault("deferred", set())  # type: ignore[assignment]
+        deferred.add(payload.job_id)
+        batch.after("preempt", lambda c: consider_all(c, sorted(deferred), policy, clock(), tenancies))
 
     return on_job_event
 
@@ -82,18 +83,38 @@ NOT_SENT = Ignored("reclaim requests quota never sent")
 async def consider(conn: asyncpg.Connection, job_id: str, policy: PreemptionPolicy, now: datetime,
                    tenancies: TenancyStore | None = None) -> None:
     """Preempt for a job placement deferred, if the selection core finds victims whose release lets it run."""
+    await consider_all(conn, [job_id], policy, now, tenancies)
+
+
+async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: PreemptionPolicy, now: datetime,
+                       tenancies: TenancyStore | None = None) -> None:
+    """``consider`` each job of a batch, in order, under one hold of the cycle lock: the cluster and the
+    running jobs are read once and again only after a preemption changed them (not once per job: a burst
+    defers thousands, each a full read of the cluster while placement waits for the lock)."""
     await lock_cycle(conn)
-    state = await load_job(conn, job_id)
-    if state.status is not lifecycle.JobStatus.QUEUED or state.spec is None:
-        return  # placed (or gone) since it was deferred
-    if await has_nomination(conn, job_id):
-        return  # its victims are already stopping
-    nodes, snapshot = await load_cluster(conn)
-    spec = state.spec
-    tenant = await store.charged_tenant(conn, job_id, spec.tenant, tenancies or TenancyStore())  # as quota compares
+    tenancies = tenancies or TenancyStore()
+    cluster: tuple[engine.ClusterSnapshot, list] | None = None
+    for job_id in job_ids:
+        state = await load_job(conn, job_id)
+        if state.status is not lifecycle.JobStatus.QUEUED or state.spec is None:
+            continue  # placed (or gone) since it was deferred
+        if await has_nomination(conn, job_id):
+            continue  # its victims are already stopping
+        if cluster is None:
+            cluster = (await load_cluster(conn))[1], await load_running(conn)
+        if await _consider(conn, state, cluster, policy, now, tenancies):
+            cluster = None  # victims stopping, GPUs nominated: read again for the next job
+
+
+async def _consider(conn: asyncpg.Connection, state: lifecycle.JobState, cluster: tuple[engine.ClusterSnapshot, list],
+                    policy: PreemptionPolicy, now: datetime, tenancies: TenancyStore) -> bool:
+    """One deferred job against the cluster read for it; True when it preempted."""
+    job_id, spec = state.job_id, state.spec
+    assert spec is not None
+    snapshot, running = cluster
+    tenant = await store.charged_tenant(conn, job_id, spec.tenant, tenancies)  # as quota compares
     preemptor = sel.Preemptor(job_id, tenant, spec.priority, request_of(job_id, spec))
-    plan = sel.select_victims(snapshot, preemptor, await load_running(conn), now.timestamp(),
-                              config=policy.config)
+    plan = sel.select_victims(snapshot, preemptor, running, now.timestamp(), config=policy.config)
     await store.record_evaluation(conn, plan, now)
     if plan.outcome == "preempt":
         assert plan.placement is not None
@@ -101,6 +122,8 @@ async def consider(conn: asyncpg.Connection, job_id: str, policy: PreemptionPoli
         await nominate(conn, state.job_id, plan.placement, now)
         reason = "; ".join(plan.reasons) or f"preempting {', '.join(plan.victim_ids)}"
         await _victims_selected(conn, state, plan, stopped, reason, now)
+        return True
+    return False
 
 
 async def reclaim(conn: asyncpg.Connection, request: ev.ReclaimRequested, policy: PreemptionPolicy, now: datetime,
