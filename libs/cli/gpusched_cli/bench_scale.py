@@ -37,7 +37,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.table import render
 
 from gpusched_cli import stack
-from gpusched_cli.proc_usage import postmaster_pid, usage
+from gpusched_cli.proc_usage import postmaster_pid, usage as proc_usage
 from gpusched_cli.workload import submit_through_gateway
 
 TENANTS = ("research", "inference", "platform", "ml-eval")
@@ -146,6 +146,12 @@ def stack_pids(state: stack.StackState) -> dict[str, int]:
         if pg is not None:
             pids["postgres"] = pg
     return pids
+
+
+def usage(pids: dict[str, int]) -> dict:
+    """CPU and memory of the stack's processes, PostgreSQL with its backends (an agent's watchdog and jobs
+    are not counted: listing thousands of jobs every second would cost more than what is measured)."""
+    return proc_usage(pids, trees=frozenset({"postgres"}))
 
 
 def per_service(values: dict[str, float], combine: Callable[[list[float]], float] = sum) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """CPU seconds and resident memory of a stack's processes, read from /proc (Linux), for the benchmarks.
 
-A process is counted with all its descendants: PostgreSQL's backends are children of its postmaster, a
-node agent's jobs of the agent. Nothing here stops or signals anything.
+PostgreSQL is counted with its backends (children of its postmaster), a node agent with its watchdog; a
+process's children are read from /proc/<pid>/task/*/children, never by scanning all of /proc (a cluster of
+simulated nodes runs tens of thousands of jobs). Nothing here stops or signals anything.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 @dataclass(frozen=True)
 class Usage:
-    cpu_s: float  # user + system CPU seconds of the process and its descendants (those alive now)
+    cpu_s: float  # user + system CPU seconds of the process (and the children counted with it, alive now)
     rss_mib: float  # resident memory of the process itself
 
 
@@ -38,23 +39,54 @@ def _rss_mib(pid: int) -> float:
     return pages * _PAGE / 2**20
 
 
-def usage(pids: dict[str, int]) -> dict[str, Usage]:
-    """Usage of each named process (0 when it is gone), children included in its CPU."""
-    children: dict[int, list[tuple[int, float]]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
-                children.setdefault(stat[0], []).append((int(entry), stat[1]))
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (Linux's /proc/<pid>/task/<tid>/children), without scanning /proc."""
+    out: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def usage(pids: dict[str, int], trees: frozenset[str] = frozenset(),
+          helpers: frozenset[str] = frozenset()) -> dict[str, Usage]:
+    """Usage of each named process (0 when it is gone). Those named in ``trees`` count all their
+    descendants (PostgreSQL's backends); those in ``helpers`` their direct children that are Python
+    processes (a node agent's watchdog, not its jobs: thousands of them would cost more to read than the
+    benchmark measures)."""
     out = {}
     for name, pid in pids.items():
         own = _stat(pid)
-        total, todo = (own[1] if own else 0.0), [pid] if own else []
-        while todo:
-            for child, cpu in children.get(todo.pop(), []):
-                total += cpu
-                todo.append(child)
-        out[name] = Usage(total, _rss_mib(pid) if own else 0.0)
+        if own is None:
+            out[name] = Usage(0.0, 0.0)
+            continue
+        total = own[1]
+        if name in trees:
+            todo = _children(pid)
+            while todo:
+                child = todo.pop()
+                stat = _stat(child)
+                if stat is not None:
+                    total += stat[1]
+                    todo += _children(child)
+        elif name in helpers:
+            for child in _children(pid):
+                stat = _stat(child) if _comm(child).startswith("python") else None
+                total += stat[1] if stat is not None else 0.0
+        out[name] = Usage(total, _rss_mib(pid))
     return out
 
 
