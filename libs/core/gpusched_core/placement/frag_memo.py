@@ -46,6 +46,17 @@ class _Entry:
     derived: tuple[np.ndarray, ...] = ()
 
 
+def _stale(entry: _Entry, version: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """The ``nodes`` (ascending) whose version moved since ``entry`` computed them."""
+    moved = np.flatnonzero(entry.version != version)
+    if moved.size * 4 > nodes.size:  # many (a first use): look the nodes up instead
+        return nodes[entry.version[nodes] != version[nodes]]
+    if moved.size == 0:
+        return moved
+    position = np.minimum(np.searchsorted(nodes, moved), nodes.size - 1)
+    return moved[nodes[position] == moved]
+
+
 @dataclass(eq=False)
 class FragmentationMemo:
     """Per-shape memo of fragmentation growth under ``measures`` (see the module doc)."""
@@ -64,7 +75,7 @@ class FragmentationMemo:
         rows = self.rows
         tables = rows.sync(snapshot, self.measures, _asks_memory(request))
         entry = self._entry(tables, request)
-        stale = nodes[entry.version[nodes] != rows.version[nodes]]
+        stale = _stale(entry, rows.version, nodes)
         if stale.size:
             growth = self._compute(tables, snapshot, request, stale)
             for target, values in zip(entry.growth, growth, strict=True):

@@ -22,11 +22,19 @@ from .snapshot import ClusterSnapshot
 def changed_rows(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np.ndarray:
     """Nodes whose free CPU or share-usable GPU milli (and GPU memory when ``memory``) differ."""
     mark = old.cpu_free != new.cpu_free
-    width = new.share_free.shape[1]
-    mark[np.flatnonzero(old.share_free != new.share_free) // width] = True
+    mark[_rows_differing(old.share_free, new.share_free)] = True
     if memory:
-        mark[np.flatnonzero(old.gpu_memory_free != new.gpu_memory_free) // width] = True
+        mark[_rows_differing(old.gpu_memory_free, new.gpu_memory_free)] = True
     return np.flatnonzero(mark)
+
+
+def _rows_differing(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Rows (maybe repeated) where two (nodes, gpus) arrays differ; compared 8 bytes at a time when rows
+    allow it (a node's 8 GPUs of int32 milli: 4 comparisons instead of 8)."""
+    row_bytes = old.shape[1] * old.itemsize
+    if row_bytes % 8 == 0 and old.dtype == new.dtype and old.flags.c_contiguous and new.flags.c_contiguous:
+        old, new = old.view(np.int64), new.view(np.int64)
+    return np.flatnonzero(old != new) // old.shape[1]
 
 
 class RowState:
@@ -63,7 +71,7 @@ class RowState:
             rows = changed_rows(self.snapshot, snapshot, self.memory)
             if rows.size:
                 if self._model_free is not None:
-                    self._model_free += self._free_by_model(snapshot, rows) - self._free_by_model(self.snapshot, rows)
+                    self._model_free += self._free_by_model(snapshot, rows, self.snapshot)
                 self._recompute(snapshot, rows)
         self.snapshot = snapshot
         assert self.tables is not None
@@ -111,11 +119,15 @@ class RowState:
         after = np.searchsorted(self.breaks, self.snapshot.cpu_free[rows] - cpu_milli, side="right")
         return (self.state[rows] * width + self.cpu_class[rows]) * width + after
 
-    def _free_by_model(self, snapshot: ClusterSnapshot, rows: np.ndarray | None = None) -> np.ndarray:
+    def _free_by_model(self, snapshot: ClusterSnapshot, rows: np.ndarray | None = None,
+                       old: ClusterSnapshot | None = None) -> np.ndarray:  # fmt: skip
+        """Free share-usable milli per GPU model (of ``rows``; what they gained since ``old``)."""
         assert self.tables is not None
         models, free = self.tables.gpu_model, snapshot.share_free
         if rows is not None:
             models, free = models[rows], free[rows]
+            if old is not None:
+                free = free - old.share_free[rows]
         size = len(self.tables.layout.models) + 1
         return np.bincount(models.ravel(), weights=free.ravel(), minlength=size).astype(np.int64)
 

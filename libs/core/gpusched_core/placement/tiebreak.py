@@ -38,8 +38,10 @@ def pick_best(values: np.ndarray, node_indices: np.ndarray, salt: int | None) ->
     Ties go to the smallest key under ``salt``, or, when ``salt`` is None, to the first node in
     snapshot order (``node_indices`` ascending).
     """
-    values = np.where(np.isnan(values), -np.inf, values)  # a NaN score never wins
     best = values.max()
+    if np.isnan(best):  # a NaN score never wins
+        values = np.where(np.isnan(values), -np.inf, values)
+        best = values.max()
     tied = np.flatnonzero(values == best)
     if tied.size == 1 or salt is None:
         return int(tied[0]), int(tied.size)
