@@ -309,5 +309,6 @@ def test_a_snapshot_loaded_again_over_the_same_gpus_keeps_the_memo() -> None:
     clock = rows.clock
     again = rebuild(snapshot, [Node(n.id, n.cpu_milli, n.memory_mib, n.gpus, n.labels) for n in snapshot.nodes])
     assert again.layout is not snapshot.layout
-    assert place(again, probe, policy) == place(again, probe, ReferencePolicy("ours", policy.workload))  # type: ignore[attr-defined]
+    reference = ReferencePolicy("ours", policy.workload)  # type: ignore[attr-defined]
+    assert place(again, probe, policy) == place(again, probe, reference)
     assert rows.clock == clock  # nothing to recompute: the same GPUs, the same free capacity

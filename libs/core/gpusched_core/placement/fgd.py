@@ -26,7 +26,8 @@ from .model import MILLI_PER_GPU, GpuShare, MigSlice, PodRequest, WholeGpus
 from .policies import MAX_NODE_SCORE, Candidates, NodeScores, mig_packing_scores
 from .snapshot import ClusterSnapshot
 
-__all__ = ["FgdPolicy", "FragmentationMemo", "best_fgd_score", "best_per_node", "fgd_scores", "frag_growth", "sigmoid_score"]
+__all__ = ["FgdPolicy", "FragmentationMemo", "best_fgd_score", "best_per_node", "fgd_scores", "frag_growth",
+           "sigmoid_score"]
 
 
 def _frag(free: np.ndarray, cpu: np.ndarray, shapes: ShapeArrays, rows: np.ndarray, measure: str) -> np.ndarray:
@@ -39,8 +40,9 @@ def frag_growth(
     """(len(rows), gpus) growth of node fragmentation (milli) if ``request`` goes to each node.
 
     The reference computation: everything recomputed from the snapshot, nothing kept (the policies use
-    ``FragmentationMemo``, which is tested to give the same). Column g is the growth with a shared request on GPU g (+inf where it does not fit); for other
-    requests every column holds the same value (the GPUs they take do not change the result).
+    ``FragmentationMemo``, which is tested to give the same). Column g is the growth with a shared
+    request on GPU g (+inf where it does not fit); for other requests every column holds the same value
+    (the GPUs they take do not change the result).
     Rounded to a millionth of a milli: the weighted sums over shapes differ in their last bits with the
     number of rows computed at once, and a node's growth must not depend on which other rows were
     recomputed with it (the memo recomputes only changed rows); and a zero is always +0.0 (a sum a

@@ -112,8 +112,9 @@ def _cpu_breaks(shapes: ShapeArrays, max_gpus: int, measure: str) -> np.ndarray:
 def growth_rows(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest, rows: np.ndarray,
                 stats: tuple[np.ndarray, np.ndarray], before: tuple[np.ndarray, ...],
                 measures: tuple[str, ...]) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """Per measure, growth (milli, rounded to 1e-6, as ``fgd.frag_growth``) of the fragmentation of nodes ``rows`` if ``request``
-    goes there: (R, gpus) for a share (column g: on GPU g; +inf where it does not fit), else (R,).
+    """Per measure, growth (milli, rounded to 1e-6 as ``fgd.frag_growth``) of the fragmentation of nodes
+    ``rows`` if ``request`` goes there: (R, gpus) for a share (column g: on GPU g; +inf where it does not
+    fit), else (R,).
 
     ``stats`` and ``before`` are the rows' current group statistics and fragmentation per measure
     (``RowState``).
