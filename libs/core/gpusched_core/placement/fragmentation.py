@@ -106,9 +106,11 @@ class ShapeArrays:
     mig: tuple[tuple[RequestShape, float], ...]  # MIG shapes, measured separately
 
     @cached_property
-    def cpu_divisor(self) -> np.ndarray:
-        """(T,) CPU per request, at least 1 (what free CPU is divided by under ``capped``)."""
-        return np.maximum(self.cpu, 1)
+    def cpu_divisors(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct CPU per request (at least 1: what free CPU is divided by under ``capped``), and
+        each shape's among them (a few divisions per node instead of one per shape)."""
+        values, index = np.unique(np.maximum(self.cpu, 1), return_inverse=True)
+        return values, index.reshape(-1)
 
     @cached_property
     def cap_per_request(self) -> np.ndarray:
@@ -182,7 +184,8 @@ def usable_by_measure(count: np.ndarray, usable: np.ndarray, cpu: np.ndarray, sh
     for measure in measures:
         capped = usable
         if measure == "capped":  # a shape without CPU is not capped (see ``cap_per_request``)
-            requests = cpu_free // shapes.cpu_divisor + shapes.cpu_free_request
+            divisors, which = shapes.cpu_divisors
+            requests = (cpu_free // divisors)[..., which] + shapes.cpu_free_request
             capped = np.minimum(usable, requests * shapes.cap_per_request)
         results.append((placeable * capped) @ shapes.weight)
     return tuple(results)
