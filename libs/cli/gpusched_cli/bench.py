@@ -51,14 +51,20 @@ async def floor_pg_commits_per_s(database_url: str, n: int = 500) -> float:
         await conn.close()
 
 
-async def floor_broker_rtt_ms(bootstrap: str, n: int = 200) -> float:
-    topic = f"gpusched.bench.floor.{int(time.time() * 1000)}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)  # Apache Kafka creates no topic on first use
+async def floor_topic(bootstrap: str, name: str) -> str:
+    """A fresh topic of one partition for a floor measurement (Apache Kafka creates none on first use)."""
+    topic = f"gpusched.bench.{name}.{int(time.time() * 1000)}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, 1, 1)])
     finally:
         await admin.close()
+    return topic
+
+
+async def floor_broker_rtt_ms(bootstrap: str, n: int = 200) -> float:
+    topic = await floor_topic(bootstrap, "floor")
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, linger_ms=0)
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, fetch_max_wait_ms=5)

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from gpusched_common import events as ev
 from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.table import render
 
 from gpusched_cli import stack
+from gpusched_cli.bench import floor_topic
 from gpusched_cli.proc_usage import postmaster_pid, usage as proc_usage
 from gpusched_cli.workload import submit_through_gateway
 
@@ -104,13 +104,7 @@ async def floor_pg_batch_events_per_s(database_url: str, batches: int = 40, rows
 
 async def floor_broker_msgs_per_s(bootstrap: str, count: int = 20_000, size: int = 600) -> float:
     """Messages of ``size`` bytes produced (batched, acks=all) and consumed by one consumer, end to end."""
-    topic = f"gpusched.bench.scale.{int(time.time() * 1000)}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    topic = await floor_topic(bootstrap, "scale")
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, linger_ms=5)
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, fetch_max_wait_ms=50)
