@@ -77,19 +77,16 @@ class FragmentationMemo:
         entry = self._entry(tables, request)
         stale = _stale(entry, rows.version, nodes)
         if stale.size:
-            growth = self._compute(tables, snapshot, request, stale)
-            for target, values in zip(entry.growth, growth, strict=True):
+            growth, derived = self._compute(tables, snapshot, request, stale)
+            for target, values in zip((*entry.growth, *entry.derived), (*growth, *derived), strict=True):
                 target[stale] = values
             entry.version[stale] = rows.version[stale]
-            if self.derive is not None:
-                for target, values in zip(entry.derived, self.derive(growth), strict=True):
-                    target[stale] = values
         return entry
 
     def _compute(self, tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest,
-                 stale: np.ndarray) -> tuple[np.ndarray, ...]:  # fmt: skip
-        """Growth of ``stale`` nodes, each node state once when there are many (GPU memory, which a state
-        leaves out, is then compared node by node)."""
+                 stale: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:  # fmt: skip
+        """Growth and derived values of ``stale`` nodes, each node state once when there are many (GPU
+        memory, which a state leaves out, is then compared node by node)."""
         rows = self.rows
         unique = inverse = None
         if stale.size >= _DEDUPE_FROM and not _asks_memory(request):
@@ -101,7 +98,10 @@ class FragmentationMemo:
         before = tuple(rows.before[measure][chosen] for measure in self.measures)
         stats = (rows.count[chosen], rows.usable[chosen])
         growth = growth_rows(tables, snapshot, request, chosen, stats, before, self.measures)
-        return growth if unique is None else tuple(values[inverse] for values in growth)
+        derived = () if self.derive is None else self.derive(growth)
+        if unique is None:
+            return growth, derived
+        return tuple(values[inverse] for values in growth), tuple(values[inverse] for values in derived)
 
     def _entry(self, tables: GrowthTables, request: PodRequest) -> _Entry:
         key = (request.gpu, request.cpu_milli, request.allowed_models)

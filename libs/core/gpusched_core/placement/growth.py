@@ -77,9 +77,10 @@ class GrowthTables:
         return (free[..., None] >= self.group_milli) & self.group_ok[models]
 
     def row_stats(self, free: np.ndarray, models: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(..., H) per group: GPUs that could host one of its GPUs, and their free milli."""
-        hosts = self.hosts(free, models)
-        return hosts.sum(axis=-2), (free[..., None] * hosts).sum(axis=-2)
+        """(R, H) per group: GPUs that could host one of its GPUs, and their free milli, for free milli
+        (R, gpus) (sums over GPUs as products: numpy reduces a short middle axis slowly)."""
+        hosts = self.hosts(free, models).astype(np.int64)
+        return np.matmul(np.ones_like(free[:1]), hosts)[:, 0, :], np.matmul(free[:, None, :], hosts)[:, 0, :]
 
     def usable(self, count: np.ndarray, usable: np.ndarray, cpu: np.ndarray,
                measures: tuple[str, ...]) -> tuple[np.ndarray, ...]:  # fmt: skip
