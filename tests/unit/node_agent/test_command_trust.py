@@ -71,15 +71,18 @@ async def test_another_nodes_command_is_dropped_before_its_signature_is_checked(
     async def run(message: Incoming) -> None:
         ran.append(message.key)
 
+    def signed_now(payload: ev.Payload, key) -> Incoming:  # noqa: ANN001 - signed_only reads the real clock
+        return message(payload, key, at=time.time())
+
     _, stranger = signing.new_key()
     handle = own_commands_only(["n1", "n3"], signed_only(TRUSTED, run))
     refused_before = UNTRUSTED.total()
     for key in ("n2", "n4", None):  # others' commands, forged or not: neither verified nor run
         for signer in (PLACEMENT, stranger):
-            await handle(replace(message(START, signer), key=key))
+            await handle(replace(signed_now(START, signer), key=key))
     assert (ran, UNTRUSTED.total()) == ([], refused_before)
-    await handle(message(START, stranger))  # its own: verified, and refused
+    await handle(signed_now(START, stranger))  # its own: verified, and refused
     assert (ran, UNTRUSTED.total()) == ([], refused_before + 1)
-    await handle(message(START, PLACEMENT))
-    await handle(replace(message(START, PLACEMENT), key="n3"))
+    await handle(signed_now(START, PLACEMENT))
+    await handle(replace(signed_now(START, PLACEMENT), key="n3"))
     assert ran == ["n1", "n3"]
