@@ -129,8 +129,7 @@ async def floor_broker_msgs_per_s(bootstrap: str, count: int = 20_000, size: int
 
 
 def stack_pids(state: stack.StackState) -> dict[str, int]:
-    """Every process of the stack by name; the fleets as one `agents` entry is not possible (each has its
-    pid), so agents stay by name and are summed by ``per_service``."""
+    """Every process of the stack by name, the broker and PostgreSQL too (``per_service`` sums the fleets)."""
     pids = dict(state.processes)
     broker = state.running_broker
     if broker is not None:

@@ -1,7 +1,6 @@
 """CPU seconds and resident memory of a stack's processes, read from /proc (Linux), for the benchmarks.
 
-PostgreSQL is counted with its backends (children of its postmaster), a node agent with its watchdog; a
-process's children are read from /proc/<pid>/task/*/children, never by scanning all of /proc (a cluster of
+PostgreSQL is counted with its backends (children of its postmaster); a process's children are read from /proc/<pid>/task/*/children, never by scanning all of /proc (a cluster of
 simulated nodes runs tens of thousands of jobs). Nothing here stops or signals anything.
 """
 
@@ -54,19 +53,9 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def usage(pids: dict[str, int], trees: frozenset[str] = frozenset(),
-          helpers: frozenset[str] = frozenset()) -> dict[str, Usage]:
-    """Usage of each named process (0 when it is gone). Those named in ``trees`` count all their
-    descendants (PostgreSQL's backends); those in ``helpers`` their direct children that are Python
-    processes (a node agent's watchdog, not its jobs: thousands of them would cost more to read than the
-    benchmark measures)."""
+def usage(pids: dict[str, int], trees: frozenset[str] = frozenset()) -> dict[str, Usage]:
+    """Usage of each named process (0 when it is gone); those named in ``trees`` count all their
+    descendants (PostgreSQL's backends)."""
     out = {}
     for name, pid in pids.items():
         own = _stat(pid)
@@ -82,10 +71,6 @@ def usage(pids: dict[str, int], trees: frozenset[str] = frozenset(),
                 if stat is not None:
                     total += stat[1]
                     todo += _children(child)
-        elif name in helpers:
-            for child in _children(pid):
-                stat = _stat(child) if _comm(child).startswith("python") else None
-                total += stat[1] if stat is not None else 0.0
         out[name] = Usage(total, _rss_mib(pid))
     return out
 

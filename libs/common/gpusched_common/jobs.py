@@ -101,32 +101,15 @@ async def _append(conn: asyncpg.Connection, state: JobState, payloads: tuple[ev.
     stream = job_stream(state.job_id)
     envelopes = [
         ev.make_envelope(p, event_id=str(uuid.uuid4()), stream_id=stream, occurred_at=now,
-                         producer=producer, tenant=tenant, traceparent=traceparent,
-                         stream_version=state.version + i + 1)
-        for i, p in enumerate(payloads)
+                         producer=producer, tenant=tenant, traceparent=traceparent)
+        for p in payloads
     ]
     new_state = replace(state, trace_parent=traceparent or state.trace_parent)
     for payload in payloads:
         new_state = evolve(new_state, payload)
-    rows = store.outbox_rows(JOBS_EVENTS.name, envelopes)
-    store.forget_stream(stream)
-    try:
-        # the events, their outbox rows and the read model in one statement: one round trip, not three
-        await conn.execute(
-            "WITH appended AS (INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at,"
-            "   producer, tenant, traceparent, payload)"
-            " SELECT $21, v, e::uuid, t, sv, $22, $23, $24, $25, p FROM unnest($26::int[], $27::text[], $28::text[],"
-            "   $29::int[], $30::jsonb[]) WITH ORDINALITY AS x(v, e, t, sv, p, n) ORDER BY n RETURNING 1),"
-            " published AS (INSERT INTO outbox (producer, topic, key, headers, value)"
-            " SELECT $23, $31, $1, h, b FROM unnest($32::jsonb[], $33::bytea[]) WITH ORDINALITY AS y(h, b, n)"
-            "   ORDER BY n RETURNING 1) " + _PROJECT_SQL,
-            *_project_args(new_state, payloads, now), stream, now, producer, tenant, traceparent,
-            [e.stream_version for e in envelopes], [e.event_id for e in envelopes], [e.type for e in envelopes],
-            [e.schema_version for e in envelopes], [e.payload for e in envelopes],
-            JOBS_EVENTS.name, [headers for headers, _ in rows], [value for _, value in rows])
-    except asyncpg.UniqueViolationError as exc:
-        # the unique (stream_id, version) index caught a concurrent writer that read the same version
-        raise store.ConcurrencyError(f"stream {stream} was appended concurrently: {exc}") from exc
+    # the events, their outbox rows and the read model in one statement: one round trip, not three
+    await store.append(conn, stream, state.version, envelopes, outbox=(producer, JOBS_EVENTS.name, state.job_id),
+                       then=(_PROJECT_SQL, _project_args(new_state, payloads, now)))
     return new_state
 
 

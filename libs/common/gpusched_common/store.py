@@ -116,26 +116,49 @@ def forget_stream(stream_id: str) -> None:
         reads.streams.pop(stream_id, None)
 
 
-async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int,
-                 envelopes: list[Envelope]) -> list[Envelope]:
+async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int, envelopes: list[Envelope], *,
+                 outbox: tuple[str, str, str] | None = None, then: tuple[str, tuple] | None = None) -> list[Envelope]:
     """Append events at versions expected_version+1.. ; raises ConcurrencyError if the stream moved.
 
     No read first: the unique (stream_id, version) index rejects a stale expected version, whether the
-    other writer committed before us or is still in flight (then this insert waits for it)."""
+    other writer committed before us or is still in flight (then this insert waits for it).
+
+    One statement, one round trip: ``outbox`` (producer, topic, key) puts the events in the outbox too (as
+    ``enqueue``), and ``then`` (a statement numbering its parameters from $1, and them) runs with them, a
+    read model's row."""
     stamped = [e.model_copy(update={"stream_id": stream_id, "stream_version": expected_version + i + 1})
                for i, e in enumerate(envelopes)]
     forget_stream(stream_id)
+    sql, args = then if then is not None else ("SELECT 1", ())
+    first = len(args) + 1
+    ctes = [f"appended AS (INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at,"
+            f" producer, tenant, traceparent, payload) SELECT s, v, e, t, sv, o, p, te, tp, pl FROM unnest("
+            f"{_params(first, 'text', 'int', 'uuid', 'text', 'int', 'timestamptz', 'text', 'text', 'text', 'jsonb')})"
+            f" WITH ORDINALITY AS x(s, v, e, t, sv, o, p, te, tp, pl, n) ORDER BY n RETURNING 1)"]
+    columns = [[getattr(e, name) for e in stamped] for name in _EVENT_FIELDS]
+    if outbox is not None:
+        producer, topic, key = outbox
+        rows = outbox_rows(topic, stamped)
+        ctes.append(f"published AS (INSERT INTO outbox (producer, topic, key, headers, value) SELECT p, t, k, h, b"
+                    f" FROM unnest({_params(first + len(columns), 'text', 'text', 'text', 'jsonb', 'bytea')})"
+                    f" WITH ORDINALITY AS y(p, t, k, h, b, n) ORDER BY n RETURNING 1)")
+        columns += [[producer] * len(rows), [topic] * len(rows), [key] * len(rows), [h for h, _ in rows],
+                    [v for _, v in rows]]
     try:
-        await conn.executemany(
-            "INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at, producer,"
-            " tenant, traceparent, payload) VALUES ($1, $2, $3::uuid, $4, $5, $6, $7, $8, $9, $10)",
-            [(e.stream_id, e.stream_version, e.event_id, e.type, e.schema_version, e.occurred_at, e.producer,
-              e.tenant, e.traceparent, e.payload) for e in stamped],
-        )
+        await conn.execute(f"WITH {', '.join(ctes)} {sql}", *args, *columns)
     except asyncpg.UniqueViolationError as exc:
         # the unique (stream_id, version) index caught a concurrent writer that read the same version
         raise ConcurrencyError(f"stream {stream_id} was appended concurrently: {exc}") from exc
     return stamped
+
+
+_EVENT_FIELDS = ("stream_id", "stream_version", "event_id", "type", "schema_version", "occurred_at", "producer",
+                 "tenant", "traceparent", "payload")
+
+
+def _params(first: int, *types: str) -> str:
+    """``$first::type[], $first+1::type[], ...``: one array parameter per column, for unnest."""
+    return ", ".join(f"${first + i}::{t}[]" for i, t in enumerate(types))
 
 
 async def load(conn: asyncpg.Connection, stream_id: str, after_version: int = 0) -> list[StoredEvent]:
