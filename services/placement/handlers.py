@@ -21,6 +21,7 @@ from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import lock_cycle, pending_jobs
 from gpusched_common.senders import RefusalCounts
+from gpusched_common.signing import SENDER_HEADER
 from gpusched_common.topics import JOBS_EVENTS, NODES_REPORTS
 
 from gpusched_core import bulkheads, lifecycle
@@ -54,6 +55,7 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
             if isinstance(payload, ev.NodeEnrolmentRequested):
                 await on_enrolment(conn, message, payload, clock(), keys, refused)
                 return
+            await load_senders(conn, keys, batch)
             refusal = await node_keys.check(conn, keys, message, envelope.type, getattr(payload, "node_id", None),
                                             accept_unsigned=accept_unsigned)
             if refusal is not None:
@@ -68,10 +70,34 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
             payload = stored
         if not await claim(conn, SERVICE, envelope.event_id):
             return
+        if isinstance(payload, ev.NodeHeartbeat) and not _out_of_range(payload):
+            defer_heartbeat(payload, batch, clock)
+            return
         if await apply(conn, payload, clock()):
             batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
 
     return on_message
+
+
+async def load_senders(conn: asyncpg.Connection, keys: node_keys.NodeKeys, batch: Batch) -> None:
+    """Read the keys of every node report's sender in the batch in one query, once per batch (``check`` then
+    reads only a key enrolled within the batch itself)."""
+    if "node-keys" in batch.memo:
+        return
+    batch.memo["node-keys"] = True
+    await keys.load(conn, [m.headers.get(SENDER_HEADER, "") for m in batch.messages if m.topic == NODES_REPORTS.name])
+
+
+def defer_heartbeat(beat: ev.NodeHeartbeat, batch: Batch, clock: Callable[[], datetime]) -> None:
+    """Keep a node's heartbeat for the batch's one lease update (``store.record_heartbeats``): of a node's
+    beats in a batch the one of its highest epoch counts, the later one where equal (a beat of an older epoch
+    would have been refused by the update's guard anyway). The update runs before the batch's placement cycle;
+    lease checks run in transactions of their own."""
+    beats: dict[str, ev.NodeHeartbeat] = batch.memo.setdefault("heartbeats", {})  # type: ignore[assignment]
+    earlier = beats.get(beat.node_id)
+    if earlier is None or beat.lease_epoch >= earlier.lease_epoch:
+        beats[beat.node_id] = beat
+    batch.after("heartbeats", lambda c: store.record_heartbeats(c, list(beats.values()), clock()))
 
 
 async def on_enrolment(conn: asyncpg.Connection, message: Incoming, request: ev.NodeEnrolmentRequested,

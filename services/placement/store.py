@@ -5,6 +5,7 @@ way)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -165,12 +166,25 @@ async def quarantine_node(conn: asyncpg.Connection, node: ev.NodeRegistered, rea
         node.node_id, node.hostname[:256], node.nvml_backend[:64], now, reasons[:20])
 
 
-async def record_heartbeat(conn: asyncpg.Connection, beat: ev.NodeHeartbeat, now: datetime) -> None:
-    """Renew the node's lease, unless the epoch was declared lost or is older than the node's registered one."""
+async def record_heartbeats(conn: asyncpg.Connection, beats: list[ev.NodeHeartbeat], now: datetime) -> None:
+    """Renew the nodes' leases in one statement (a batch's heartbeats, at most one per node), each unless its
+    epoch was declared lost or is older than the node's registered one."""
+    if not beats:
+        return
+    rows = [{"node_id": b.node_id, "epoch": b.lease_epoch, "ttl_s": b.lease_ttl_s, "grace_s": b.fence_grace_s,
+             "jobs": b.running_jobs} for b in beats]
     await conn.execute(
-        "UPDATE nodes SET last_seen_at = $2, lease_epoch = $3, lease_ttl_s = $4, fence_grace_s = $5,"
-        " reported_jobs = $6 WHERE node_id = $1 AND lease_epoch <= $3 AND (lost_epoch IS NULL OR lost_epoch < $3)",
-        beat.node_id, now, beat.lease_epoch, beat.lease_ttl_s, beat.fence_grace_s, beat.running_jobs)
+        "UPDATE nodes n SET last_seen_at = $1, lease_epoch = b.epoch, lease_ttl_s = b.ttl_s,"
+        " fence_grace_s = b.grace_s, reported_jobs = b.jobs"
+        " FROM jsonb_to_recordset($2::text::jsonb)"
+        "  AS b(node_id text, epoch bigint, ttl_s double precision, grace_s double precision, jobs text[])"
+        " WHERE n.node_id = b.node_id AND n.lease_epoch <= b.epoch AND (n.lost_epoch IS NULL OR n.lost_epoch < b.epoch)",
+        now, json.dumps(rows))
+
+
+async def record_heartbeat(conn: asyncpg.Connection, beat: ev.NodeHeartbeat, now: datetime) -> None:
+    """Renew one node's lease (``record_heartbeats``)."""
+    await record_heartbeats(conn, [beat], now)
 
 
 async def set_gpu_health(conn: asyncpg.Connection, node_id: str, gpu_index: int, healthy: bool) -> None:

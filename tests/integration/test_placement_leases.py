@@ -362,3 +362,48 @@ async def test_a_node_registering_again_is_told_each_of_its_jobs_with_the_run_it
         assert answers[-1]["job_ids"] == ["j1"] and answers[-1]["attempts"] == {"j1": 1}, answers
     finally:
         await conn.close()
+
+
+async def test_a_batch_of_heartbeats_renews_every_lease_in_one_update_and_keeps_the_guards(database_url):
+    """A batch's heartbeats are written at its end in one statement: of a node's beats the later one
+    counts (its running jobs), a beat of a newer epoch moves the lease on, and a beat of an epoch declared
+    lost renews nothing."""
+    import uuid
+
+    from gpusched_common.batching import Batch
+    from gpusched_common.messaging import Incoming
+    from gpusched_common.topics import NODES_REPORTS
+    from services.placement.handlers import make_handler
+    from services.placement.store import ClusterCache
+
+    def report(payload, offset):
+        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
+                                    occurred_at=T0, producer="node-agent")
+        return Incoming(NODES_REPORTS.name, 0, offset, payload.node_id, envelope.model_dump_json().encode(), {})
+
+    later = T0 + timedelta(seconds=20)
+    handler = make_handler(lambda: later, POLICY, ClusterCache(), accept_unsigned=True)
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            for node in ("n1", "n2", "n3"):
+                await apply(conn, registered(node), T0)
+        await conn.execute("UPDATE nodes SET lost_epoch = 1 WHERE node_id = 'n3'")
+        beats = [heartbeat("n1").model_copy(update={"running_jobs": ["a"]}),
+                 heartbeat("n2", epoch=2),
+                 heartbeat("n1").model_copy(update={"running_jobs": ["a", "b"]}),
+                 heartbeat("n3"),
+                 heartbeat("n2", epoch=1)]  # older than the batch's other beat of n2
+        messages = [report(b, i) for i, b in enumerate(beats)]
+        batch = Batch(tuple(messages))
+        async with conn.transaction():
+            for message in messages:
+                await handler(conn, message, batch)
+            await batch.finish(conn)
+        rows = {r["node_id"]: r for r in await conn.fetch(
+            "SELECT node_id, last_seen_at, lease_epoch, reported_jobs FROM nodes")}
+        assert rows["n1"]["last_seen_at"] == later and rows["n1"]["reported_jobs"] == ["a", "b"]
+        assert (rows["n2"]["last_seen_at"], rows["n2"]["lease_epoch"]) == (later, 2)
+        assert rows["n3"]["last_seen_at"] != later
+    finally:
+        await conn.close()

@@ -42,9 +42,10 @@ AfterBatch = Callable[[asyncpg.Connection], Awaitable[None]]
 class Batch:
     """Work a handler defers to the end of the batch, once per key (e.g. one cycle per batch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, messages: tuple[Incoming, ...] = ()) -> None:
         self._after: dict[str, AfterBatch] = {}
         self.memo: dict[str, object] = {}  # what a handler keeps for the batch's later messages (its transaction's)
+        self.messages = messages  # the whole batch, for a handler that reads ahead (e.g. every sender's key at once)
 
     def after(self, key: str, work: AfterBatch) -> None:
         self._after.setdefault(key, work)
@@ -74,7 +75,7 @@ async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming]
             reads = await store.read_for_batch(conn, service, [e for e in event_ids if e is not None], streams)
             token = store.BATCH_READS.set(reads)
         try:
-            batch = Batch()
+            batch = Batch(tuple(messages))
             for message in messages:
                 with message_span(service, message):
                     await handler(conn, message, batch)
