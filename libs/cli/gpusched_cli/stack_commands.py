@@ -1,4 +1,4 @@
-"""`gpusched up | down | demo | bench-e2e | bench-turnover | bench-scale`: the local stack and what runs on it."""
+"""`gpusched up | down | demo | bench-e2e | bench-turnover | bench-scale | bench-growth`: the local stack and what runs on it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 
 from gpusched_cli import stack
 from gpusched_cli.bench import add_bench_arguments, cmd_bench
+from gpusched_cli.bench_growth import add_growth_arguments, cmd_growth
 from gpusched_cli.bench_scale import add_scale_arguments, cmd_scale
 from gpusched_cli.bench_turnover import add_turnover_arguments, cmd_turnover
 from gpusched_cli.demo import add_demo_arguments, cmd_demo
@@ -45,6 +46,10 @@ def add_workload_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench-scale", help="a burst into 1,000 simulated nodes, then half load (a stack of its own)")
     add_scale_arguments(p)
     p.set_defaults(func=cmd_scale)
+
+    p = sub.add_parser("bench-growth", help="the scale burst at several cluster and queue sizes: how cost per job grows")
+    add_growth_arguments(p)
+    p.set_defaults(func=cmd_growth)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
