@@ -78,12 +78,12 @@ bench-turnover: install
 bench-scale: install
 	$(BIN)/gpusched bench-scale --nodes $${NODES:-1000} --jobs $${JOBS:-20000} --broker $${BENCH_BROKER:-tansu}
 
-## bench-growth: the scale burst at NODES (100,1000,5000) x JOBS (1000,10000,50000), a fresh stack per cell, at
-## most WINDOW_S each: how CPU per placed job, placed jobs/s and memory per waiting job grow
-## (bench-results/growth.json; about an hour)
+## bench-growth: per cell of NODES (100,1000,5000) x PENDING (1000,10000,50000), a fresh stack with PENDING jobs
+## waiting on quota, then the same burst of PROBE (300) jobs: how CPU per placed job, placed jobs/s and memory
+## per waiting job grow with the cluster and the queue (bench-results/growth.json; about an hour)
 bench-growth: install
-	$(BIN)/gpusched bench-growth --nodes $${NODES:-100,1000,5000} --jobs $${JOBS:-1000,10000,50000} \
-		--window-s $${WINDOW_S:-150} --broker $${BENCH_BROKER:-tansu}
+	$(BIN)/gpusched bench-growth --nodes $${NODES:-100,1000,5000} --pending $${PENDING:-1000,10000,50000} \
+		--probe-jobs $${PROBE:-300} --broker $${BENCH_BROKER:-tansu}
 
 ## bench-gateway: jobs/s the gateway accepts (single and batch) and read p50/p99 under load, beside a bare
 ## uvicorn floor; starts its own broker, PostgreSQL and gateway; writes bench-results/gateway.json

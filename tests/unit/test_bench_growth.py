@@ -1,4 +1,4 @@
-"""The growth benchmark's pure parts (issue 16, part 4): its cells, how growth is stated."""
+"""The growth benchmark's pure parts (issue 16, part 4): its cells, its backlog tenant, how growth is stated."""
 
 from __future__ import annotations
 
@@ -6,14 +6,19 @@ import argparse
 
 import pytest
 
-from gpusched_cli.bench_growth import cell_row, parse_counts, with_growth
+from gpusched_core.quota.jobs import cohort_of
+from gpusched_core.quota.loader import parse_tenancy
+from gpusched_core.quota.units import UNITS_PER_GPU
+
+from gpusched_cli.bench_growth import BACKLOG, backlog_specs, cell_row, growth_tenancy, parse_counts, with_growth
+
+BACKLOG_FIGURES = {"backlog_s": 10.0, "backlog_per_s": 100.0, "quota_kib_per_pending_job": 0.9}
 
 
-def measured(placed: int, cpu_ms: float | None, kib: float | None = 1.5) -> dict:
-    return {"placed": placed, "waiting": 10, "placed_per_s": 5.0, "submit_to_placed_p50_ms": 900.0,
-            "cpu_ms_per_job_total": cpu_ms, "cpu_ms_per_job": {"quota": cpu_ms}, "idle_cores_total": 0.4,
-            "rss_kib_per_waiting_job": {} if kib is None else {"quota": kib}, "rss_mib": {"quota": 80.0},
-            "submit_s": 2.0}
+def probe(placed: int, cpu_ms: float | None) -> dict:
+    return {"placed": placed, "placed_per_s": 5.0, "submit_to_placed_p50_ms": 900.0, "submit_to_placed_p99_ms": 2000.0,
+            "cpu_ms_per_job_total": cpu_ms, "cpu_ms_per_job": {"quota": cpu_ms, "placement": 1.0},
+            "idle_cores_total": 0.4, "idle_cores": {"quota": 0.1}, "rss_mib": {"quota": 80.0}}
 
 
 @pytest.mark.parametrize("text, counts", [("100,1000,5000", [100, 1000, 5000]), ("50_000", [50000]),
@@ -28,9 +33,18 @@ def test_counts_that_are_not_positive_whole_numbers_are_refused_with_the_text(te
         parse_counts(text)
 
 
+def test_the_backlog_tenant_shares_the_teams_cohort_with_one_gpu_and_no_borrowing():
+    tenancy = parse_tenancy(growth_tenancy(100))
+    assert cohort_of(tenancy, BACKLOG) == cohort_of(tenancy, "research")
+    quota = tenancy.tenants[BACKLOG].quota["H100-80GB"]
+    assert (quota.nominal, quota.borrowing_limit) == (UNITS_PER_GPU, 0)
+    assert all(j.tenant == BACKLOG and j.gpus == 1 for j in backlog_specs(5)) and len(backlog_specs(5)) == 5
+
+
 def test_growth_is_each_cell_s_cpu_per_job_over_the_first_cell_s():
-    rows = with_growth([cell_row(100, 1000, measured(900, 20.0)), cell_row(1000, 1000, measured(1000, 50.0)),
-                        cell_row(5000, 1000, measured(0, None, kib=None))])
+    rows = with_growth([cell_row(100, 1000, BACKLOG_FIGURES, probe(300, 20.0)),
+                        cell_row(1000, 1000, BACKLOG_FIGURES, probe(300, 50.0)),
+                        cell_row(5000, 1000, BACKLOG_FIGURES, probe(0, None))])
     assert [r["cpu_growth"] for r in rows] == [1.0, 2.5, None]
-    assert rows[2]["quota_kib_per_waiting_job"] is None and rows[0]["quota_kib_per_waiting_job"] == 1.5
-    assert (rows[1]["nodes"], rows[1]["jobs"], rows[1]["placed"]) == (1000, 1000, 1000)
+    assert (rows[1]["nodes"], rows[1]["pending"], rows[1]["placed"]) == (1000, 1000, 300)
+    assert rows[0]["quota_cpu_ms_per_job"] == 20.0 and rows[0]["backlog_per_s"] == 100.0

@@ -1,15 +1,20 @@
 """`gpusched bench-growth` (`make bench-growth`): how the cost of a job grows with the cluster and the queue
 (issue 16, part 4).
 
-The scale benchmark's burst (``bench_scale``), run once per cell of ``--nodes`` x ``--jobs``, each cell on a
-fresh stack of its own, each for at most ``--window-s`` seconds after its first submission (a cell ends
-sooner when no job started for ``--settle-s``). A cell's burst is submitted at once, so its jobs are all
-pending at first; those the cluster has no room for (about 3.6 jobs per node of this mix) stay pending.
+One cell per ``--nodes`` x ``--pending``, each on a fresh stack of its own (simulated nodes x 8 H100 in fleets,
+every service its own process, as in ``bench_scale``):
 
-Per cell: jobs placed (their agent reported the start) and placed jobs/s, submit -> placed p50, CPU
-milliseconds per placed job summed over the services (net of the idle cluster), the idle cluster's cores,
-and the quota service's memory per job left waiting. The growth columns divide a cell's CPU per job by the
-first cell's. A table, and ``bench-results/growth.json``.
+1. **The backlog**: ``pending`` one-GPU jobs of a tenant ``backlog`` that has one GPU of quota and may not
+   borrow, in the same cohort as the other teams. One runs; the rest wait on quota, in the cohort's queue that
+   every reservation cycle reads, as a real backlog does. The cell waits until quota has judged every one.
+2. **The probe**: the scale benchmark's burst (``bench_scale.burst``) of ``--probe-jobs`` jobs of mixed shapes
+   from the other teams, the same in every cell and small enough to fit the smallest cluster, measured after
+   the idle cluster (backlog included) was: placed jobs/s, submit -> placed p50, CPU milliseconds per placed
+   job summed over the services and net of the idle cluster, per service too.
+
+Beside them: how fast the backlog went in, the idle cluster's cores with the backlog waiting, and the quota
+service's memory per waiting job. ``cpu_growth`` divides a cell's CPU per placed job by the first cell's. A
+table, and ``bench-results/growth.json``.
 """
 
 from __future__ import annotations
@@ -18,28 +23,42 @@ import argparse
 import asyncio
 import json
 import os
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import asyncpg
+import yaml
+
+from gpusched_common import events as ev
 from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.table import render
 
 from gpusched_cli import stack
-from gpusched_cli.bench_scale import burst, up_for
+from gpusched_cli.bench_scale import RUN, burst, counts, per_service, stack_pids, up_for, usage
+from gpusched_cli.workload import submit_through_gateway
 
-COLUMNS = ("nodes", "jobs", "placed", "waiting", "placed_per_s", "submit_to_placed_p50_ms", "cpu_ms_per_job_total",
-           "idle_cores_total", "quota_kib_per_waiting_job", "cpu_growth")
+BACKLOG = "backlog"
+COLUMNS = ("nodes", "pending", "backlog_per_s", "placed", "placed_per_s", "submit_to_placed_p50_ms",
+           "cpu_ms_per_job_total", "quota_cpu_ms_per_job", "placement_cpu_ms_per_job", "idle_cores_total",
+           "quota_kib_per_pending_job", "cpu_growth")
+# the backlog is one tenant's: the submission and admission rate limits would turn most of it away
+UNLIMITED = {"GPUSCHED_ADMISSION_RATE_PER_S": "1000000", "GPUSCHED_ADMISSION_RATE_BURST": "1000000",
+             "GPUSCHED_GATEWAY_SUBMIT_RATE_PER_S": "1000000", "GPUSCHED_GATEWAY_SUBMIT_BURST": "1000000"}
 
 
 def add_growth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", default="100,1000,5000", help="simulated node counts, comma-separated")
-    p.add_argument("--jobs", default="1000,10000,50000", help="jobs per burst, comma-separated")
-    p.add_argument("--window-s", type=float, default=150.0, help="the longest a cell is measured after its first submission")
-    p.add_argument("--settle-s", type=float, default=20.0, help="a cell ends sooner when no job started for this long")
+    p.add_argument("--pending", default="1000,10000,50000", help="backlog sizes (waiting jobs), comma-separated")
+    p.add_argument("--probe-jobs", type=int, default=300,
+                   help="jobs of the measured burst in every cell (they must fit the smallest cluster)")
+    p.add_argument("--settle-s", type=float, default=15.0, help="a probe ends when no job started for this long")
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds each idle cluster is measured first")
     p.add_argument("--telemetry-s", type=float, default=15.0, help="each node's telemetry interval")
     p.add_argument("--health-s", type=float, default=10.0, help="each simulated node's health check interval")
     p.add_argument("--nodes-per-fleet", type=int, default=250, help="simulated nodes per agent process")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up on a phase of a cell after this many seconds")
     p.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     p.add_argument("--seed", type=int, default=16)
     p.add_argument("--out", default="bench-results/growth.json")
@@ -49,23 +68,38 @@ def add_growth_arguments(p: argparse.ArgumentParser) -> None:
 def parse_counts(text: str) -> list[int]:
     """``"100,1000"`` -> [100, 1000]; a clear error for anything but positive whole numbers."""
     try:
-        counts = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+        counts_ = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not counts or any(c <= 0 for c in counts):
+    if not counts_ or any(c <= 0 for c in counts_):
         raise argparse.ArgumentTypeError(f"expected positive counts, got {text!r}")
-    return counts
+    return counts_
 
 
-def cell_row(nodes: int, jobs: int, measured: dict) -> dict:
+def growth_tenancy(nodes: int) -> dict:
+    """The local stack's tenancy for ``nodes`` x 8 H100, with the tenant ``backlog`` in the same cohort: one GPU
+    of quota and no borrowing, so all but one of its jobs wait on quota."""
+    tenancy = stack.local_tenancy([("fleet", f"H100-80GB:{nodes * 8}")])
+    tenancy["tenants"][0]["children"].append(
+        {"name": BACKLOG, "quota": {"H100-80GB": {"nominal": 1.0, "borrowing_limit": 0.0}}})
+    return tenancy
+
+
+def backlog_specs(count: int) -> list[ev.JobSpec]:
+    return [ev.JobSpec(tenant=BACKLOG, command=RUN, name=f"backlog-{i}", gpus=1) for i in range(count)]
+
+
+def cell_row(nodes: int, pending: int, backlog: dict, probe: dict) -> dict:
     """One cell's figures, as the table and the JSON show them."""
+    per_job = probe["cpu_ms_per_job"]
     return {
-        "nodes": nodes, "jobs": jobs, "placed": measured["placed"], "waiting": measured["waiting"],
-        "placed_per_s": measured["placed_per_s"], "submit_to_placed_p50_ms": measured["submit_to_placed_p50_ms"],
-        "cpu_ms_per_job_total": measured["cpu_ms_per_job_total"], "cpu_ms_per_job": measured["cpu_ms_per_job"],
-        "idle_cores_total": measured["idle_cores_total"],
-        "quota_kib_per_waiting_job": measured["rss_kib_per_waiting_job"].get("quota"),
-        "rss_mib": measured["rss_mib"], "submit_s": measured["submit_s"],
+        "nodes": nodes, "pending": pending, **backlog,
+        "placed": probe["placed"], "placed_per_s": probe["placed_per_s"],
+        "submit_to_placed_p50_ms": probe["submit_to_placed_p50_ms"],
+        "submit_to_placed_p99_ms": probe["submit_to_placed_p99_ms"],
+        "cpu_ms_per_job_total": probe["cpu_ms_per_job_total"], "cpu_ms_per_job": per_job,
+        "quota_cpu_ms_per_job": per_job.get("quota"), "placement_cpu_ms_per_job": per_job.get("placement"),
+        "idle_cores_total": probe["idle_cores_total"], "idle_cores": probe["idle_cores"], "rss_mib": probe["rss_mib"],
     }
 
 
@@ -76,23 +110,57 @@ def with_growth(rows: list[dict]) -> list[dict]:
              if base and row["cpu_ms_per_job_total"] is not None else None} for row in rows]
 
 
-async def measure_cell(args: argparse.Namespace, nodes: int, jobs: int, progress: Callable[[str], None]) -> dict:
-    cell = argparse.Namespace(nodes=nodes, jobs=jobs, fleet_processes=max(1, -(-nodes // args.nodes_per_fleet)),
-                              settle_s=args.settle_s, idle_s=args.idle_s, telemetry_s=args.telemetry_s,
-                              health_s=args.health_s, timeout=args.window_s, broker=args.broker, seed=args.seed)
-    state = await up_for(cell, progress)
+async def judged_backlog(conn: asyncpg.Connection) -> int:
+    """Backlog jobs quota has judged: reserved (the one that runs) or waiting with a reason."""
+    return await conn.fetchval(
+        "SELECT (SELECT count(*) FROM quota_policy_pending WHERE tenant = $1 AND last_reason IS NOT NULL)"
+        " + (SELECT count(*) FROM jobs WHERE tenant = $1 AND queued_at IS NOT NULL)", BACKLOG)
+
+
+async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
+                       progress: Callable[[str], None]) -> dict:
+    """Submit the backlog and wait until quota judged all of it; its rate and quota's memory per waiting job."""
+    pids = stack_pids(state)
+    before, started = per_service({n: u.rss_mib for n, u in usage(pids).items()}, max), time.monotonic()
+    await asyncio.to_thread(submit_through_gateway, state, backlog_specs(pending))
+    conn = await asyncpg.connect(state.database_url)
     try:
-        return cell_row(nodes, jobs, await burst(cell, state, progress))
+        while (judged := await judged_backlog(conn)) < pending:
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"quota judged {judged} of {pending} backlog jobs within {timeout_s:g}s")
+            progress(f"  [{time.monotonic() - started:6.1f}s] backlog: recorded {(await counts(conn, tenants=[BACKLOG]))[0]},"
+                     f" judged by quota {judged} of {pending}")
+            await asyncio.sleep(2.0)
     finally:
-        stack.down(progress=lambda line: None)
+        await conn.close()
+    took = time.monotonic() - started
+    after = per_service({n: u.rss_mib for n, u in usage(pids).items()}, max)
+    return {"backlog_s": round(took, 1), "backlog_per_s": round(pending / took, 1),
+            "quota_kib_per_pending_job": round(1024 * (after["quota"] - before["quota"]) / pending, 2)}
+
+
+async def measure_cell(args: argparse.Namespace, nodes: int, pending: int, progress: Callable[[str], None]) -> dict:
+    cell = argparse.Namespace(nodes=nodes, jobs=args.probe_jobs, settle_s=args.settle_s, idle_s=args.idle_s,
+                              fleet_processes=max(1, -(-nodes // args.nodes_per_fleet)), telemetry_s=args.telemetry_s,
+                              health_s=args.health_s, timeout=args.timeout, broker=args.broker, seed=args.seed)
+    with tempfile.TemporaryDirectory(prefix="gpusched-growth-") as tmp:
+        tenants = Path(tmp) / "tenants.yaml"
+        tenants.write_text(yaml.safe_dump(growth_tenancy(nodes), sort_keys=False))
+        state = await up_for(cell, progress, {"GPUSCHED_TENANTS_FILE": str(tenants), **UNLIMITED})
+        try:
+            backlog = await fill_backlog(state, pending, args.timeout, progress)
+            progress(f"  backlog in: {backlog['backlog_per_s']} jobs/s; the probe: {args.probe_jobs} jobs")
+            return cell_row(nodes, pending, backlog, await burst(cell, state, progress))
+        finally:
+            stack.down(progress=lambda line: None)
 
 
 async def run_growth(args: argparse.Namespace, progress: Callable[[str], None] = print) -> list[dict]:
     rows = []
-    cells = [(n, j) for n in parse_counts(args.nodes) for j in parse_counts(args.jobs)]
-    for i, (nodes, jobs) in enumerate(cells, 1):
-        progress(f"cell {i}/{len(cells)}: {jobs} jobs into {nodes} nodes x 8 GPUs")
-        rows.append(await measure_cell(args, nodes, jobs, progress))
+    cells = [(n, p) for n in parse_counts(args.nodes) for p in parse_counts(args.pending)]
+    for i, (nodes, pending) in enumerate(cells, 1):
+        progress(f"cell {i}/{len(cells)}: {pending} waiting jobs, {nodes} nodes x 8 GPUs")
+        rows.append(await measure_cell(args, nodes, pending, progress))
     return with_growth(rows)
 
 
@@ -101,7 +169,7 @@ def cmd_growth(args: argparse.Namespace) -> int:
         print("gpusched bench-growth: a stack is up; it starts its own (run `gpusched down` first)")
         return 1
     try:
-        parse_counts(args.nodes), parse_counts(args.jobs)
+        parse_counts(args.nodes), parse_counts(args.pending)
     except argparse.ArgumentTypeError as exc:
         print(f"gpusched bench-growth: {exc}")
         return 2
@@ -109,10 +177,10 @@ def cmd_growth(args: argparse.Namespace) -> int:
     rows = asyncio.run(run_growth(args, progress=lambda line: print(line, flush=True)))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"window_s": args.window_s, "cells": rows}, indent=2) + "\n")
+    out.write_text(json.dumps({"probe_jobs": args.probe_jobs, "cells": rows}, indent=2) + "\n")
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print("\n" + render([c.upper() for c in COLUMNS], [tuple(row[c] for c in COLUMNS) for row in rows]))
+        print("\n" + render([c.upper() for c in COLUMNS], [tuple(row.get(c) for c in COLUMNS) for row in rows]))
     print(f"\nwritten to {out}")
     return 0

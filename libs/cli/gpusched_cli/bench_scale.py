@@ -155,16 +155,28 @@ def per_service(values: dict[str, float], combine: Callable[[list[float]], float
     return {name: combine(items) for name, items in out.items()}
 
 
-async def counts(conn: asyncpg.Connection, ids: list[str] | None = None) -> tuple[int, int, int]:
-    """(submitted, placed, started) jobs of the stack (or of ``ids``)."""
-    where, args = ("WHERE job_id = ANY($1::text[])", [ids]) if ids is not None else ("", [])
+def _scope(ids: list[str] | None, tenants: list[str] | None) -> tuple[str, list]:
+    """The jobs a count covers: all, those of ``ids``, or those of ``tenants`` (SQL after WHERE/AND, its args)."""
+    if ids is not None:
+        return "job_id = ANY($1::text[])", [ids]
+    if tenants is not None:
+        return "tenant = ANY($1::text[])", [tenants]
+    return "true", []
+
+
+async def counts(conn: asyncpg.Connection, ids: list[str] | None = None,
+                 tenants: list[str] | None = None) -> tuple[int, int, int]:
+    """(submitted, placed, started) jobs of the stack (or of ``ids``, or of ``tenants``)."""
+    where, args = _scope(ids, tenants)
     row = await conn.fetchrow(
-        "SELECT count(*) AS n, count(placed_at) AS placed, count(started_at) AS started FROM jobs " + where, *args)
+        "SELECT count(*) AS n, count(placed_at) AS placed, count(started_at) AS started FROM jobs WHERE " + where,
+        *args)
     return row["n"], row["placed"], row["started"]
 
 
-async def latencies(conn: asyncpg.Connection, ids: list[str] | None = None) -> dict[str, float | None]:
-    where, args = ("AND job_id = ANY($1::text[])", [ids]) if ids is not None else ("", [])
+async def latencies(conn: asyncpg.Connection, ids: list[str] | None = None,
+                    tenants: list[str] | None = None) -> dict[str, float | None]:
+    where, args = _scope(ids, tenants)
     row = await conn.fetchrow(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY placed) AS placed_p50,"
         " percentile_cont(0.99) WITHIN GROUP (ORDER BY placed) AS placed_p99,"
@@ -173,22 +185,25 @@ async def latencies(conn: asyncpg.Connection, ids: list[str] | None = None) -> d
         " extract(epoch FROM max(started_at) - min(submitted_at)) AS span_s FROM ("
         " SELECT extract(epoch FROM placed_at - submitted_at) * 1000 AS placed,"
         " extract(epoch FROM started_at - submitted_at) * 1000 AS started, started_at, submitted_at"
-        " FROM jobs WHERE started_at IS NOT NULL " + where + ") t", *args)
+        " FROM jobs WHERE started_at IS NOT NULL AND " + where + ") t", *args)
     return {k: (round(float(v), 1) if v is not None else None) for k, v in dict(row).items()}
 
 
 # --- the phases --------------------------------------------------------------------------------------
 
 
-async def up_for(args: argparse.Namespace, progress: Callable[[str], None]) -> stack.StackState:
+async def up_for(args: argparse.Namespace, progress: Callable[[str], None],
+                 extra_env: dict[str, str] | None = None) -> stack.StackState:
     processes = args.fleet_processes or max(1, -(-args.nodes // 250))
-    intervals = {"GPUSCHED_TELEMETRY_INTERVAL_S": f"{args.telemetry_s:g}", "GPUSCHED_HEALTH_INTERVAL_S": f"{args.health_s:g}"}
+    env = {"GPUSCHED_TELEMETRY_INTERVAL_S": f"{args.telemetry_s:g}", "GPUSCHED_HEALTH_INTERVAL_S": f"{args.health_s:g}",
+           **(extra_env or {})}
     return await stack.up(nodes=0, gpu_models=["H100-80GB"], gpus_per_node=8, broker=args.broker,
                           fleet=args.nodes, fleet_processes=processes, database_name="gpusched_scale",
-                          extra_env=intervals, progress=lambda line: progress("  " + line))
+                          extra_env=env, progress=lambda line: progress("  " + line))
 
 
 async def burst(args: argparse.Namespace, state: stack.StackState, progress: Callable[[str], None]) -> dict:
+    """The burst phase; counts and latencies are of the burst's tenants' jobs (``TENANTS``) only."""
     specs = scale_workload(args.jobs, args.seed)
     pids = stack_pids(state)
     conn = await asyncpg.connect(state.database_url)
@@ -205,7 +220,7 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
         submitted_s = None
         while True:
             await asyncio.sleep(1.0)
-            n, placed, started = await counts(conn)
+            n, placed, started = await counts(conn, tenants=list(TENANTS))
             now = time.monotonic()
             if submitting.done() and submitted_s is None:
                 submitting.result()  # a refusal raises here
@@ -219,7 +234,7 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
                 progress(f"  the burst did not settle within {args.timeout:g}s; measuring what ran")
                 break
         after = usage(pids)
-        lat = await latencies(conn)
+        lat = await latencies(conn, tenants=list(TENANTS))
         waiting = len(specs) - last_started
     finally:
         await conn.close()
