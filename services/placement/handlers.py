@@ -21,7 +21,6 @@ from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import lock_cycle, pending_jobs
 from gpusched_common.senders import RefusalCounts
-from gpusched_common.signing import SENDER_HEADER
 from gpusched_common.topics import JOBS_EVENTS, NODES_REPORTS
 
 from gpusched_core import bulkheads, lifecycle
@@ -30,6 +29,7 @@ from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, 
 from gpusched_core.placement.launch import start_commands
 from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, other_run, select_expired
 from services.placement import starts, store
+from services.placement.reports import defer_heartbeat, load_senders
 from services.placement.store import SERVICE, ClusterCache
 
 # the job events placement claims (as ``topics.INBOX_READERS`` says: the relay counts on it)
@@ -77,27 +77,6 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
             batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
 
     return on_message
-
-
-async def load_senders(conn: asyncpg.Connection, keys: node_keys.NodeKeys, batch: Batch) -> None:
-    """Read the keys of every node report's sender in the batch in one query, once per batch (``check`` then
-    reads only a key enrolled within the batch itself)."""
-    if "node-keys" in batch.memo:
-        return
-    batch.memo["node-keys"] = True
-    await keys.load(conn, [m.headers.get(SENDER_HEADER, "") for m in batch.messages if m.topic == NODES_REPORTS.name])
-
-
-def defer_heartbeat(beat: ev.NodeHeartbeat, batch: Batch, clock: Callable[[], datetime]) -> None:
-    """Keep a node's heartbeat for the batch's one lease update (``store.record_heartbeats``): of a node's
-    beats in a batch the one of its highest epoch counts, the later one where equal (a beat of an older epoch
-    would have been refused by the update's guard anyway). The update runs before the batch's placement cycle;
-    lease checks run in transactions of their own."""
-    beats: dict[str, ev.NodeHeartbeat] = batch.memo.setdefault("heartbeats", {})  # type: ignore[assignment]
-    earlier = beats.get(beat.node_id)
-    if earlier is None or beat.lease_epoch >= earlier.lease_epoch:
-        beats[beat.node_id] = beat
-    batch.after("heartbeats", lambda c: store.record_heartbeats(c, list(beats.values()), clock()))
 
 
 async def on_enrolment(conn: asyncpg.Connection, message: Incoming, request: ev.NodeEnrolmentRequested,

@@ -84,7 +84,7 @@ TABLE_OWNERS = {
     "gateway": {"api_tokens"},  # through gpusched_common.tokens; its own SQL reads only the shared tables
 }
 _TABLE_REFERENCE = re.compile(r"(?<!epoch )\b(?:FROM|JOIN|INTO|UPDATE)\s+([a-z_]+)")  # not extract(epoch FROM x)
-_NOT_TABLES = {"unnest", "generate_series", "lateral"}
+_NOT_TABLES = {"unnest", "generate_series", "lateral", "jsonb_to_recordset"}
 
 
 def tables_named(path: Path) -> set[str]:

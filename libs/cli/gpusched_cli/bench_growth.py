@@ -33,6 +33,7 @@ import yaml
 
 from gpusched_common import events as ev
 from gpusched_common.infra.brokers import BROKER_KINDS
+from gpusched_common.stores.quota import judged_jobs
 from gpusched_common.table import render
 
 from gpusched_cli import stack
@@ -110,13 +111,6 @@ def with_growth(rows: list[dict]) -> list[dict]:
              if base and row["cpu_ms_per_job_total"] is not None else None} for row in rows]
 
 
-async def judged_backlog(conn: asyncpg.Connection) -> int:
-    """Backlog jobs quota has judged: reserved (the one that runs) or waiting with a reason."""
-    return await conn.fetchval(
-        "SELECT (SELECT count(*) FROM quota_policy_pending WHERE tenant = $1 AND last_reason IS NOT NULL)"
-        " + (SELECT count(*) FROM jobs WHERE tenant = $1 AND queued_at IS NOT NULL)", BACKLOG)
-
-
 async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
                        progress: Callable[[str], None]) -> dict:
     """Submit the backlog and wait until quota judged all of it; its rate and quota's memory per waiting job."""
@@ -125,7 +119,7 @@ async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
     await asyncio.to_thread(submit_through_gateway, state, backlog_specs(pending))
     conn = await asyncpg.connect(state.database_url)
     try:
-        while (judged := await judged_backlog(conn)) < pending:
+        while (judged := await judged_jobs(conn, BACKLOG)) < pending:
             if time.monotonic() - started > timeout_s:
                 raise RuntimeError(f"quota judged {judged} of {pending} backlog jobs within {timeout_s:g}s")
             progress(f"  [{time.monotonic() - started:6.1f}s] backlog: recorded {(await counts(conn, tenants=[BACKLOG]))[0]},"

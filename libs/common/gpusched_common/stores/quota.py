@@ -62,6 +62,13 @@ async def queued_tenants(conn: asyncpg.Connection) -> list[str]:
     return [r["tenant"] for r in await conn.fetch("SELECT DISTINCT tenant FROM quota_policy_pending ORDER BY 1")]
 
 
+async def judged_jobs(conn: asyncpg.Connection, tenant: str) -> int:
+    """The tenant's jobs quota has decided on: holding a reservation, or waiting with a reason."""
+    return await conn.fetchval(
+        "SELECT (SELECT count(*) FROM quota_policy_pending WHERE tenant = $1 AND last_reason IS NOT NULL)"
+        " + (SELECT count(*) FROM quota_policy_reservations WHERE tenant = $1)", tenant)
+
+
 async def reserved_tenant(conn: asyncpg.Connection, job_id: str) -> str | None:
     """The tenant quota reserved the job's GPUs for (None: no reservation)."""
     return await conn.fetchval("SELECT tenant FROM quota_policy_reservations WHERE job_id = $1", job_id)

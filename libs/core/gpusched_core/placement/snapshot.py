@@ -11,12 +11,11 @@ beyond capacity, and an allocation id is granted at most once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from types import MappingProxyType
-
 import numpy as np
 
+from .allocations import Allocations
 from .layout import MIG_FAMILY_NAMES, ClusterLayout, build_layout, readonly
 from .mig import FULL_MIG_MASK, mig_profile
 from .model import MILLI_PER_GPU, Binding, Decision, Node, NodeId, PlacementError, RequestId
@@ -46,7 +45,7 @@ class ClusterSnapshot:
     full_free_count: np.ndarray
     max_share_free: np.ndarray
     share_free_total: np.ndarray
-    allocations: Mapping[RequestId, tuple[Binding, ...]]
+    allocations: Allocations
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -86,7 +85,7 @@ def _assemble(layout, cpu, memory, milli, gmem, mig, healthy, mig_mode, allocati
     arrays = (cpu, memory, milli, gmem, mig, healthy, mig_mode, *derived)
     for array in arrays:
         readonly(array)
-    return ClusterSnapshot(layout, *arrays, allocations=MappingProxyType(allocations))
+    return ClusterSnapshot(layout, *arrays, allocations=allocations)
 
 
 def build_snapshot(nodes: Iterable[Node]) -> ClusterSnapshot:
@@ -108,7 +107,7 @@ def build_snapshot(nodes: Iterable[Node]) -> ClusterSnapshot:
         np.zeros(shape, dtype=np.uint8),
         healthy,
         mig_mode,
-        {},
+        Allocations(),
     )
 
 
@@ -124,7 +123,8 @@ class _Draft:
         self.mig = snapshot.mig_used.copy()
         self.healthy = snapshot.gpu_healthy
         self.mig_mode = snapshot.gpu_mig_mode
-        self.allocations = dict(snapshot.allocations)
+        self.granted: dict[RequestId, tuple[Binding, ...]] = {}
+        self.released: list[RequestId] = []
         self.base = snapshot
         self.touched: set[int] = set()
 
@@ -190,9 +190,11 @@ class _Draft:
             fresh = _derive_rows(self.layout, self.milli, self.healthy, self.mig_mode, rows)
             for target, values in zip(derived, fresh, strict=True):
                 target[rows] = values
+        allocations = base.allocations.evolve(self.granted, self.released) if self.granted or self.released \
+            else base.allocations
         return _assemble(
             self.layout, self.cpu, self.memory, self.milli, self.gmem, self.mig,
-            self.healthy, self.mig_mode, self.allocations, derived,
+            self.healthy, self.mig_mode, allocations, derived,
         )  # fmt: skip
 
 
@@ -211,7 +213,7 @@ def apply_many(
     checked once at the end (free capacity only falls while granting, so the end is the low point)."""
     draft = _Draft(snapshot)
     for allocation_id, bindings in allocations:
-        if allocation_id in draft.allocations:
+        if allocation_id in draft.granted or allocation_id in snapshot.allocations:
             raise PlacementError(f"allocation {allocation_id} already exists")
         binding_tuple = tuple(bindings)
         for binding in binding_tuple:
@@ -220,7 +222,7 @@ def apply_many(
             ].any():
                 raise PlacementError(f"node {binding.node_id}: whole/shared GPU request on a MIG GPU")
             draft.grant(binding, +1, check=False)
-        draft.allocations[allocation_id] = binding_tuple
+        draft.granted[allocation_id] = binding_tuple
     for row in sorted(draft.touched):
         draft._check_row(row, snapshot.layout.nodes[row].id)
     return draft.freeze()
@@ -241,7 +243,7 @@ def release(snapshot: ClusterSnapshot, allocation_id: RequestId) -> ClusterSnaps
     draft = _Draft(snapshot)
     for binding in bindings:
         draft.grant(binding, -1)
-    del draft.allocations[allocation_id]
+    draft.released.append(allocation_id)
     return draft.freeze()
 
 
