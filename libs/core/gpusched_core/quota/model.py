@@ -102,10 +102,13 @@ class Tenancy:
     revision: int = 0  # bumped on every change; keep the newest revision seen (admin events may race)
     guest_tenant: str | None = None  # the leaf charged for tenants the file does not name (None: they wait)
     tree: QuotaTree = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    # each tenant's ``preferred_flavors``, worked out once: a quota cycle asks it for every waiting job
+    _preferred: Mapping[str, tuple[str, ...]] = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.tree is None:
             object.__setattr__(self, "tree", build_tree(self.tenants, self.flavors))
+        object.__setattr__(self, "_preferred", {name: self._flavors_for(name) for name in self.tenants})
 
     def leaves(self) -> tuple[str, ...]:
         return tuple(name for name, tenant in self.tenants.items() if tenant.is_leaf)
@@ -125,6 +128,10 @@ class Tenancy:
 
     def preferred_flavors(self, tenant: str) -> tuple[str, ...]:
         """Flavors to try for a job that allows any model: the tenant's own quota first, then the rest."""
+        preferred = self._preferred.get(tenant)
+        return preferred if preferred is not None else self._flavors_for(tenant)
+
+    def _flavors_for(self, tenant: str) -> tuple[str, ...]:
         own = tuple(f for f in self.flavors if self.nominal_units(tenant, f) > 0)
         return own + tuple(f for f in self.flavors if f not in own)
 
