@@ -48,3 +48,20 @@ def test_growth_is_each_cell_s_cpu_per_job_over_the_first_cell_s():
     assert [r["cpu_growth"] for r in rows] == [1.0, 2.5, None]
     assert (rows[1]["nodes"], rows[1]["pending"], rows[1]["placed"]) == (1000, 1000, 300)
     assert rows[0]["quota_cpu_ms_per_job"] == 20.0 and rows[0]["backlog_per_s"] == 100.0
+
+
+async def test_a_failed_cell_is_reported_and_the_rest_still_run_each_kept_as_it_ends(monkeypatch):
+    from gpusched_cli import bench_growth
+
+    async def measure(args, nodes, pending, progress):
+        if nodes == 5000:
+            raise RuntimeError("5000 node(s) did not register within 1000s")
+        return cell_row(nodes, pending, BACKLOG_FIGURES, probe(300, 10.0 * nodes / 100))
+
+    monkeypatch.setattr(bench_growth, "measure_cell", measure)
+    kept: list[list[dict]] = []
+    args = argparse.Namespace(nodes="100,5000,1000", pending="1000")
+    rows = await bench_growth.run_growth(args, progress=lambda line: None, done=kept.append)
+    assert [len(k) for k in kept] == [1, 2, 3] and kept[-1] == rows
+    assert "did not register" in rows[1]["error"] and rows[1]["cpu_growth"] is None
+    assert [r["cpu_growth"] for r in (rows[0], rows[2])] == [1.0, 10.0]

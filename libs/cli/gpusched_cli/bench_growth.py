@@ -41,7 +41,7 @@ from gpusched_cli.bench_scale import RUN, burst, counts, per_service, stack_pids
 from gpusched_cli.workload import submit_through_gateway
 
 BACKLOG = "backlog"
-COLUMNS = ("nodes", "pending", "backlog_per_s", "placed", "placed_per_s", "submit_to_placed_p50_ms",
+COLUMNS = ("nodes", "pending", "backlog_judged", "backlog_per_s", "placed", "placed_per_s", "submit_to_placed_p50_ms",
            "cpu_ms_per_job_total", "quota_cpu_ms_per_job", "placement_cpu_ms_per_job", "idle_cores_total",
            "quota_kib_per_pending_job", "cpu_growth")
 # the backlog is one tenant's: the submission and admission rate limits would turn most of it away
@@ -106,14 +106,15 @@ def cell_row(nodes: int, pending: int, backlog: dict, probe: dict) -> dict:
 
 def with_growth(rows: list[dict]) -> list[dict]:
     """Each row with ``cpu_growth``: its CPU per placed job over the first row's (None where either is unknown)."""
-    base = rows[0]["cpu_ms_per_job_total"] if rows else None
+    base = rows[0].get("cpu_ms_per_job_total") if rows else None
     return [{**row, "cpu_growth": round(row["cpu_ms_per_job_total"] / base, 2)
-             if base and row["cpu_ms_per_job_total"] is not None else None} for row in rows]
+             if base and row.get("cpu_ms_per_job_total") is not None else None} for row in rows]
 
 
 async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
                        progress: Callable[[str], None]) -> dict:
-    """Submit the backlog and wait until quota judged all of it; its rate and quota's memory per waiting job."""
+    """Submit the backlog and wait until quota judged all of it (or ``timeout_s`` passed: the probe then runs
+    beside what is judged by then, and the row says so); its rate and quota's memory per waiting job."""
     pids = stack_pids(state)
     before, started = per_service({n: u.rss_mib for n, u in usage(pids).items()}, max), time.monotonic()
     await asyncio.to_thread(submit_through_gateway, state, backlog_specs(pending))
@@ -121,7 +122,8 @@ async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
     try:
         while (judged := await judged_jobs(conn, BACKLOG)) < pending:
             if time.monotonic() - started > timeout_s:
-                raise RuntimeError(f"quota judged {judged} of {pending} backlog jobs within {timeout_s:g}s")
+                progress(f"  quota judged {judged} of {pending} backlog jobs within {timeout_s:g}s; probing beside them")
+                break
             progress(f"  [{time.monotonic() - started:6.1f}s] backlog: recorded {(await counts(conn, tenants=[BACKLOG]))[0]},"
                      f" judged by quota {judged} of {pending}")
             await asyncio.sleep(2.0)
@@ -129,8 +131,8 @@ async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
         await conn.close()
     took = time.monotonic() - started
     after = per_service({n: u.rss_mib for n, u in usage(pids).items()}, max)
-    return {"backlog_s": round(took, 1), "backlog_per_s": round(pending / took, 1),
-            "quota_kib_per_pending_job": round(1024 * (after["quota"] - before["quota"]) / pending, 2)}
+    return {"backlog_judged": judged, "backlog_s": round(took, 1), "backlog_per_s": round(judged / took, 1),
+            "quota_kib_per_pending_job": round(1024 * (after["quota"] - before["quota"]) / max(judged, 1), 2)}
 
 
 async def measure_cell(args: argparse.Namespace, nodes: int, pending: int, progress: Callable[[str], None]) -> dict:
@@ -149,12 +151,19 @@ async def measure_cell(args: argparse.Namespace, nodes: int, pending: int, progr
             stack.down(progress=lambda line: None)
 
 
-async def run_growth(args: argparse.Namespace, progress: Callable[[str], None] = print) -> list[dict]:
-    rows = []
+async def run_growth(args: argparse.Namespace, progress: Callable[[str], None] = print,
+                     done: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+    """Every cell in turn; ``done`` gets the rows so far after each (a long run keeps what it measured)."""
+    rows: list[dict] = []
     cells = [(n, p) for n in parse_counts(args.nodes) for p in parse_counts(args.pending)]
     for i, (nodes, pending) in enumerate(cells, 1):
         progress(f"cell {i}/{len(cells)}: {pending} waiting jobs, {nodes} nodes x 8 GPUs")
-        rows.append(await measure_cell(args, nodes, pending, progress))
+        try:
+            rows.append(await measure_cell(args, nodes, pending, progress))
+        except Exception as exc:  # noqa: BLE001 - a cell that fails (a stack that did not come up) is reported, the rest run
+            progress(f"  cell failed: {type(exc).__name__}: {exc}")
+            rows.append({"nodes": nodes, "pending": pending, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        done(with_growth(rows))
     return with_growth(rows)
 
 
@@ -168,10 +177,13 @@ def cmd_growth(args: argparse.Namespace) -> int:
         print(f"gpusched bench-growth: {exc}")
         return 2
     os.environ.setdefault("GPUSCHED_KAFKA_SESSION_TIMEOUT_MS", "10000")
-    rows = asyncio.run(run_growth(args, progress=lambda line: print(line, flush=True)))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"probe_jobs": args.probe_jobs, "cells": rows}, indent=2) + "\n")
+
+    def write(rows: list[dict]) -> None:
+        out.write_text(json.dumps({"probe_jobs": args.probe_jobs, "cells": rows}, indent=2) + "\n")
+
+    rows = asyncio.run(run_growth(args, progress=lambda line: print(line, flush=True), done=write))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
