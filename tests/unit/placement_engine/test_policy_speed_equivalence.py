@@ -41,7 +41,7 @@ from gpusched_core.placement import frag_memo, growth
 from gpusched_core.placement.fgd import FragmentationMemo, frag_growth, sigmoid_score
 from gpusched_core.placement.fragmentation import shape_arrays
 from gpusched_core.placement.policies import Candidates, NodeScores, mig_packing_scores
-from gpusched_core.placement.scarcity import ModelIndex, model_pressure, scarcity_cost
+from gpusched_core.placement.scarcity import NodeClasses, class_pressure, scarcity_cost
 
 MODELS = ("A100-80GB", "T4", "V100M32", "A10")
 
@@ -115,11 +115,10 @@ class ReferencePolicy:
             return _best(np.where(np.isinf(grow), -np.inf, -grow), request, "-(fragmentation growth, milli)")
         if self.name == "fgd":
             return _best(np.where(np.isinf(grow), -np.inf, sigmoid_score(grow)), request, "FGD score")
-        pressure = model_pressure(self.workload, snapshot.layout)
+        classes = NodeClasses.of(snapshot.layout)
+        pressure = class_pressure(self.workload, classes)
         if pressure.any():
-            cost = scarcity_cost(pressure, ModelIndex.of(snapshot.layout), snapshot, request, nodes,
-                                 per_gpu=isinstance(request.gpu, GpuShare))  # fmt: skip
-            grow = grow + 2.0 * cost
+            grow = grow + 2.0 * scarcity_cost(pressure, classes, snapshot, request, nodes)
         capped = reference_growth(snapshot, request, self.typical, "capped", nodes)
         secondary = np.floor(np.clip(np.where(np.isinf(capped), 0.0, capped), -1e5, 1e5) / 250.0)
         per_gpu = np.where(np.isinf(grow), -np.inf, sigmoid_score(grow) - 1e-6 * secondary)
@@ -151,7 +150,7 @@ def a_mixed_cluster(rng: np.random.Generator, count: int) -> ClusterSnapshot:
 def a_mixed_stream(rng: np.random.Generator, count: int) -> list[PodRequest | GangRequest]:
     requests: list[PodRequest | GangRequest] = []
     for i in range(count):
-        kind, cpu = rng.random(), int(rng.choice([0, 1_000, 2_000, 4_000, 8_000]))
+        kind, cpu = rng.random(), int(rng.choice([0, 1_000, 2_000, 4_000, 8_000, 64_000]))  # 64 CPUs: big nodes only
         models = frozenset(rng.choice(MODELS, size=int(rng.integers(1, 3)), replace=False).tolist()) \
             if rng.random() < 0.25 else frozenset()  # fmt: skip
         rid = RequestId(f"r{i}")
@@ -192,6 +191,15 @@ def _pinned_heavy(requests: list[PodRequest | GangRequest]) -> WorkloadDistribut
 
 def _decide(snapshot: ClusterSnapshot, request: PodRequest | GangRequest, policy: object, seed: int | None):
     return place(snapshot, request, policy, tie_break_seed=seed)  # type: ignore[arg-type]
+
+
+def test_the_mixed_stream_presses_on_node_classes_by_size_as_well_as_by_model() -> None:
+    """So that the comparison below covers scarcity costs of both kinds."""
+    rng = np.random.default_rng(3)
+    snapshot = a_mixed_cluster(rng, 36)
+    pods = [p for p in _pods(a_mixed_stream(rng, 260)) if p.gpu is not None and not p.allowed_models]
+    classes = NodeClasses.of(snapshot.layout)
+    assert class_pressure(workload_from_requests(pods), classes).any()  # no pinned pod among them
 
 
 @pytest.fixture(params=["default thresholds", "dedupe always"])

@@ -10,10 +10,11 @@ and use the capped growth only to order the nodes FGD considers equal, then node
 growth counts in steps of a quarter GPU: finer differences would prefer fresh nodes over used ones
 and spread small requests early (big multi-GPU requests then fail long before the cluster is full).
 
-Where pods pin GPU models, the FGD growth of a request that could run on several models also pays
-for taking GPUs of models that the pinned demand will need (``scarcity``: the pressure of the pinned
-shapes of the *whole* workload on each model; the typical 95% drops most pinned shapes, which are
-spread over many specs). Without pinned shapes the pressure is 0 and nothing changes.
+Where pods pin GPU models or are big enough to fit only a minority of the nodes, the FGD growth of
+a request that could run on several kinds of node also pays for taking GPUs of nodes that the
+constrained demand will need (``scarcity``: the pressure of the constrained shapes of the *whole*
+workload on each node class; the typical 95% drops most of them, which are spread over many specs or
+rare by count though large in GPUs). Without constrained shapes the pressure is 0 and nothing changes.
 
 One configuration for every trace: FGD's typical shapes (95% most popular), no per-trace tuning.
 """
@@ -29,7 +30,8 @@ from .fragmentation import WorkloadDistribution
 from .layout import ClusterLayout
 from .model import GpuShare, MigSlice, PodRequest
 from .policies import Candidates, NodeScores, mig_packing_scores
-from .scarcity import _MAX_PRESSURE, ModelIndex, model_excess, model_pressure
+from .scarcity import _MAX_PRESSURE, NodeClasses, class_excess, class_pressure
+from .snapshot import ClusterSnapshot
 
 # The secondary criterion moves a score by less than 0.1, so it only orders FGD's ties.
 _SECONDARY_SCALE = 1e-6
@@ -49,19 +51,20 @@ class FragAwarePolicy:
     popularity: float = 0.95
     secondary_step_milli: float = 250.0
     scarcity_weight: float = 2.0
+    scarcity_slack: float = 0.8
     memo: FragmentationMemo = field(init=False)
-    _pressure: tuple[ClusterLayout, np.ndarray | None, ModelIndex] | None = field(init=False, default=None)
+    _pressure: tuple[ClusterLayout, np.ndarray | None, NodeClasses] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         typical = self.workload.most_popular(self.popularity)
         self.memo = FragmentationMemo(typical, ("fgd", "capped"), derive=lambda growth: self._best(*growth))
 
     def pressure_for(self, layout: ClusterLayout) -> np.ndarray | None:
-        """Pressure of pinned demand on each of the layout's models (None: none pinned)."""
+        """Pressure of constrained demand on each of the layout's node classes (None: none)."""
         if self._pressure is None or self._pressure[0] is not layout:
-            pressure = model_pressure(self.workload, layout) if self.scarcity_weight else None
-            self._pressure = (layout, pressure if pressure is not None and pressure.any() else None,
-                              ModelIndex.of(layout))  # fmt: skip
+            classes = NodeClasses.of(layout)
+            pressure = class_pressure(self.workload, classes) if self.scarcity_weight else None
+            self._pressure = (layout, pressure if pressure is not None and pressure.any() else None, classes)
         return self._pressure[1]
 
     def score(self, candidates: Candidates) -> NodeScores:
@@ -69,12 +72,12 @@ class FragAwarePolicy:
         if isinstance(request.gpu, MigSlice):
             return mig_packing_scores(candidates)
         entry = self.memo.refresh(candidates.snapshot, request, nodes)
-        cost = self._scarcity(candidates.snapshot.layout, request, nodes)
+        cost = self._scarcity(candidates.snapshot, request, nodes)
         if cost is None:
             values, best_gpu = (derived[nodes] for derived in entry.derived)
         else:
-            fgd, capped = (_columns(growth[nodes], cost) for growth in entry.growth)
-            values, best_gpu = self._best(fgd + cost, capped)
+            fgd, capped = (growth[nodes] for growth in entry.growth)
+            values, best_gpu = self._best(fgd + (cost[:, None] if fgd.ndim == 2 else cost), capped)
         share = best_gpu if isinstance(request.gpu, GpuShare) else None
         return NodeScores(values, share, meaning="FGD score - 1e-6 x CPU-capped fragmentation growth (quarter GPUs)")
 
@@ -87,21 +90,17 @@ class FragAwarePolicy:
         per_gpu = sigmoid_score(growth) - _SECONDARY_SCALE * secondary
         return best_per_node(np.where(unfit, -np.inf, per_gpu))
 
-    def _scarcity(self, layout: ClusterLayout, request: PodRequest, nodes: np.ndarray) -> np.ndarray | None:
-        """(len(nodes), gpus) ``scarcity_cost`` weighted, or None where it is 0 for every node."""
-        pressure = self.pressure_for(layout)
+    def _scarcity(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray) -> np.ndarray | None:
+        """(len(nodes),) ``scarcity_cost`` weighted (every GPU of a node alike), or None where it is 0
+        for every node."""
+        pressure = self.pressure_for(snapshot.layout)
         if pressure is None or request.gpu_milli_total == 0:
             return None
-        index = self._pressure[2]  # type: ignore[index]
-        per_model = model_excess(pressure, index, self.memo.rows.model_free(), request)
-        if per_model is None or not per_model.any():
+        classes = self._pressure[2]  # type: ignore[index]
+        free = np.bincount(classes.node_class, weights=snapshot.share_free_total, minlength=pressure.size)
+        per_class = class_excess(pressure, classes, free, request, self.scarcity_slack)
+        if per_class is None or not per_class.any():
             return None
-        excess = per_model[index.model_of[nodes]]
-        if not isinstance(request.gpu, GpuShare):
-            excess = np.repeat(excess.max(axis=1, keepdims=True), excess.shape[1], axis=1)
-        return self.scarcity_weight * (np.minimum(excess, _MAX_PRESSURE) * request.gpu_milli_total)
+        excess = np.minimum(per_class[classes.node_class[nodes]], _MAX_PRESSURE)
+        return self.scarcity_weight * (excess * request.gpu_milli_total)
 
-
-def _columns(values: np.ndarray, like: np.ndarray) -> np.ndarray:
-    """Per-node values (R,) as the (R, gpus) of ``like`` (every GPU alike); (R, gpus) unchanged."""
-    return values if values.ndim == 2 else np.repeat(values[:, None], like.shape[1], axis=1)

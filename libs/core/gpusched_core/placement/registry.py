@@ -64,7 +64,7 @@ _register(PolicyInfo("fgd", "fragmentation gradient descent (ATC'23), as publish
           lambda s: FgdPolicy(_workload(s)))  # fmt: skip
 _register(PolicyInfo("fgd-exact", "FGD without score truncation (ablation)", None, False),
           lambda s: FgdPolicy(_workload(s), name="fgd-exact", quantized=False))  # fmt: skip
-_register(PolicyInfo("ours", "FGD score (growth + cost of GPUs pinned demand still needs), ties by CPU-capped "
+_register(PolicyInfo("ours", "FGD score (growth + cost of GPUs constrained demand still needs), ties by CPU-capped "
                     "fragmentation growth, then node order", None, True),
           lambda s: FragAwarePolicy(_workload(s)))  # fmt: skip
 
