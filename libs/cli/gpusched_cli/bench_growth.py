@@ -66,6 +66,10 @@ def add_growth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+class BacklogTooSlow(RuntimeError):
+    """Quota did not judge the whole backlog in time (the cell reports it and has no probe)."""
+
+
 def parse_counts(text: str) -> list[int]:
     """``"100,1000"`` -> [100, 1000]; a clear error for anything but positive whole numbers."""
     try:
@@ -113,8 +117,9 @@ def with_growth(rows: list[dict]) -> list[dict]:
 
 async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
                        progress: Callable[[str], None]) -> dict:
-    """Submit the backlog and wait until quota judged all of it (or ``timeout_s`` passed: the probe then runs
-    beside what is judged by then, and the row says so); its rate and quota's memory per waiting job."""
+    """Submit the backlog and wait until quota judged all of it; its rate and quota's memory per waiting job.
+    A backlog not judged within ``timeout_s`` raises ``BacklogTooSlow``: a probe beside it would measure the
+    backlog still going in, not the cost of a job with that many waiting."""
     pids = stack_pids(state)
     before, started = per_service({n: u.rss_mib for n, u in usage(pids).items()}, max), time.monotonic()
     await asyncio.to_thread(submit_through_gateway, state, backlog_specs(pending))
@@ -122,8 +127,7 @@ async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
     try:
         while (judged := await judged_jobs(conn, BACKLOG)) < pending:
             if time.monotonic() - started > timeout_s:
-                progress(f"  quota judged {judged} of {pending} backlog jobs within {timeout_s:g}s; probing beside them")
-                break
+                raise BacklogTooSlow(f"quota judged {judged} of {pending} backlog jobs within {timeout_s:g}s")
             progress(f"  [{time.monotonic() - started:6.1f}s] backlog: recorded {(await counts(conn, tenants=[BACKLOG]))[0]},"
                      f" judged by quota {judged} of {pending}")
             await asyncio.sleep(2.0)

@@ -228,7 +228,9 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
             if started != last_started:
                 last_started, last_change, at_change = started, now, usage(pids)
             progress(f"  [{now - started_at:6.1f}s] submitted {n}, placed {placed}, started {started}")
-            if submitted_s is not None and (started >= len(specs) or now - last_change >= args.settle_s):
+            # settled: all started, or none started for settle_s since the first start (a slow first start
+            # is a slow pipeline, not a full cluster; ``timeout`` bounds it)
+            if submitted_s is not None and (started >= len(specs) or (started > 0 and now - last_change >= args.settle_s)):
                 break
             if now - started_at > args.timeout:
                 progress(f"  the burst did not settle within {args.timeout:g}s; measuring what ran")
