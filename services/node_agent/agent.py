@@ -138,7 +138,7 @@ class Agent:
             return  # commands for other nodes share the topic
         _, notice = parse_event(message)  # parsed once: the commands' part reads the same result
         if isinstance(notice, (ev.NodeEnrolled, ev.NodeEnrolmentRefused)):
-            self.identity.on_answer(notice)
+            self.identity.on_answer(notice, self.ctx.monotonic())
             return
         if isinstance(notice, ev.NodeLost):
             if notice.node_id == self.node_id:
@@ -156,6 +156,10 @@ class Agent:
         self.exits.apply(actions)
 
     async def heartbeat_once(self) -> None:
+        if self.identity.ask_again(self.ctx.monotonic()):  # refused before: the request, then the registration
+            log.info("%s: asking placement again to enrol key %s", self.node_id, self.identity.request.key_id)
+            self.report_in_order(self.identity.request)
+            self.register()  # refused with the request (its key was unknown): registered again, in order
         await self.heartbeat.beat_once()
 
     async def check_lease(self) -> None:

@@ -24,6 +24,10 @@ from gpusched_common.signing import Signer, ensure_key_file
 log = logging.getLogger(__name__)
 KEY_FILE = "node.key"
 ENROLLED_FILE = "node.enrolled"
+# after a refusal the request goes again, freshly signed, after this long, doubling to the most: a refusal
+# may pass (placement read the request too late, beyond the signature's window, because it was far behind;
+# an operator revoked the node's old key), and a node that gave up would stay out until restarted
+ENROL_RETRY_FIRST_S, ENROL_RETRY_MAX_S = 30.0, 600.0
 
 
 @dataclass
@@ -33,6 +37,8 @@ class NodeIdentity:
     directory: Path
     request: ev.NodeEnrolmentRequested | None = None  # what to send at start (None: enrolled already)
     refused: str | None = None  # why placement refused the enrolment, if it did
+    retry_at: float | None = None  # when to ask again after a refusal (the agent's monotonic clock)
+    retry_s: float = ENROL_RETRY_FIRST_S
 
     @property
     def signer(self) -> Signer | None:
@@ -42,19 +48,30 @@ class NodeIdentity:
     def enrolled(self) -> bool:
         return self.key is not None and self.request is None
 
-    def on_answer(self, answer: ev.NodeEnrolled | ev.NodeEnrolmentRefused) -> None:
-        """Placement's answer to this node's enrolment (one for another key is an old answer: ignored)."""
+    def on_answer(self, answer: ev.NodeEnrolled | ev.NodeEnrolmentRefused, now: float = 0.0) -> None:
+        """Placement's answer to this node's enrolment (one for another key is an old answer: ignored); a
+        refusal schedules the request again (``ask_again``) at ``now`` + the current back-off."""
         if self.key is None or answer.node_id != self.node_id or answer.key_id != self.key.producer_id:
             return
         if isinstance(answer, ev.NodeEnrolled):
             if self.request is not None:
                 write_private(self.directory / ENROLLED_FILE, self.key.producer_id + "\n")
                 log.info("%s: enrolled with key %s; its reports are believed", self.node_id, self.key.producer_id)
-            self.request, self.refused = None, None
-        else:
+            self.request, self.refused, self.retry_at = None, None, None
+        elif self.request is not None:
             self.refused = answer.reason
-            log.error("%s: placement refused to enrol key %s: %s. Its reports are refused until it is enrolled.",
-                      self.node_id, self.key.producer_id, answer.reason)
+            if self.retry_at is None:
+                self.retry_at = now + self.retry_s
+            log.error("%s: placement refused to enrol key %s: %s. Its reports are refused until it is enrolled; "
+                      "asking again in %.0f s.", self.node_id, self.key.producer_id, answer.reason, self.retry_at - now)
+
+    def ask_again(self, now: float) -> bool:
+        """Whether the refused request is due again now (then the next one waits twice as long)."""
+        if self.request is None or self.retry_at is None or now < self.retry_at:
+            return False
+        self.retry_s = min(ENROL_RETRY_MAX_S, self.retry_s * 2)
+        self.retry_at = None  # set again by the next refusal
+        return True
 
 
 def load_identity(directory: Path, node_id: str, token_text: str | None, unenrolled: bool) -> NodeIdentity:
