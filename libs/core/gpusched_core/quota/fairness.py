@@ -18,7 +18,10 @@ nominal quota as in ``snapshot.dominant_share``.
 ``fair_victim_tenants`` is the fair-share preemption rule the simulator applies (a rule in the sense of
 Kueue's fair-sharing strategies): a waiting job may take runs only of tenants whose share exceeds, by
 ``margin``, what its own tenant's share becomes once the job runs; and only while running it keeps its
-tenant within its entitlement. Pure; nothing here reads a clock.
+tenant within its entitlement. ``held_back_tenants`` is the same rule seen from the other side: while
+such a job waits for room (quota allows it, no node has it), the tenants it could take runs from get no
+new runs in the room that is left (a backfill that fair-share preemption would only take back). Pure;
+nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -129,3 +132,16 @@ def fair_victim_tenants(snapshot: QuotaSnapshot, shares: Mapping[str, float],
         return frozenset()
     after = fair_share(snapshot, tenant, entitled, {flavor: units})
     return frozenset(t for t, share in shares.items() if t != tenant and share > after * (1.0 + margin))
+
+
+def held_back_tenants(snapshot: QuotaSnapshot, shares: Mapping[str, float],
+                      entitled: Mapping[tuple[str, str], float], blocked: Iterable[tuple[str, str, int]],
+                      margin: float = DEFAULT_FAIR_PREEMPTION_MARGIN) -> frozenset[str]:
+    """Tenants that may start no new run while the ``blocked`` jobs ((tenant, flavor, units) that quota
+    allows but no node has room for) wait: for each, the tenants ``fair_victim_tenants`` lets it preempt.
+    Free room goes to everyone else, so small holes still fill, but not with work of tenants far over
+    their share that would only be preempted back, and a node can drain for the blocked job."""
+    out: set[str] = set()
+    for tenant, flavor, units in blocked:
+        out |= fair_victim_tenants(snapshot, shares, entitled, tenant, flavor, units, margin)
+    return frozenset(out)

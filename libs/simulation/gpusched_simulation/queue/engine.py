@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from gpusched_core.quota import PendingJob, PendingQueue, QuotaCycle, QuotaSnapshot, Tenancy
 
 from ..traces.philly import TraceJob
+from .backfill import FairBackfill
 from .cluster import FLAVOR, Cluster
 from .policies import Policy
 from .preempt import fair_victims, las_victims, reclaim_victims
@@ -85,7 +86,7 @@ def _complete_due(state: SimState) -> int:
 
 def _schedule(state: SimState, policy: Policy, config: SimConfig) -> None:
     for _ in range(MAX_REPLANS):
-        reclaims = _cycle(state)
+        reclaims = _cycle(state, policy)
         nominated: list[str] = []
         if policy.reclaim:
             for request in reclaims:
@@ -103,26 +104,32 @@ def _schedule(state: SimState, policy: Policy, config: SimConfig) -> None:
             _start_nominated(state, job_id)
 
 
-def _cycle(state: SimState) -> tuple:
-    """One quota cycle with placement interleaved; returns the cycle's reclaim requests."""
+def _cycle(state: SimState, policy: Policy) -> tuple:
+    """One quota cycle with placement interleaved; returns the cycle's reclaim requests. With fair
+    backfill, a job refused by the nodes holds back the tenants it could preempt (``backfill``)."""
     if not state.queues:
         return ()
     snapshot = QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s)
-    cycle = QuotaCycle(snapshot, state.pending_queues(), state.order, explain=False)
+    queues = state.pending_queues()
+    backfill = FairBackfill(snapshot, queues, policy.fair_preemption_margin) if _fair_backfill(policy) else None
+    cycle = QuotaCycle(snapshot, queues, state.order, explain=False,
+                       shares=backfill.shares if backfill is not None else None)
     started = []
     smallest_refused = math.inf
     while state.cluster.free_total > 0:
         candidate = cycle.next_candidate()
         if candidate is None:
             break
-        gpus = state.jobs[candidate.job.job_id].job.gpus
-        if gpus >= smallest_refused:
+        if backfill is not None and backfill.holds_back(candidate.job):
             cycle.defer(candidate)
             continue
-        bindings = state.cluster.place(candidate.job.job_id, gpus)
+        gpus = state.jobs[candidate.job.job_id].job.gpus
+        bindings = state.cluster.place(candidate.job.job_id, gpus) if gpus < smallest_refused else None
         if bindings is None:
-            smallest_refused = gpus
+            smallest_refused = min(smallest_refused, gpus)
             cycle.defer(candidate)
+            if backfill is not None:
+                backfill.blocked(candidate.job)
             continue
         reservation = cycle.reserve(candidate)
         started.append((candidate, reservation.units, bindings))
@@ -131,6 +138,10 @@ def _cycle(state: SimState) -> tuple:
         state.dequeue(candidate.job, _tenant_key(state, candidate.job))
         state.start(candidate.job.job_id, units, bindings)
     return plan.reclaims
+
+
+def _fair_backfill(policy: Policy) -> bool:
+    return policy.fair_backfill and policy.fair_preemption_margin is not None
 
 
 def _tenant_key(state: SimState, job: PendingJob) -> tuple:

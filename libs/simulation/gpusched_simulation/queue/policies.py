@@ -59,6 +59,7 @@ class Policy:
     fair_gang_preemption: bool = False  # whole-node jobs preempt by fair share, not attained service
     fair_preemption_margin: float | None = None  # preempt tenants this far over the preemptor's share
     fair_quantum_s: float = DEFAULT_FAIR_QUANTUM_S  # a run is not preempted by fair share before this
+    fair_backfill: bool = False  # a job blocked by the nodes holds back the tenants it could preempt
 
     def job_order(self, durations: Mapping[str, float]) -> JobOrder:
         if self.order == "sjf":
@@ -74,7 +75,8 @@ def make_policies(half_life_s: float = DEFAULT_HALF_LIFE_S, fair_margin: float |
         "tiresias": Policy("tiresias", "fifo", 0.0, las=True, reclaim=False),
         "drf": Policy("drf", "fairshare", 0.0, las=False, reclaim=True),
         "fairshare": Policy("fairshare", "fairshare", half_life_s, las=True, reclaim=True, fair_gang_preemption=True,
-                            fair_preemption_margin=fair_margin, fair_quantum_s=fair_quantum_s),
+                            fair_preemption_margin=fair_margin, fair_quantum_s=fair_quantum_s,
+                            fair_backfill=True),
     }
 
 

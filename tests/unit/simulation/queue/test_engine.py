@@ -151,3 +151,23 @@ def test_a_tenant_under_its_fair_share_preempts_one_far_over_it(margin, preempte
     assert state.preemptions == preempted
     assert (state.jobs["t1-b"].completed_s == 2100) == bool(preempted)
     assert state.max_overshoot_units == 0
+
+
+@pytest.mark.parametrize("fair_backfill, t1_b_starts_at", [(True, 400), (False, 600)],
+                         ids=["held-back", "plain-backfill"])
+def test_a_tenant_far_over_its_share_does_not_backfill_the_room_a_blocked_job_of_a_tenant_under_it_waits_for(
+        fair_backfill, t1_b_starts_at):
+    # t1 (nominal 14) holds 6 GPUs of node 0 and waits for 4 on one node (t1-c keeps its demand up: entitled
+    # 15.75 of the pool of 18); t2 (nominal 2, entitled 2.25) holds 8 one-GPU runs over both nodes, which end
+    # one every 100 s, and has 8 more waiting. Quota has room for t1-b, the nodes have 2 + 2 GPUs. Held back,
+    # t2 leaves the holes to drain and t1-b starts when node 1 has 4 (at 400); else t2 refills the holes
+    # as they open and t1-b starts later
+    policy = Policy("fair", "fairshare", 21600.0, las=False, reclaim=False, fair_preemption_margin=0.5,
+                    fair_quantum_s=10**9, fair_backfill=fair_backfill)
+    jobs = [job("t1-a", "t1", 0, 10_000, 6), *(job(f"t2-{i}", "t2", 0, 100 * (i + 1)) for i in range(8)),
+            job("t1-b", "t1", 10, 100, 4), job("t1-c", "t1", 10, 100, 6),
+            *(job(f"t2-new-{i}", "t2", 10, 10_000) for i in range(8))]
+    tenancy = tenancy_for(QuotaSetup({"t1": 14, "t2": 2, "t3": 2}, 16), policy.half_life_s)
+    state = simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
+    assert state.jobs["t1-b"].completed_s == t1_b_starts_at + 100
+    assert state.preemptions == 0 and state.max_overshoot_units == 0
