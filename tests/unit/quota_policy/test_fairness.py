@@ -3,15 +3,17 @@ preemption rule (``gpusched_core.quota.fairness``)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gpusched_core.quota import QuotaSnapshot, UsageHistory
 from gpusched_core.quota.fairness import (
+    backfill_limit,
     fair_entitlements,
     fair_share,
     fair_shares,
     fair_victim_tenants,
-    held_back_tenants,
 )
 
 from .builders import A100, a_cohort, gpus, team, usage
@@ -90,13 +92,14 @@ def test_no_fair_share_preemption_for_a_job_that_takes_its_tenant_past_its_entit
     assert fair_victim_tenants(snapshot, shares, entitled, "team-a", A100, gpus(8), 0.0) == frozenset()
 
 
-def test_a_job_waiting_for_room_holds_back_the_tenants_it_could_preempt_and_only_those():
+
+def test_no_tenant_may_backfill_past_the_share_at_which_a_job_waiting_for_room_could_preempt_it():
     tenancy = a_cohort(team("team-a", 8), team("team-b", 8), team("team-c", 8))
     snapshot = QuotaSnapshot(tenancy, usage(team_b=14, team_c=9))
     want = demand(team_a=4, team_b=20, team_c=20)
     entitled, shares = fair_entitlements(snapshot, want), fair_shares(snapshot, want)  # shares a 0, b 1.4, c 0.9
-    assert held_back_tenants(snapshot, shares, entitled, [("team-a", A100, gpus(2))], 1.0) == {"team-b"}
-    assert held_back_tenants(snapshot, shares, entitled, [("team-a", A100, gpus(2)), ("team-c", A100, gpus(1))],
-                             0.2) == {"team-b", "team-c"}
-    assert held_back_tenants(snapshot, shares, entitled, [("team-a", A100, gpus(8))], 0.0) == frozenset()  # past 4
-    assert held_back_tenants(snapshot, shares, entitled, [], 0.0) == frozenset()
+    limit = backfill_limit(snapshot, entitled, "team-a", A100, gpus(2), 1.0)  # team-a at 0.5 once it runs
+    assert limit == pytest.approx(1.0)
+    preemptible = fair_victim_tenants(snapshot, shares, entitled, "team-a", A100, gpus(2), 1.0)
+    assert preemptible == {t for t, share in shares.items() if share > limit} == {"team-b"}
+    assert backfill_limit(snapshot, entitled, "team-a", A100, gpus(8), 0.0) == math.inf  # past its 4

@@ -18,14 +18,15 @@ nominal quota as in ``snapshot.dominant_share``.
 ``fair_victim_tenants`` is the fair-share preemption rule the simulator applies (a rule in the sense of
 Kueue's fair-sharing strategies): a waiting job may take runs only of tenants whose share exceeds, by
 ``margin``, what its own tenant's share becomes once the job runs; and only while running it keeps its
-tenant within its entitlement. ``held_back_tenants`` is the same rule seen from the other side: while
-such a job waits for room (quota allows it, no node has it), the tenants it could take runs from get no
-new runs in the room that is left (a backfill that fair-share preemption would only take back). Pure;
+tenant within its entitlement. ``backfill_limit`` is the same rule seen from the other side: while
+such a job waits for room (quota allows it, no node has it), no other tenant starts a run that takes its
+share past the share at which that job could preempt it (a backfill that preemption would take back). Pure;
 nothing here reads a clock.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from .decay import average_rate
@@ -134,14 +135,14 @@ def fair_victim_tenants(snapshot: QuotaSnapshot, shares: Mapping[str, float],
     return frozenset(t for t, share in shares.items() if t != tenant and share > after * (1.0 + margin))
 
 
-def held_back_tenants(snapshot: QuotaSnapshot, shares: Mapping[str, float],
-                      entitled: Mapping[tuple[str, str], float], blocked: Iterable[tuple[str, str, int]],
-                      margin: float = DEFAULT_FAIR_PREEMPTION_MARGIN) -> frozenset[str]:
-    """Tenants that may start no new run while the ``blocked`` jobs ((tenant, flavor, units) that quota
-    allows but no node has room for) wait: for each, the tenants ``fair_victim_tenants`` lets it preempt.
-    Free room goes to everyone else, so small holes still fill, but not with work of tenants far over
-    their share that would only be preempted back, and a node can drain for the blocked job."""
-    out: set[str] = set()
-    for tenant, flavor, units in blocked:
-        out |= fair_victim_tenants(snapshot, shares, entitled, tenant, flavor, units, margin)
-    return frozenset(out)
+
+def backfill_limit(snapshot: QuotaSnapshot, entitled: Mapping[tuple[str, str], float], tenant: str, flavor: str,
+                   units: int, margin: float = DEFAULT_FAIR_PREEMPTION_MARGIN) -> float:
+    """The share above which no other tenant may start a run while a job of ``tenant`` (``units`` of
+    ``flavor``) that quota allows waits for room on the nodes: ``(1 + margin)`` times its tenant's share
+    once it runs, the share above which ``fair_victim_tenants`` lets it preempt (so nothing is started
+    that fair-share preemption would take back); infinite when it may preempt nobody (it would take
+    its tenant past its entitlement)."""
+    if snapshot.used(tenant, flavor) + units > entitled.get((tenant, flavor), 0.0) + 1e-9:
+        return math.inf
+    return fair_share(snapshot, tenant, entitled, {flavor: units}) * (1.0 + margin)

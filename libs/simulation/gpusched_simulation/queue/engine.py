@@ -133,6 +133,8 @@ def _cycle(state: SimState, policy: Policy) -> tuple:
             continue
         reservation = cycle.reserve(candidate)
         started.append((candidate, reservation.units, bindings))
+        if backfill is not None:
+            backfill.started(candidate.job, reservation.units)
     plan = cycle.finish()
     for candidate, units, bindings in started:
         state.dequeue(candidate.job, _tenant_key(state, candidate.job))

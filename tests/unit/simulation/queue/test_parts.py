@@ -6,9 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched_simulation.queue.cluster import Cluster, gang_parts, gang_shape
+from gpusched_core.quota import FairShareOrder, PendingJob, QuotaAsk, QuotaSnapshot, build_queues, gpus_to_units
+from gpusched_simulation.queue.backfill import FairBackfill
+from gpusched_simulation.queue.cluster import FLAVOR, Cluster, gang_parts, gang_shape
 from gpusched_simulation.queue.metrics import jain, per_window, water_fill
-from gpusched_simulation.queue.quota import apportion
+from gpusched_simulation.queue.quota import QuotaSetup, apportion, tenancy_for
+from gpusched_simulation.queue.state import PRIORITY_CLASS
 from gpusched_simulation.traces.philly import busy_start, window
 
 
@@ -73,3 +76,26 @@ def test_water_fill_gives_idle_share_to_those_who_want_more():
 def test_jain_is_one_when_equal_and_one_over_n_when_one_takes_all():
     assert jain([2, 2, 2]) == pytest.approx(1.0)
     assert jain([1, 0, 0, 0]) == pytest.approx(0.25)
+
+
+def _pending(job_id: str, tenant: str, gpus: int) -> PendingJob:
+    return PendingJob(job_id, tenant, QuotaAsk(((FLAVOR, gpus_to_units(gpus)),)), PRIORITY_CLASS, 0.0)
+
+
+def test_fair_backfill_counts_what_a_tenant_was_given_earlier_in_the_same_cycle():
+    # t1 (entitled 15.75 of 18) holds 6 and waits for room for 4: nobody may backfill past 1.5 x 10 / 15.75 =
+    # 0.95 of its share. t2 (entitled 2.25) holds nothing: its first GPU keeps it at 0.44, its third takes it
+    # to 1.33 even though the cycle's own shares still say 0
+    tenancy = tenancy_for(QuotaSetup({"t1": 14, "t2": 2, "t3": 2}, 16), 0.0)
+    usage = {"t1": {FLAVOR: gpus_to_units(6)}}
+    waiting = [_pending("t1-b", "t1", 4), _pending("t1-c", "t1", 6), *(_pending(f"t2-{i}", "t2", 1) for i in range(8))]
+    queues = build_queues(tenancy, waiting, FairShareOrder())
+    backfill = FairBackfill(QuotaSnapshot(tenancy, usage), queues, 0.5)
+    backfill.blocked(waiting[0])
+    given = []
+    for job in waiting[2:]:
+        if not backfill.holds_back(job):
+            backfill.started(job, job.ask.units)
+            given.append(job.job_id)
+    assert given == ["t2-0", "t2-1"]
+    assert not backfill.holds_back(waiting[1])  # the blocked tenant's own work is not held back by its block
