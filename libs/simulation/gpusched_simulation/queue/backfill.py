@@ -1,7 +1,8 @@
 """Fair backfill: which jobs a simulated quota cycle starts no more once a job waits for room.
 
 A job that quota allows but that no node has room for (typically a whole-node or gang job on a cluster
-fragmented by small runs) is *blocked*. Without a rule, the room the cycle goes on handing out goes to
+fragmented by small runs) is *blocked*; so is a tenant's first job that asks for more GPUs than are
+free in all (the cohort's quota, which is the cluster here, skips it without asking the nodes). Without a rule, the room the cycle goes on handing out goes to
 whatever fits, in order: on Philly, bursts of 1-GPU jobs of tenants with a few GPUs of quota filled
 every hole, held four to eight times their fair entitlement for hours while tenants of gang jobs sat
 under theirs, and fair-share preemption could rarely free a whole node (the holes refilled at once).

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpusched_core.quota import PendingJob, PendingQueue, QuotaCycle, QuotaSnapshot, Tenancy
+from gpusched_core.quota import UNITS_PER_GPU, PendingJob, PendingQueue, QuotaCycle, QuotaSnapshot, Tenancy
 
 from ..traces.philly import TraceJob
 from .backfill import FairBackfill
@@ -112,6 +112,10 @@ def _cycle(state: SimState, policy: Policy) -> tuple:
     snapshot = QuotaSnapshot(state.tenancy, state.usage, state.history, state.now_s)
     queues = state.pending_queues()
     backfill = FairBackfill(snapshot, queues, policy.fair_preemption_margin) if _fair_backfill(policy) else None
+    if backfill is not None:
+        for queue in queues:  # heads too large for all that is free: cohort quota skips them, no node has room
+            if queue.entries[0][1].ask.units > state.cluster.free_total * UNITS_PER_GPU:
+                backfill.blocked(queue.entries[0][1])
     cycle = QuotaCycle(snapshot, queues, state.order, explain=False,
                        shares=backfill.shares if backfill is not None else None)
     started = []

@@ -171,3 +171,21 @@ def test_a_tenant_far_over_its_share_does_not_backfill_the_room_a_blocked_job_of
     state = simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
     assert state.jobs["t1-b"].completed_s == t1_b_starts_at + 100
     assert state.preemptions == 0 and state.max_overshoot_units == 0
+
+
+@pytest.mark.parametrize("fair_backfill, t1_b_starts_at", [(True, 800), (False, 10_400)],
+                         ids=["held-back", "plain-backfill"])
+def test_a_job_larger_than_all_that_is_free_holds_back_tenants_far_over_their_share_too(fair_backfill,
+                                                                                         t1_b_starts_at):
+    # as above, but t1-b asks for a whole node while 2 GPUs are free: the cohort's quota skips it without
+    # asking the nodes, and it still holds t2 back (node 1 drains by 800); else t2 keeps every hole filled.
+    # (t1-c, a gang of both nodes, keeps t1's demand up and cannot start before t1-b)
+    policy = Policy("fair", "fairshare", 21600.0, las=False, reclaim=False, fair_preemption_margin=0.5,
+                    fair_quantum_s=10**9, fair_backfill=fair_backfill)
+    jobs = [job("t1-a", "t1", 0, 10_000, 6), *(job(f"t2-{i}", "t2", 0, 100 * (i + 1)) for i in range(8)),
+            job("t1-b", "t1", 10, 100, 8), job("t1-c", "t1", 10, 100, 16),
+            *(job(f"t2-new-{i}", "t2", 10, 10_000) for i in range(8))]
+    tenancy = tenancy_for(QuotaSetup({"t1": 14, "t2": 2, "t3": 2}, 16), policy.half_life_s)
+    state = simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
+    assert state.jobs["t1-b"].completed_s == t1_b_starts_at + 100
+    assert state.preemptions == 0 and state.max_overshoot_units == 0
