@@ -42,6 +42,14 @@ class FairBackfill:
             self._limits[job.tenant] = backfill_limit(self.snapshot, self.entitled, job.tenant, FLAVOR,
                                                       job.ask.units, self.margin)
 
+    def blocked_heads(self, queues: Sequence[PendingQueue], free_units: int) -> None:
+        """Record every queue's first job that asks for more than ``free_units`` (all that is free): the
+        cohort's quota skips it without asking the nodes, and no node has room for it."""
+        for queue in queues:
+            head = queue.entries[0][1]
+            if head.ask.units > free_units:
+                self.blocked(head)
+
     def holds_back(self, job: PendingJob) -> bool:
         """Whether starting ``job`` would take its tenant past the limit of a blocked job of another."""
         limit = min((v for t, v in self._limits.items() if t != job.tenant), default=math.inf)

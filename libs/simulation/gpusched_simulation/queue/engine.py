@@ -3,8 +3,9 @@
 At every event time: decay usage histories to now, finish the runs that end, enqueue the arrivals,
 then schedule: one quota cycle (``QuotaCycle`` from the quota core, ``explain=False``) walks pending
 work in the policy's order; each job that fits quota is placed by the placement core's first-fit,
-or deferred when no node has room. Policies with reclaim turn the cycle's ``ReclaimRequest``s into
-preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job; with
+or deferred when no node has room (with fair backfill, such a job, or one larger than all that is
+free, holds back tenants far over their share for the rest of the cycle: ``backfill``). Policies with
+reclaim turn the cycle's ``ReclaimRequest``s into preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job; with
 fair-share preemption, the waiting tenant furthest under its fair share takes runs of tenants well
 over theirs (the victims are the live preemption core's choice, ``preempt``).
 A preemption is made for one job (the reclaim's first job, the blocked LAS job), which is then started
@@ -113,9 +114,7 @@ def _cycle(state: SimState, policy: Policy) -> tuple:
     queues = state.pending_queues()
     backfill = FairBackfill(snapshot, queues, policy.fair_preemption_margin) if _fair_backfill(policy) else None
     if backfill is not None:
-        for queue in queues:  # heads too large for all that is free: cohort quota skips them, no node has room
-            if queue.entries[0][1].ask.units > state.cluster.free_total * UNITS_PER_GPU:
-                backfill.blocked(queue.entries[0][1])
+        backfill.blocked_heads(queues, state.cluster.free_total * UNITS_PER_GPU)
     cycle = QuotaCycle(snapshot, queues, state.order, explain=False,
                        shares=backfill.shares if backfill is not None else None)
     started = []

@@ -15,7 +15,9 @@
   durations: it uses attained GPU-seconds, GPUs requested and tenants' decayed usage. Tenants are
   ranked by their deficit against a fair entitlement (``gpusched_core.quota.fairness``), and a waiting
   job of a tenant within its entitlement preempts runs (older than ``fair_quantum_s``) of tenants whose
-  share is over its tenant's by more than ``fair_preemption_margin`` (``preempt.fair_victims``).
+  share is over its tenant's by more than ``fair_preemption_margin`` (``preempt.fair_victims``); and
+  while such a job waits for room, no other tenant backfills past the share at which it could be
+  preempted for it (``fair_backfill``, ``backfill``).
 
 Every preemption, whatever the policy, is made for one job that it lets start at once (``engine``).
 """
