@@ -1,16 +1,17 @@
 """Fair backfill: which jobs a simulated quota cycle starts no more once a job waits for room.
 
 A job that quota allows but that no node has room for (typically a whole-node or gang job on a cluster
-fragmented by small runs) is *blocked*; so is a tenant's first job that asks for more GPUs than are
-free in all (the cohort's quota, which is the cluster here, skips it without asking the nodes). Without a rule, the room the cycle goes on handing out goes to
-whatever fits, in order: on Philly, bursts of 1-GPU jobs of tenants with a few GPUs of quota filled
-every hole, held four to eight times their fair entitlement for hours while tenants of gang jobs sat
-under theirs, and fair-share preemption could rarely free a whole node (the holes refilled at once).
-With it, no other tenant starts a run that takes its fair share past the blocked job's backfill limit
-(``gpusched_core.quota.fairness.backfill_limit``: the share above which that job could preempt it);
-the share counts what the tenant was given earlier in the same cycle (shares that the order holds
-fixed for a cycle would let a tenant take every GPU a burst of completions frees). Everyone below the
-limit still backfills. One instance per cycle; it reads the state, it changes nothing.
+fragmented by small runs) is *blocked*; so is a tenant's first job that asks for more GPUs than are free
+in all (the cohort's quota, which is the cluster here, skips it without asking the nodes). Without a
+rule, the room the cycle goes on handing out goes to whatever fits, in order: on Philly, bursts of 1-GPU
+jobs of tenants with a few GPUs of quota filled every hole, held four to eight times their fair
+entitlement for hours while tenants of gang jobs sat under theirs, and fair-share preemption could
+rarely free a whole node (the holes refilled at once). With it, no other tenant starts a run that takes
+its fair share past the blocked job's backfill limit (``gpusched_core.quota.fairness.backfill_limit``:
+the share above which that job could preempt it); the share counts what the tenant was given earlier in
+the same cycle (shares that the order holds fixed for a cycle would let a tenant take every GPU a burst
+of completions frees). Everyone below the limit still backfills. One instance per cycle; it reads the
+state, it changes nothing.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The virtual-clock replay: arrivals, quota + fair-share ordering, placement, completions, preemption.
 
-At every event time: decay usage histories to now, finish the runs that end, enqueue the arrivals,
-then schedule: one quota cycle (``QuotaCycle`` from the quota core, ``explain=False``) walks pending
-work in the policy's order; each job that fits quota is placed by the placement core's first-fit,
-or deferred when no node has room (with fair backfill, such a job, or one larger than all that is
-free, holds back tenants far over their share for the rest of the cycle: ``backfill``). Policies with
-reclaim turn the cycle's ``ReclaimRequest``s into preemptions of borrowers; LAS policies preempt second-queue runs for a blocked first-queue job; with
-fair-share preemption, the waiting tenant furthest under its fair share takes runs of tenants well
-over theirs (the victims are the live preemption core's choice, ``preempt``).
+At every event time: decay usage histories to now, finish the runs that end, enqueue the arrivals, then
+schedule: one quota cycle (``QuotaCycle`` from the quota core, ``explain=False``) walks pending work in
+the policy's order; each job that fits quota is placed by the placement core's first-fit, or deferred
+when no node has room (with fair backfill, such a job, or one larger than all that is free, holds back
+tenants far over their share for the rest of the cycle: ``backfill``). Policies with reclaim turn the
+cycle's ``ReclaimRequest``s into preemptions of borrowers; LAS policies preempt second-queue runs for a
+blocked first-queue job; with fair-share preemption, the waiting tenant furthest under its fair share
+takes runs of tenants well over theirs (the victims are the live preemption core's choice, ``preempt``).
 A preemption is made for one job (the reclaim's first job, the blocked LAS job), which is then started
 at once, before the next cycle could hand the room it made to someone else (Kueue's "nominated"
 workload): room made for nobody only strands its victims. Then the cycle runs again (at most
