@@ -43,6 +43,6 @@ def comparison(default_policy: str, results: Mapping[str, Mapping[str, float]]) 
                      f"Jain {ours['jain_fairness']:.4f} vs {fifo['jain_fairness']:.4f}")
     if sjf is not None:
         lines.append(f"{default_policy} vs oracle sjf: avg JCT {percent_change(ours['avg_jct_s'], sjf['avg_jct_s'])} "
-                     f"(goal: within +10%)")
+                     f"(goal: within +5%, Jain >= 0.95)")
     return lines
 
