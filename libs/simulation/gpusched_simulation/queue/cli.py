@@ -52,7 +52,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="GPU-seconds after which a job drops to the second LAS queue (default: 3600)")
     parser.add_argument("--fair-margin", default=f"{DEFAULT_FAIR_PREEMPTION_MARGIN:g}",
                         help="the default policy preempts tenants whose fair share is over the waiting tenant's "
-                             "by more than this fraction, or 'none' for no fair-share preemption "
+                             "by more than this fraction, or 'none' for no fair-share preemption (nor fair backfill) "
                              f"(default: {DEFAULT_FAIR_PREEMPTION_MARGIN:g})")
     parser.add_argument("--fair-quantum-s", type=float, default=DEFAULT_FAIR_QUANTUM_S,
                         help=f"a run is not preempted by fair share before this (default: {DEFAULT_FAIR_QUANTUM_S:g})")
