@@ -32,12 +32,11 @@ import asyncpg
 import yaml
 
 from gpusched_common import events as ev
-from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.stores.quota import judged_jobs
 from gpusched_common.table import render
 
 from gpusched_cli import stack
-from gpusched_cli.bench_scale import RUN, burst, counts, per_service, stack_pids, up_for, usage
+from gpusched_cli.bench_scale import RUN, add_stack_arguments, burst, counts, per_service, stack_pids, up_for, usage
 from gpusched_cli.workload import submit_through_gateway
 
 BACKLOG = "backlog"
@@ -55,15 +54,9 @@ def add_growth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-jobs", type=int, default=300,
                    help="jobs of the measured burst in every cell (they must fit the smallest cluster)")
     p.add_argument("--settle-s", type=float, default=15.0, help="a probe ends when no job started for this long")
-    p.add_argument("--idle-s", type=float, default=10.0, help="seconds each idle cluster is measured first")
-    p.add_argument("--telemetry-s", type=float, default=15.0, help="each node's telemetry interval")
-    p.add_argument("--health-s", type=float, default=10.0, help="each simulated node's health check interval")
     p.add_argument("--nodes-per-fleet", type=int, default=250, help="simulated nodes per agent process")
     p.add_argument("--timeout", type=float, default=900.0, help="give up on a phase of a cell after this many seconds")
-    p.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
-    p.add_argument("--seed", type=int, default=16)
-    p.add_argument("--out", default="bench-results/growth.json")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_stack_arguments(p, "bench-results/growth.json")
 
 
 class BacklogTooSlow(RuntimeError):

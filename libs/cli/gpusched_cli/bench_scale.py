@@ -51,15 +51,20 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--half-load-s", type=float, default=20.0, help="seconds of the half-load phase (0: skip it)")
     p.add_argument("--settle-s", type=float, default=30.0,
                    help="the burst ends when no job started for this long (the cluster is full or all ran)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up on a phase after this many seconds")
+    add_stack_arguments(p, "bench-results/scale.json")
+
+
+def add_stack_arguments(p: argparse.ArgumentParser, out: str) -> None:
+    """What every benchmark on a simulated fleet of its own takes (bench-scale, bench-growth)."""
     p.add_argument("--idle-s", type=float, default=10.0, help="seconds the idle cluster is measured first")
     p.add_argument("--telemetry-s", type=float, default=15.0,
                    help="each node's telemetry interval (default 15 s, a DCGM exporter's usual scrape; heartbeats "
                         "stay at their 10 s)")
     p.add_argument("--health-s", type=float, default=10.0, help="each simulated node's health check interval")
-    p.add_argument("--timeout", type=float, default=1800.0, help="give up on a phase after this many seconds")
     p.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     p.add_argument("--seed", type=int, default=16)
-    p.add_argument("--out", default="bench-results/scale.json")
+    p.add_argument("--out", default=out)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

@@ -58,14 +58,14 @@ class Allocations(Mapping[RequestId, Bindings]):
     def evolve(self, added: Mapping[RequestId, Bindings], removed: Iterable[RequestId]) -> Allocations:
         """This mapping with ``removed`` taken out, then ``added`` put in (a removed id may come back)."""
         gone = {key for key in removed if key in self}
-        fresh = {key: value for key, value in added.items() if key not in self or key in gone}
+        fresh = sum(1 for key in added if key not in self or key in gone)  # ids not there before
         new = Allocations.__new__(Allocations)
         new._base = self._base
         new._added = {key: value for key, value in self._added.items() if key not in gone}
         new._added.update(added)
         # an id in ``_added`` is shown whatever ``_removed`` says: only ids gone for good are marked
         new._removed = self._removed | {key for key in gone if key in self._base and key not in added}
-        new._len = self._len - len(gone) + len(fresh)
+        new._len = self._len - len(gone) + fresh
         if len(new._added) + len(new._removed) > max(_FOLD_MIN, isqrt(2 * len(new._base))):
             return Allocations(dict(new.items()))
         return new
