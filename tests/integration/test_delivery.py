@@ -196,13 +196,12 @@ async def test_a_consumer_restarted_mid_stream_resumes_from_its_committed_offset
 
 
 async def test_malformed_input_is_dead_lettered_and_the_consumer_carries_on(settings, tmp_path):
-    import secrets
 
-    from gpusched_common.credentials import TenantKey, write_keys
+    from gpusched_common.credentials import TenantKey, new_secret, write_keys
     from gpusched_common.identity import OPERATOR
 
     keys = tmp_path / "tenant-keys.yaml"  # admission requires a credential: the good submission carries one
-    write_keys(keys, [TenantKey("operator-test", OPERATOR, secrets.token_urlsafe(32).encode())])
+    write_keys(keys, [TenantKey("operator-test", OPERATOR, new_secret().encode())])
     settings = settings.model_copy(update={"tenant_keys_file": keys})
     async with running("admission", settings, admission_setup), Client(settings) as client:
         await client.submit_raw("junk", b"{this is not json", {"traceparent": "garbage"})

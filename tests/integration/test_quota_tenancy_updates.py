@@ -4,9 +4,8 @@ rejected with its reasons and an unreadable message is dead-lettered, without st
 
 from __future__ import annotations
 
-import secrets
 
-from gpusched_common.credentials import TenantKey, signed_headers, write_keys
+from gpusched_common.credentials import TenantKey, new_secret, signed_headers, write_keys
 from gpusched_common.identity import OPERATOR
 from gpusched_common.db import connect
 from gpusched_common.messaging import build_broker, publish
@@ -45,8 +44,8 @@ async def send(settings, value: bytes, key: TenantKey | None = None) -> None:
 
 
 async def test_an_operator_changes_the_tenancy_at_run_time_and_the_change_outlives_a_restart(settings, tmp_path):
-    team_a_key = TenantKey("team-a-key", "team-a", secrets.token_urlsafe(32).encode())
-    operator_key = TenantKey("operator", OPERATOR, secrets.token_urlsafe(32).encode())
+    team_a_key = TenantKey("team-a-key", "team-a", new_secret().encode())
+    operator_key = TenantKey("operator", OPERATOR, new_secret().encode())
     write_keys(tmp_path / "keys.yaml", [operator_key, team_a_key])
     (tmp_path / "tenants.yaml").write_text(tenancy(1, 1))
     quota = QuotaSettings.of(settings, tenants_file=tmp_path / "tenants.yaml",

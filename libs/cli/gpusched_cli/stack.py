@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import shutil
 import sys
 import time
@@ -26,7 +25,7 @@ from gpusched import config as client_config
 from gpusched.config import write_config
 from gpusched_common import db_roles, node_keys, producers, tokens
 from gpusched_common.files import write_private
-from gpusched_common.credentials import TenantKey, write_keys
+from gpusched_common.credentials import TenantKey, new_secret, write_keys
 from gpusched_common.identity import OPERATOR
 from gpusched_common.db import drop_database, ensure_database, migrate
 from gpusched_common.infra import postgres
@@ -295,8 +294,8 @@ def make_local_keys(home: Path) -> Path:
     """Fresh credentials for the local stack: one key per demo tenant and one operator key ("*") that
     the CLI uses for any other tenant. Production keys come from the operator (deploy/)."""
     path = home / "tenant-keys.yaml"
-    keys = [TenantKey(f"{t}-local", t, secrets.token_urlsafe(32).encode()) for t in LOCAL_TENANTS]
-    keys.append(TenantKey("operator-local", OPERATOR, secrets.token_urlsafe(32).encode()))
+    keys = [TenantKey(f"{t}-local", t, new_secret().encode()) for t in LOCAL_TENANTS]
+    keys.append(TenantKey("operator-local", OPERATOR, new_secret().encode()))
     write_keys(path, keys)
     return path
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,14 @@ def is_placeholder(secret: str) -> bool:
     """A secret copied from an example file rather than generated (``replace-with-32-random-bytes``)."""
     lowered = secret.lower()
     return any(word in lowered for word in _PLACEHOLDER_WORDS) or len(set(secret)) < 6
+
+
+def new_secret() -> str:
+    """A random secret (32 bytes, URL-safe) that `is_placeholder` never mistakes for a copied example: about one
+    in 20,000 random strings contains a word like ``todo`` and is drawn again."""
+    while is_placeholder(secret := secrets.token_urlsafe(32)):
+        pass
+    return secret
 
 
 def write_keys(path: Path, keys: list[TenantKey]) -> None:
