@@ -97,7 +97,7 @@ def test_the_example_keys_file_cannot_be_used_as_it_is():
 
 
 def test_a_generated_secret_that_happens_to_read_like_a_placeholder_is_drawn_again(monkeypatch):
-    # one random secret in about 20,000 contains "todo" or "xxxx"; a stack written with it could not start (CI, stop 32)
+    # one random secret in about 13,000 contains "todo" or "xxxx"; a stack written with it could not start (CI, stop 32)
     from gpusched_common import credentials
 
     draws = iter(["Ab3_kTodo9xQ-Lm2Rt5vWz8pNc1Ye4Hs7Ju0Fg6Di", "Ab3_kTq9xQ-Lm2Rt5vWz8pNc1Ye4Hs7Ju0Fg6Di2k"])

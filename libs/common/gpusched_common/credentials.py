@@ -80,7 +80,7 @@ def is_placeholder(secret: str) -> bool:
 
 def new_secret() -> str:
     """A random secret (32 bytes, URL-safe) that `is_placeholder` never mistakes for a copied example: about one
-    in 20,000 random strings contains a word like ``todo`` and is drawn again."""
+    in 13,000 random strings contains a word like ``todo`` and is drawn again."""
     while is_placeholder(secret := secrets.token_urlsafe(32)):
         pass
     return secret
