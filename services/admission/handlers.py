@@ -14,7 +14,7 @@ from gpusched_common.batching import Batch, TxHandler
 from gpusched_common import producers
 from gpusched_common.credentials import KEY_ID_HEADER, TenantKey, verify
 from gpusched_common.identity import Verdict
-from gpusched_common.jobs import append_job_events, load_job
+from gpusched_common.jobs import append_job_events, defer_job_events, load_job
 from gpusched_common import events as ev
 from gpusched_common.messaging import Incoming, PoisonMessage, parse_event
 from gpusched_common.store import claim
@@ -63,7 +63,7 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
             submission = parse_submission(message.value, policy.limits, view)
         except Unparseable as exc:
             raise PoisonMessage(str(exc)) from exc
-        verdict = await authenticate(conn, policy, message, submission)
+        verdict = await authenticate(conn, policy, message, submission, batch.memo.setdefault("producers", {}))
         credential = message.headers.get(producers.PRODUCER_HEADER) or message.headers.get(KEY_ID_HEADER)
         if unauthenticated(verdict):  # counted; no stream, no inbox row: a forger cannot fill the store
             await store.count_auth_failure(conn, credential, verdict.reason or "", now)
@@ -103,19 +103,21 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
             producer=verdict.producer, hold=submission.hold,
         )
         state = await load_job(conn, submission.job_id)
-        await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
+        # written with the batch's other decisions in one statement at its end (nothing later reads it back)
+        defer_job_events(conn, batch, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
 
     return on_submitted
 
 
 async def authenticate(conn: asyncpg.Connection, policy: AdmissionPolicy, message: Incoming,
-                       submission: Submission) -> Verdict:
+                       submission: Submission, known: dict | None = None) -> Verdict:
     """Who sent the submission: a credentialed producer (``gpusched-producer``, checked against the store,
-    so a revocation holds at once), else a key of the tenant keys file, else nobody (refused unless
-    credentials are not required)."""
+    so a revocation holds from the next batch on; ``known``: the batch's records read so far), else a key
+    of the tenant keys file, else nobody (refused unless credentials are not required)."""
     if producers.PRODUCER_HEADER in message.headers:
         tenant = submission.spec.tenant if submission.spec else submission.tenant_hint
-        return await producers.verify(conn, message.headers, message.value, tenant, submission.attested)
+        return await producers.verify(conn, message.headers, message.value, tenant, submission.attested,
+                                      known=known)
     if policy.keys is not None and KEY_ID_HEADER in message.headers:
         return verify(policy.keys, message.headers, message.value)
     if policy.require_credentials:

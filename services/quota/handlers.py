@@ -28,7 +28,7 @@ from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.credentials import TenantKey, verify
 from gpusched_core.lifecycle import JobStatus
-from gpusched_common.jobs import append_job_events, load_job, stored_payload
+from gpusched_common.jobs import append_job_events, append_many_job_events, load_job, load_jobs, stored_payload
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim, enqueue
 from gpusched_common.topics import QUOTA_RECLAIMS
@@ -83,14 +83,14 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
         payload = await stored_payload(conn, envelope)  # the store's event, or none at all
         if payload is None or not await claim(conn, SERVICE, envelope.event_id):
             return
-        tenancy = await tenancies.current(conn)
+        tenancy = await _tenancy_of(batch, conn, tenancies)
         now = clock()
 
         def reserve_later(tenant: str) -> None:
             cohort = cohort_of(tenancy, tenant)
 
             async def reserve(c: asyncpg.Connection) -> None:
-                await reserve_for_cohort(c, await tenancies.current(c), cohort, clock(), options)
+                await reserve_for_cohort(c, await _tenancy_of(batch, c, tenancies), cohort, clock(), options)
 
             batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
 
@@ -117,6 +117,14 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
             reserve_later(tenant)
 
     return on_job_event
+
+
+async def _tenancy_of(batch: Batch, conn: asyncpg.Connection, tenancies: TenancyStore) -> Tenancy:
+    """The tenancy in force, read once per batch: its transaction holds the tenancy lock shared from the
+    first read on, so no new revision lands before it commits."""
+    if "tenancy" not in batch.memo:
+        batch.memo["tenancy"] = await tenancies.current(conn)
+    return batch.memo["tenancy"]  # type: ignore[return-value]
 
 
 async def _queue(conn: asyncpg.Connection, state: lifecycle.JobState) -> None:
@@ -163,9 +171,8 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     if not jobs:
         return None
     capped = await _held_by_array_caps(conn, members)
-    for job_id, reason in capped.items():
-        if job_id in jobs and jobs[job_id].last_reason != reason:
-            await _defer(conn, job_id, reason, now)
+    await _defer(conn, [(job_id, reason) for job_id, reason in capped.items()
+                        if job_id in jobs and jobs[job_id].last_reason != reason], now)
     offered = [job for job in jobs.values() if job.job_id not in capped]
     if not offered:
         return None
@@ -175,10 +182,12 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
     await _reserve(conn, tenancy, plan.reservations, held, now)
     # reasons only (unordered): a reader ranks the queue itself (``gpusched_common.stores.quota.quota_queue``)
+    changed = []
     for job_id, reason in [(job.job_id, reason) for job, _, reason in plan.reasons()] + unchargeable:
         reason = as_guest(tenancy, jobs[job_id], reason)
         if jobs[job_id].last_reason != reason:
-            await _defer(conn, job_id, reason, now)
+            changed.append((job_id, reason))
+    await _defer(conn, changed, now)
     await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
     return plan
 
@@ -215,29 +224,43 @@ async def reconcile(pool: asyncpg.Pool, tenancies: TenancyStore, now: datetime, 
 
 async def _reserve(conn: asyncpg.Connection, tenancy: Tenancy, reservations: tuple[Reservation, ...],
                    usage: dict[str, dict[str, int]], now: datetime) -> None:
-    for r in reservations:
-        state = await load_job(conn, r.job_id)
-        if state.status is not JobStatus.ADMITTED or state.quota_held:
-            await store.unqueue_job(conn, r.job_id)  # finished or reserved meanwhile: nothing to charge
-            continue
-        held = usage.setdefault(r.tenant, {})
-        await _advance_history(conn, tenancy, r.tenant, held, now)  # at the rate held until now
-        total = await store.charge(conn, r.tenant, r.flavor, r.units)
-        held[r.flavor] = total
-        command = lifecycle.ReserveQuota(total // UNITS_PER_GPU, cap_units(tenancy, r.tenant, r.flavor) // UNITS_PER_GPU,
-                                       gpu_model=r.flavor, borrowed_gpus=r.borrowed_units / UNITS_PER_GPU)
-        await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
-        await store.record_reservation(conn, r.job_id, r.tenant, r.flavor, r.units)
-
-
-async def _defer(conn: asyncpg.Connection, job_id: str, reason: str, now: datetime) -> None:
-    state = await load_job(conn, job_id)
-    if state.status is not JobStatus.ADMITTED:
-        await store.unqueue_job(conn, job_id)
+    """Charge and record the plan's reservations: a handful of statements for the whole plan, not a few per
+    job. ``usage``: the cohort's locked rows as the plan saw them (updated here)."""
+    if not reservations:
         return
-    await append_job_events(conn, state, lifecycle.decide(state, lifecycle.DeferQuota(reason), now),
-                            producer=SERVICE, now=now)
-    await store.set_last_reason(conn, job_id, reason)
+    states = await load_jobs(conn, [r.job_id for r in reservations])
+    taken = [r for r in reservations
+             if states[r.job_id].status is JobStatus.ADMITTED and not states[r.job_id].quota_held]
+    await store.unqueue_jobs(conn, [r.job_id for r in reservations if r not in taken])  # ended or reserved meanwhile
+    if not taken:
+        return
+    # accrue what each tenant held until now, at the rate it held before this plan's charges
+    await _advance_histories(conn, tenancy, {r.tenant: usage.get(r.tenant, {}) for r in taken}, now)
+    decided = []
+    for r in taken:
+        held = usage.setdefault(r.tenant, {})
+        held[r.flavor] = total = held.get(r.flavor, 0) + r.units
+        command = lifecycle.ReserveQuota(total // UNITS_PER_GPU, cap_units(tenancy, r.tenant, r.flavor) // UNITS_PER_GPU,
+                                         gpu_model=r.flavor, borrowed_gpus=r.borrowed_units / UNITS_PER_GPU)
+        decided.append((states[r.job_id], lifecycle.decide(states[r.job_id], command, now)))
+    await store.charge_many(conn, [(r.tenant, r.flavor, r.units) for r in taken],
+                            {(r.tenant, r.flavor): usage[r.tenant][r.flavor] for r in taken})
+    await append_many_job_events(conn, decided, producer=SERVICE, now=now)
+    await store.record_reservations(conn, [(r.job_id, r.tenant, r.flavor, r.units) for r in taken])
+
+
+async def _defer(conn: asyncpg.Connection, reasons: list[tuple[str, str]], now: datetime) -> None:
+    """Record why each of these jobs still waits (``JobQuotaDeferred`` with the reason), in a few statements
+    for all of them; a job no longer Admitted leaves the queue instead."""
+    if not reasons:
+        return
+    states = await load_jobs(conn, [job_id for job_id, _ in reasons])
+    waiting = [(job_id, reason) for job_id, reason in reasons if states[job_id].status is JobStatus.ADMITTED]
+    await store.unqueue_jobs(conn, [job_id for job_id, _ in reasons if states[job_id].status is not JobStatus.ADMITTED])
+    await append_many_job_events(
+        conn, [(states[job_id], lifecycle.decide(states[job_id], lifecycle.DeferQuota(reason), now))
+               for job_id, reason in waiting], producer=SERVICE, now=now)
+    await store.set_last_reasons(conn, waiting)
 
 
 async def _send_reclaims(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, plan: QuotaPlan, now: datetime,
@@ -260,9 +283,17 @@ async def _send_reclaims(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str
 async def _advance_history(conn: asyncpg.Connection, tenancy: Tenancy, tenant: str, held: dict[str, int],
                            now: datetime) -> None:
     """Before a tenant's usage changes: accrue what it held since its history was last advanced."""
+    await _advance_histories(conn, tenancy, {tenant: held}, now)
+
+
+async def _advance_histories(conn: asyncpg.Connection, tenancy: Tenancy, held: dict[str, dict[str, int]],
+                             now: datetime) -> None:
+    """``_advance_history`` for several tenants (``held``: what each holds), in two statements."""
     now_s = now.timestamp()
-    past = (await reads.load_history(conn, (tenant,))).get(tenant, UsageHistory(now_s))
-    await store.save_history(conn, tenant, advance(past, now_s, rate_geq(tenancy, held), tenancy.half_life_s))
+    past = await reads.load_history(conn, tuple(sorted(held)))
+    await store.save_histories(conn, {
+        tenant: advance(past.get(tenant, UsageHistory(now_s)), now_s, rate_geq(tenancy, units), tenancy.half_life_s)
+        for tenant, units in sorted(held.items())})
 
 
 async def _append(conn: asyncpg.Connection, job_id: str, command: lifecycle.ReleaseQuota, now: datetime) -> None:

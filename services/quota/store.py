@@ -7,6 +7,7 @@ Every write to a tenant's usage or history happens while its cohort's usage rows
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -74,19 +75,59 @@ async def charge(conn: asyncpg.Connection, tenant: str, flavor: str, units: int)
     return total
 
 
-async def save_history(conn: asyncpg.Connection, tenant: str, history: UsageHistory) -> None:
+async def charge_many(conn: asyncpg.Connection, charges: list[tuple[str, str, int]],
+                      expected: dict[tuple[str, str], int]) -> None:
+    """``charge`` for several (tenant, flavor, units), summed per row, in one statement. ``expected``: each
+    row's total afterwards as the caller worked it out from the rows it holds locked; a row the guard
+    refuses, or one whose total differs, raises ``QuotaOvershoot`` (the decision was made on stale usage)."""
+    summed: dict[tuple[str, str], int] = {}
+    for tenant, flavor, units in charges:
+        summed[(tenant, flavor)] = summed.get((tenant, flavor), 0) + units
+    keys = sorted(summed)  # the rows' lock order
+    rows = await conn.fetch(
+        "UPDATE quota_policy_usage u SET reserved_units = u.reserved_units + c.units"
+        " FROM unnest($1::text[], $2::text[], $3::bigint[]) AS c(tenant, flavor, units)"
+        " WHERE u.tenant = c.tenant AND u.flavor = c.flavor AND u.reserved_units + c.units >= 0"
+        " AND (u.limit_units IS NULL OR u.reserved_units + c.units <= u.limit_units)"
+        " RETURNING u.tenant, u.flavor, u.reserved_units",
+        [t for t, _ in keys], [f for _, f in keys], [summed[k] for k in keys])
+    totals = {(r["tenant"], r["flavor"]): r["reserved_units"] for r in rows}
+    for key in keys:
+        if totals.get(key) != expected[key]:
+            raise QuotaOvershoot(f"charging {summed[key]} units of {key[1]} to {key[0]} would break its limit or "
+                                 f"was decided on stale usage (now {totals.get(key)}, expected {expected[key]})")
+
+
+async def save_histories(conn: asyncpg.Connection, histories: dict[str, UsageHistory]) -> None:
+    tenants = sorted(histories)
     await conn.execute(
-        "INSERT INTO quota_policy_history (tenant, as_of_s, geq_s) VALUES ($1, $2, $3::jsonb)"
+        "INSERT INTO quota_policy_history (tenant, as_of_s, geq_s)"
+        " SELECT t, a, g::jsonb FROM unnest($1::text[], $2::float8[], $3::text[]) AS h(t, a, g)"
         " ON CONFLICT (tenant) DO UPDATE SET as_of_s = EXCLUDED.as_of_s, geq_s = EXCLUDED.geq_s",
-        tenant, history.as_of_s, dict(history.geq_s))  # the connection's jsonb codec encodes it
+        tenants, [histories[t].as_of_s for t in tenants], [json.dumps(dict(histories[t].geq_s)) for t in tenants])
+
+
+async def save_history(conn: asyncpg.Connection, tenant: str, history: UsageHistory) -> None:
+    await save_histories(conn, {tenant: history})
 
 
 async def record_reservation(conn: asyncpg.Connection, job_id: str, tenant: str, flavor: str, units: int) -> None:
     """The job's charge (with its array, from its waiting row, so that the array's cap can count it)."""
+    await record_reservations(conn, [(job_id, tenant, flavor, units)])
+
+
+async def record_reservations(conn: asyncpg.Connection, reservations: list[tuple[str, str, str, int]]) -> None:
+    """``record_reservation`` for several (job_id, tenant, flavor, units), in two statements."""
+    if not reservations:
+        return
+    job_ids = [r[0] for r in reservations]
     await conn.execute(
-        "INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units, array_id) VALUES ($1, $2, $3, $4,"
-        " (SELECT array_id FROM quota_policy_pending WHERE job_id = $1))", job_id, tenant, flavor, units)
-    await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
+        "INSERT INTO quota_policy_reservations (job_id, tenant, flavor, units, array_id)"
+        " SELECT r.job_id, r.tenant, r.flavor, r.units, p.array_id"
+        " FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS r(job_id, tenant, flavor, units)"
+        " LEFT JOIN quota_policy_pending p ON p.job_id = r.job_id",
+        job_ids, [r[1] for r in reservations], [r[2] for r in reservations], [r[3] for r in reservations])
+    await unqueue_jobs(conn, job_ids)
 
 
 async def load_reservation(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
@@ -155,8 +196,17 @@ async def unqueue_job(conn: asyncpg.Connection, job_id: str) -> None:
     await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
 
 
-async def set_last_reason(conn: asyncpg.Connection, job_id: str, reason: str) -> None:
-    await conn.execute("UPDATE quota_policy_pending SET last_reason = $2 WHERE job_id = $1", job_id, reason)
+async def unqueue_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> None:
+    if job_ids:
+        await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = ANY($1::text[])", job_ids)
+
+
+async def set_last_reasons(conn: asyncpg.Connection, reasons: list[tuple[str, str]]) -> None:
+    """Each job's reason, as last recorded in its stream (several jobs, one statement)."""
+    if reasons:
+        await conn.execute("UPDATE quota_policy_pending p SET last_reason = r.reason"
+                           " FROM unnest($1::text[], $2::text[]) AS r(job_id, reason) WHERE p.job_id = r.job_id",
+                           [j for j, _ in reasons], [r for _, r in reasons])
 
 
 async def load_sent_reclaims(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> dict[tuple[str, str], SentReclaim]:

@@ -206,14 +206,22 @@ def judge(producer_id: str, record: ProducerRecord | None, signed: bool, tenant:
 
 
 async def verify(conn: asyncpg.Connection, headers: dict[str, str], value: bytes, tenant: str | None,
-                 attested: str | None, *, must_attest: bool = False) -> Verdict:
+                 attested: str | None, *, must_attest: bool = False,
+                 known: dict[str, ProducerRecord | None] | None = None) -> Verdict:
     """The verdict on a message carrying ``gpusched-producer`` (read from the store: revocation is at once);
-    ``must_attest``: only a producer that attests its principal may send it (control requests)."""
+    ``must_attest``: only a producer that attests its principal may send it (control requests). ``known``:
+    the records this transaction has read already (a batch's messages mostly come from one producer, the
+    gateway: read once per batch, not once per message); filled as it reads."""
     producer_id = headers.get(PRODUCER_HEADER, "")
     signature = headers.get(SIGNATURE_HEADER)
     if not signature:
         return Verdict(None, f"producer {producer_id!r}: no {SIGNATURE_HEADER} header")
-    record = await load(conn, producer_id)
+    if known is not None and producer_id in known:
+        record = known[producer_id]
+    else:
+        record = await load(conn, producer_id)
+        if known is not None:
+            known[producer_id] = record
     signed = record is not None and signature_holds(record, signature, value)
     return judge(producer_id, record, signed, tenant, attested, must_attest=must_attest)
 

@@ -116,6 +116,16 @@ def forget_stream(stream_id: str) -> None:
         reads.streams.pop(stream_id, None)
 
 
+@dataclass(frozen=True)
+class StreamAppend:
+    """Events for one stream at versions ``expected_version``+1.. (``outbox_key``: their outbox rows' key)."""
+
+    stream_id: str
+    expected_version: int
+    envelopes: list[Envelope]
+    outbox_key: str | None = None
+
+
 async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int, envelopes: list[Envelope], *,
                  outbox: tuple[str, str, str] | None = None, then: tuple[str, tuple] | None = None) -> list[Envelope]:
     """Append events at versions expected_version+1.. ; raises ConcurrencyError if the stream moved.
@@ -126,9 +136,26 @@ async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int
     One statement, one round trip: ``outbox`` (producer, topic, key) puts the events in the outbox too (as
     ``enqueue``), and ``then`` (a statement numbering its parameters from $1, and them) runs with them, a
     read model's row."""
-    stamped = [e.model_copy(update={"stream_id": stream_id, "stream_version": expected_version + i + 1})
-               for i, e in enumerate(envelopes)]
-    forget_stream(stream_id)
+    key = outbox[2] if outbox is not None else None
+    routed = (outbox[0], outbox[1]) if outbox is not None else None
+    return await append_many(conn, [StreamAppend(stream_id, expected_version, envelopes, key)], outbox=routed,
+                             then=then)
+
+
+async def append_many(conn: asyncpg.Connection, appends: list[StreamAppend], *,
+                      outbox: tuple[str, str] | None = None, then: tuple[str, tuple] | None = None) -> list[Envelope]:
+    """Several streams' appends in one statement (``append``'s guarantees for each): a batch of decisions
+    costs one round trip, not one per job. ``outbox`` (producer, topic) puts every event in the outbox, in
+    the order given, keyed by its append's ``outbox_key``. The stamped envelopes, in order."""
+    if len({a.stream_id for a in appends}) != len(appends):
+        raise ConcurrencyError("a stream appears twice in one append: the second was decided without the first")
+    stamped: list[Envelope] = []
+    keys: list[str | None] = []
+    for a in appends:
+        stamped += [e.model_copy(update={"stream_id": a.stream_id, "stream_version": a.expected_version + i + 1})
+                    for i, e in enumerate(a.envelopes)]
+        keys += [a.outbox_key] * len(a.envelopes)
+        forget_stream(a.stream_id)
     sql, args = then if then is not None else ("SELECT 1", ())
     first = len(args) + 1
     ctes = [f"appended AS (INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at,"
@@ -137,18 +164,18 @@ async def append(conn: asyncpg.Connection, stream_id: str, expected_version: int
             f" WITH ORDINALITY AS x(s, v, e, t, sv, o, p, te, tp, pl, n) ORDER BY n RETURNING 1)"]
     columns = [[getattr(e, name) for e in stamped] for name in _EVENT_FIELDS]
     if outbox is not None:
-        producer, topic, key = outbox
+        producer, topic = outbox
         rows = outbox_rows(topic, stamped)
         ctes.append(f"published AS (INSERT INTO outbox (producer, topic, key, headers, value) SELECT p, t, k, h, b"
                     f" FROM unnest({_params(first + len(columns), 'text', 'text', 'text', 'jsonb', 'bytea')})"
                     f" WITH ORDINALITY AS y(p, t, k, h, b, n) ORDER BY n RETURNING 1)")
-        columns += [[producer] * len(rows), [topic] * len(rows), [key] * len(rows), [h for h, _ in rows],
-                    [v for _, v in rows]]
+        columns += [[producer] * len(rows), [topic] * len(rows), keys, [h for h, _ in rows], [v for _, v in rows]]
     try:
         await conn.execute(f"WITH {', '.join(ctes)} {sql}", *args, *columns)
     except asyncpg.UniqueViolationError as exc:
         # the unique (stream_id, version) index caught a concurrent writer that read the same version
-        raise ConcurrencyError(f"stream {stream_id} was appended concurrently: {exc}") from exc
+        streams = ", ".join(a.stream_id for a in appends[:3]) + (" ..." if len(appends) > 3 else "")
+        raise ConcurrencyError(f"stream(s) {streams} appended concurrently: {exc}") from exc
     return stamped
 
 
@@ -172,12 +199,32 @@ async def load(conn: asyncpg.Connection, stream_id: str, after_version: int = 0)
     return [_stored(r) for r in rows]
 
 
-async def load_event(conn: asyncpg.Connection, event_id: str) -> StoredEvent | None:
-    """One event by its id (None: the store has no such event, or the id is no UUID)."""
+async def load_streams(conn: asyncpg.Connection, stream_ids: list[str]) -> dict[str, list[StoredEvent]]:
+    """Several streams' events in order, in one query (those a batch read at its start come from there)."""
+    reads = BATCH_READS.get()
+    cached = reads.streams if reads is not None and reads.conn is conn else {}
+    out = {s: cached[s] for s in stream_ids if s in cached}
+    missing = sorted({s for s in stream_ids if s not in out})
+    out.update({s: [] for s in missing})
+    if missing:
+        for row in await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
+                                    " ORDER BY stream_id, version", missing):
+            out[row["stream_id"]].append(_stored(row))
+    return out
+
+
+async def load_event(conn: asyncpg.Connection, event_id: str, stream_id: str | None = None) -> StoredEvent | None:
+    """One event by its id (None: the store has no such event, or the id is no UUID). ``stream_id``: the
+    stream it claims to be on; in a batch that read that stream at its start, looked up there first."""
     try:
         uuid.UUID(event_id)
     except ValueError:
         return None
+    reads = BATCH_READS.get()
+    if stream_id is not None and reads is not None and reads.conn is conn:
+        found = next((e for e in reads.streams.get(stream_id, ()) if e.envelope.event_id == event_id), None)
+        if found is not None:
+            return found
     row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM events WHERE event_id = $1::uuid", event_id)
     return _stored(row) if row is not None else None
 
