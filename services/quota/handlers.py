@@ -90,13 +90,14 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
             cohort = cohort_of(tenancy, tenant)
 
             async def reserve(c: asyncpg.Connection) -> None:
+                await flush_queue(c, batch)
                 await reserve_for_cohort(c, await _tenancy_of(batch, c, tenancies), cohort, clock(), options)
 
             batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
 
         if isinstance(payload, _ENDED):  # jobs waiting for this one may go in line now (or never)
             for ready in await waits.ready_dependants(conn, payload.job_id, now):
-                await _queue(conn, ready)
+                _queue(batch, ready)
                 reserve_later(ready.spec.tenant)  # type: ignore[union-attr]  # ready: has a spec
         if isinstance(payload, ev.JobAdmitted | ev.JobReleased):
             state = await load_job(conn, payload.job_id)  # the store decides, not the payload
@@ -105,8 +106,9 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
             if not await waits.ready_to_queue(conn, state, now):
                 return  # it waits for other jobs to end (or never runs)
             tenant: str | None = state.spec.tenant
-            await _queue(conn, state)
+            _queue(batch, state)
         else:
+            await flush_queue(conn, batch)  # the line as the batch left it, before a job leaves it
             tenant = await release(conn, tenancy, payload.job_id, now)
             if tenant is not None and isinstance(payload, ev.JobPreempted):
                 # the preempted job gives its quota back and queues for it again, to resume later
@@ -127,10 +129,16 @@ async def _tenancy_of(batch: Batch, conn: asyncpg.Connection, tenancies: Tenancy
     return batch.memo["tenancy"]  # type: ignore[return-value]
 
 
-async def _queue(conn: asyncpg.Connection, state: lifecycle.JobState) -> None:
-    """In quota's line at its submission time (also when released after a hold, or after its dependencies)."""
+def _queue(batch: Batch, state: lifecycle.JobState) -> None:
+    """In quota's line at its submission time (also when released after a hold, or after its dependencies):
+    written with the batch's others (``flush_queue``) before its cohort's cycle, or before a release."""
     assert state.spec is not None and state.submitted_at is not None
-    await store.queue_job(conn, queued_job(state.job_id, state.spec, state.submitted_at.timestamp()), state.spec.array)
+    queued: list = batch.memo.setdefault("queue", [])  # type: ignore[assignment]
+    queued.append((queued_job(state.job_id, state.spec, state.submitted_at.timestamp()), state.spec.array))
+
+
+async def flush_queue(conn: asyncpg.Connection, batch: Batch) -> None:
+    await store.queue_jobs(conn, batch.memo.pop("queue", []))  # type: ignore[arg-type]
 
 
 async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:

@@ -140,13 +140,23 @@ async def forget_reservation(conn: asyncpg.Connection, job_id: str) -> None:
 
 
 async def queue_job(conn: asyncpg.Connection, job: QueuedJob, array: ev.ArrayTask | None = None) -> None:
+    await queue_jobs(conn, [(job, array)])
+
+
+async def queue_jobs(conn: asyncpg.Connection, jobs: list[tuple[QueuedJob, ev.ArrayTask | None]]) -> None:
+    """Jobs into quota's line (one statement; a job already in it stays as it is)."""
+    if not jobs:
+        return
+    columns = [[getattr(job, name) for job, _ in jobs] for name in
+               ("job_id", "tenant", "gpus", "gpu_model", "priority", "queued_at_s", "nodes", "share_milli",
+                "mig_profile")]
+    columns += [[getattr(array, name) if array else None for _, array in jobs]
+                for name in ("array_id", "index", "max_running")]
     await conn.execute(
         "INSERT INTO quota_policy_pending (job_id, tenant, gpus, gpu_model, priority, queued_at_s, nodes,"
         " share_milli, mig_profile, array_id, array_index, array_max_running)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
-        job.job_id, job.tenant, job.gpus, job.gpu_model, job.priority, job.queued_at_s, job.nodes, job.share_milli,
-        job.mig_profile, array.array_id if array else None, array.index if array else None,
-        array.max_running if array else None)
+        " SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::int[], $6::float8[], $7::int[],"
+        " $8::int[], $9::text[], $10::text[], $11::int[], $12::int[]) ON CONFLICT DO NOTHING", *columns)
 
 
 async def capped_tasks(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> list[WaitingTask]:

@@ -6,13 +6,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpusched_common import events as ev
 from gpusched_common.identity import OPERATOR, Verdict
 from gpusched_cli.stack import local_tenancy, node_specs
 from gpusched_core.quota import UNITS_PER_GPU, QuotaSnapshot, ReclaimRequest, parse_tenancy, plan_cycle
 from gpusched_core.quota.reclaims import SentReclaim, reclaim_event, select_reclaims
-from gpusched_core.quota.jobs import UsageLimits, as_guest, cohort_of, limits_in_force, queued_job, to_pending
+from gpusched_core.quota.jobs import UsageLimits, as_guest, chargeable, cohort_of, limits_in_force, queued_job, to_pending
 from services.quota.core import Accepted, Rejected, review_update
 from tests.builders import T0
 
@@ -53,6 +55,21 @@ def charged(job_spec: ev.JobSpec, t=None):
 ], ids=["whole", "gang", "share", "mig", "any-model"])
 def test_every_job_shape_is_charged_in_quota_units(job_spec, options):
     assert charged(job_spec) == ("team-a", options)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["team-a", "team-b", "someone-new", "org"]), st.sampled_from([1, 2, 8]),
+                          st.sampled_from([A100, H100, None]), st.sampled_from([0, 100, 7]),
+                          st.sampled_from([None, "3g.40gb", "big"])), max_size=30))
+def test_a_queue_is_charged_as_each_job_would_be_alone(shapes):
+    # chargeable works each shape out once: the same as converting every job on its own
+    t = tenancy()
+    queued = [queued_job(f"j{i}", spec(tenant, gpus, model, priority=priority, mig_profile=mig), float(i))
+              for i, (tenant, gpus, model, priority, mig) in enumerate(shapes)]
+    alone = [(job.job_id, to_pending(t, job)) for job in queued]
+    pending, refused = chargeable(t, queued)
+    assert pending == [p for _, p in alone if not isinstance(p, str)]
+    assert refused == [(j, p) for j, p in alone if isinstance(p, str)]
 
 
 def test_a_request_that_cannot_be_charged_says_why():

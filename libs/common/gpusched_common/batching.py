@@ -31,7 +31,7 @@ from gpusched_common.messaging import (
 from gpusched_common import store
 from gpusched_common.ids import job_stream
 from gpusched_common.store import claim_dead_lettered
-from gpusched_common.topics import JOBS_CONTROL, JOBS_EVENTS, JOBS_SUBMITTED
+from gpusched_common.topics import INBOX_READERS, JOBS_CONTROL, JOBS_EVENTS, JOBS_SUBMITTED
 from gpusched_common.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,8 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
     async def one(message: Incoming) -> None:
         await apply_batch(pool, service, [message], handler)
 
+    wanted = INBOX_READERS.get(topic, {}).get(service)
+
     subscriber = broker.subscriber(topic, batch=True, max_records=settings.consumer_batch_max,
                                    batch_timeout_ms=settings.consumer_batch_wait_ms,
                                    **consumer_options(settings, group_id))
@@ -108,6 +110,8 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
         records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         messages = []
         for message in (to_incoming(r) for r in records):
+            if passed_over(message, wanted):
+                continue
             poison = screen(message) if screen is not None else None  # dead-lettered at once; the rest batched
             if poison is None:
                 messages.append(message)
@@ -122,6 +126,17 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
             await apply_split(messages, lambda part: apply_batch(pool, service, part, handler), alone, service)
         on_commit()
         await msg.ack()
+
+
+def passed_over(message: Incoming, wanted: frozenset[str] | None) -> bool:
+    """A message whose ``event-type`` header names a type the service never handles on this topic
+    (``topics.INBOX_READERS``): left without parsing it, reading its stream or a transaction (most job events
+    concern another service). A header that lies can only make the service pass over a forgery: the relay's
+    real message of that event still comes, and a handler acts only on the stored event."""
+    if wanted is None:
+        return False
+    named = message.headers.get("event-type")
+    return named is not None and named not in wanted
 
 
 async def remember_dead_lettered(pool: asyncpg.Pool, service: str, message: Incoming) -> None:

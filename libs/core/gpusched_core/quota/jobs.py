@@ -133,12 +133,20 @@ def to_pending(tenancy: Tenancy, job: QueuedJob) -> PendingJob | str:
 
 
 def chargeable(tenancy: Tenancy, jobs: Iterable[QueuedJob]) -> tuple[list[PendingJob], list[tuple[str, str]]]:
-    """The core's pending jobs, and (job id, reason) for each request that cannot be charged at all."""
+    """The core's pending jobs, and (job id, reason) for each request that cannot be charged at all. A queue
+    holds a few shapes many times over: each (tenant, request, priority) is worked out once."""
     pending: list[PendingJob] = []
     refused: list[tuple[str, str]] = []
+    shapes: dict[tuple, PendingJob | str] = {}
     for job in jobs:
-        charge = to_pending(tenancy, job)
-        (refused.append((job.job_id, charge)) if isinstance(charge, str) else pending.append(charge))
+        shape = (job.tenant, job.gpus, job.gpu_model, job.priority, job.nodes, job.share_milli, job.mig_profile)
+        known = shapes.get(shape)
+        if known is None:
+            known = shapes[shape] = to_pending(tenancy, job)
+        if isinstance(known, str):
+            refused.append((job.job_id, known))
+        else:
+            pending.append(PendingJob(job.job_id, known.tenant, known.ask, known.priority_class, job.queued_at_s))
     return pending, refused
 
 
