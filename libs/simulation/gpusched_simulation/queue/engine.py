@@ -91,13 +91,13 @@ def _schedule(state: SimState, policy: Policy, config: SimConfig) -> None:
         nominated: list[str] = []
         if policy.reclaim:
             for request in reclaims:
-                if _preempt(state, reclaim_victims(state, request), config):
+                if _preempt(state, reclaim_victims(state, request), config, "reclaim", request.for_jobs[0]):
                     nominated.append(request.for_jobs[0])
         if policy.las and not nominated:
             nominated += _las(state, policy, config)
         if policy.fair_preemption_margin is not None and not nominated:
             found = fair_victims(state, policy.fair_preemption_margin, policy.fair_quantum_s)
-            if found is not None and _preempt(state, found[1], config):
+            if found is not None and _preempt(state, found[1], config, "fair share", found[0]):
                 nominated.append(found[0])
         if not nominated:
             return
@@ -176,12 +176,16 @@ def _start_nominated(state: SimState, job_id: str) -> None:
     state.start(job_id, reservation.units, bindings)
 
 
-def _preempt(state: SimState, victims: list[str], config: SimConfig) -> bool:
+def _preempt(state: SimState, victims: list[str], config: SimConfig, cause: str, for_job: str) -> bool:
+    """Stop ``victims`` for ``for_job`` and queue them again; each is counted under ``cause``, apart when it
+    is of the preemptor's own tenant (LAS time-shares a tenant's own runs; no other trigger takes them)."""
+    tenant = state.jobs[for_job].job.tenant
     for job_id in victims:
         state.stop(job_id)
         job_state = state.jobs[job_id]
         job_state.preemptions += 1
         state.preemptions += 1
+        state.preemption_causes[cause + (" own tenant" if job_state.job.tenant == tenant else "")] += 1
         state.enqueue(job_id, level=1 if job_state.attained_gpu_s >= config.las_threshold_gpu_s else 0)
     return bool(victims)
 
@@ -195,6 +199,6 @@ def _las(state: SimState, policy: Policy, config: SimConfig) -> list[str]:
             continue
         victims = las_victims(state, pending.job_id, config.las_threshold_gpu_s, policy.fair_gang_preemption)
         if victims:
-            _preempt(state, victims, config)
+            _preempt(state, victims, config, "las", pending.job_id)
             return [pending.job_id]
     return []

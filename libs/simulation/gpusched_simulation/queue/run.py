@@ -22,6 +22,8 @@ def run_policy(workload: Workload, setup: QuotaSetup, policy: Policy, config: Si
     wall = time.perf_counter() - started
     metrics = summarise(state, workload.window_s, {t: float(g) for t, g in setup.nominal_gpus.items()}, wall)
     metrics["_preemptions"] = state.preemptions
+    metrics["_preemption_causes"] = dict(sorted(state.preemption_causes.items()))
+    metrics["_restore_gpu_h"] = round(state.restore_gpu_s / 3600.0, 1)
     return metrics, dropped
 
 
@@ -41,5 +43,13 @@ def run_all(workload: Workload, setup: QuotaSetup, policies: Sequence[Policy], c
         if dropped:
             log(f"  {policy.name}: {dropped} job(s) can never fit quota or cluster; left out")
         log(f"  {policy.name}: done in {metrics['wall_s']:.1f} s")
+        if metrics["_preemptions"]:
+            log(f"  {policy.name}: {preemption_line(metrics)}")
         results[policy.name] = metrics
     return results
+
+
+def preemption_line(metrics: dict) -> str:
+    """Preemptions by cause and the GPU-hours resumed runs spent restoring: what preemption cost."""
+    causes = ", ".join(f"{cause} {n:,}" for cause, n in metrics["_preemption_causes"].items())
+    return f"{metrics['_preemptions']:,} preemptions ({causes}); {metrics['_restore_gpu_h']:,} GPU-h restoring"

@@ -68,6 +68,8 @@ class SimState:
     overhead_s: float = 60.0  # checkpoint restore time of a resumed job
     max_overshoot_units: int = 0
     preemptions: int = 0
+    preemption_causes: Counter = field(default_factory=Counter)  # "las own tenant", "reclaim", ...: victims
+    restore_gpu_s: float = 0.0  # GPU-seconds resumed runs spent restoring a checkpoint: preemption's lost work
 
     # --- queues ---------------------------------------------------------------------------------
 
@@ -139,6 +141,7 @@ class SimState:
         ran = self.now_s - run.start_s
         state.remaining_s = max(0.0, state.remaining_s - max(0.0, ran - run.overhead_s))
         state.attained_gpu_s += ran * state.job.gpus
+        self.restore_gpu_s += min(ran, run.overhead_s) * state.job.gpus
         self.cluster.release(job_id, run.bindings)
         self.charge(run.tenant, -run.units)
         self.runs.append((run.tenant, run.start_s, self.now_s, state.job.gpus))

@@ -189,3 +189,11 @@ def test_a_job_larger_than_all_that_is_free_holds_back_tenants_far_over_their_sh
     state = simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
     assert state.jobs["t1-b"].completed_s == t1_b_starts_at + 100
     assert state.preemptions == 0 and state.max_overshoot_units == 0
+
+
+def test_preemptions_are_counted_by_cause_with_the_gpu_hours_their_victims_spent_restoring():
+    las = run([job("long", "t1", 0, 10_000, 8), job("short", "t1", 5000, 60, 8)], "tiresias", {"t1": 8},
+              las_threshold_gpu_s=3600, preempt_overhead_s=30)
+    reclaim = run([job("borrow", "t2", 0, 1000, 8), job("own", "t1", 10, 100, 4)], "drf", {"t1": 4, "t2": 4})
+    assert las.preemption_causes == {"las own tenant": 1} and las.restore_gpu_s == 30 * 8
+    assert reclaim.preemption_causes == {"reclaim": 1} and reclaim.restore_gpu_s == 60 * 8
