@@ -14,7 +14,11 @@ _MIGRATION_LOCK = 727_001  # advisory lock id: one migrator at a time
 
 # What a loop that reads the store meets while PostgreSQL is away or restarting (refused or broken
 # connections, "the database system is starting up", a connection ended mid-query): it waits and retries.
-DATABASE_AWAY: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# A connection the server ended mid-operation can also leave asyncpg's protocol in a state it reports as an
+# InternalClientError ("cannot switch to state 12; another operation (2) is in progress"; seen when a test
+# made the database refuse connections and terminated its sessions): the same wait and retry.
+DATABASE_AWAY: tuple[type[BaseException], ...] = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                                                  asyncpg.InternalClientError)
 
 
 # A background repair pass (recovery from the store) yields to the live path: it waits at most this long
