@@ -85,3 +85,41 @@ async def test_a_job_decided_twice_in_one_batch_fails_the_batch(database_url):
         assert await conn.fetchval("SELECT count(*) FROM events") == 0
     finally:
         await conn.close()
+
+
+async def test_a_batch_of_node_reports_reads_the_jobs_they_name_at_its_start(database_url):
+    # a start or exit report is keyed by its node; the batch still reads the job it names in its first query
+    from gpusched_common import events as ev
+    from gpusched_common.batching import apply_batch
+    from gpusched_common.db import create_pool
+    from gpusched_common.messaging import Incoming, parse_event
+    from gpusched_common.topics import NODES_REPORTS
+
+    conn = await connect(database_url)
+    try:
+        for job_id in ("a", "b"):
+            state = await jobs.load_job(conn, job_id)
+            await jobs.append_job_events(conn, state, submitted(state), producer="test", now=T0)
+    finally:
+        await conn.close()
+    messages = []
+    for offset, job_id in enumerate(("a", "b")):
+        report = ev.JobStartReported(job_id=job_id, node_id="n1", pid=10, started_at=T0)
+        envelope = ev.make_envelope(report, event_id=f"00000000-0000-4000-8000-00000000000{offset}",
+                                    stream_id="node-n1", occurred_at=T0, producer="node-agent")
+        message = Incoming(NODES_REPORTS.name, 0, offset, "n1", envelope.model_dump_json().encode(), {})
+        parse_event(message)  # as the batch's screen leaves it
+        messages.append(message)
+    seen: dict[str, int] = {}
+
+    async def handler(c, message, batch) -> None:
+        job_id = message.parsed[1].job_id
+        cached = store.BATCH_READS.get().streams.get(f"job-{job_id}")
+        seen[job_id] = len(cached) if cached is not None else -1
+
+    pool = await create_pool(database_url)
+    try:
+        await apply_batch(pool, "placement", messages, handler)
+    finally:
+        await pool.close()
+    assert seen == {"a": 2, "b": 2}

@@ -71,7 +71,7 @@ async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming]
         if len(messages) > 1:
             event_ids = [m.parsed[0].event_id if m.parsed is not None else store.event_id_of(m.value)
                          for m in messages]
-            streams = [job_stream(m.key) for m in messages if m.topic in _JOB_KEYED and m.key]
+            streams = [s for s in map(_job_stream_of, messages) if s is not None]
             reads = await store.read_for_batch(conn, service, [e for e in event_ids if e is not None], streams)
             token = store.BATCH_READS.set(reads)
         try:
@@ -85,6 +85,15 @@ async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming]
         finally:
             if token is not None:
                 store.BATCH_READS.reset(token)
+
+
+def _job_stream_of(message: Incoming) -> str | None:
+    """The job stream a message concerns, for the batch to read at its start: its key on a job-keyed
+    topic, else the job a parsed report names (a node's start or exit report, keyed by its node)."""
+    if message.topic in _JOB_KEYED:
+        return job_stream(message.key) if message.key else None
+    job_id = getattr(message.parsed[1], "job_id", None) if message.parsed is not None else None
+    return job_stream(job_id) if isinstance(job_id, str) and job_id else None
 
 
 Screen = Callable[[Incoming], Exception | None]
