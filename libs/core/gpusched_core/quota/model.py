@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NewType
 
 TenantId = NewType("TenantId", str)
@@ -102,13 +103,15 @@ class Tenancy:
     revision: int = 0  # bumped on every change; keep the newest revision seen (admin events may race)
     guest_tenant: str | None = None  # the leaf charged for tenants the file does not name (None: they wait)
     tree: QuotaTree = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
-    # each tenant's ``preferred_flavors``, worked out once: a quota cycle asks it for every waiting job
-    _preferred: Mapping[str, tuple[str, ...]] = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.tree is None:
             object.__setattr__(self, "tree", build_tree(self.tenants, self.flavors))
-        object.__setattr__(self, "_preferred", {name: self._flavors_for(name) for name in self.tenants})
+
+    @cached_property
+    def _preferred(self) -> Mapping[str, tuple[str, ...]]:
+        """Each tenant's ``preferred_flavors``, worked out once: a quota cycle asks it for every waiting job."""
+        return {name: self._flavors_for(name) for name in self.tenants}
 
     def leaves(self) -> tuple[str, ...]:
         return tuple(name for name, tenant in self.tenants.items() if tenant.is_leaf)
