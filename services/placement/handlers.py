@@ -15,7 +15,7 @@ import asyncpg
 from gpusched_common import events as ev
 from gpusched_common import node_keys
 from gpusched_common.batching import Batch, TxHandler
-from gpusched_common.jobs import append_job_events, load_job, stored_payload
+from gpusched_common.jobs import append_job_events, append_many_job_events, load_job, load_jobs, stored_payload
 from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
@@ -311,44 +311,53 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
     # event loop goes on with heartbeats, lease checks and its relay meanwhile (the cycle lock, held, keeps
     # every other user of ``policy`` out until this cycle commits)
     placements, deferrals, after = await asyncio.to_thread(run_plan, snapshot, pending, policy, nodes)
-    exact = True
-    for placement in placements:
-        exact &= await commit_placement(conn, placement, now, policy.name)
-    for deferral in deferrals:
-        await record_deferral(conn, deferral, last_reasons[deferral.job_id], now)
+    exact = await commit_placements(conn, placements, now, policy.name)
+    await record_deferrals(conn, [d for d in deferrals if last_reasons[d.job_id] != list(d.reasons)], now)
     if exact:
         await cache.keep(conn, nodes, after)
     else:  # a placement the job's stream refused: the store and the plan differ, so load it next time
         cache.forget()
 
 
-async def record_deferral(conn: asyncpg.Connection, deferral: Deferral, last: list[str] | None,
-                          now: datetime) -> None:
-    if last == list(deferral.reasons):
-        return  # the same reasons again: nothing new to tell
-    await _decide(conn, deferral.job_id, lifecycle.DeferPlacement(deferral.reasons), now)
-    await store.set_last_reasons(conn, deferral.job_id, deferral.reasons)
+async def record_deferrals(conn: asyncpg.Connection, deferrals: list[Deferral], now: datetime) -> None:
+    """Tell each job why it still waits (reasons new since the last time), a few statements for all."""
+    if not deferrals:
+        return
+    states = await load_jobs(conn, [d.job_id for d in deferrals])
+    await append_many_job_events(
+        conn, [(states[d.job_id], lifecycle.decide(states[d.job_id], lifecycle.DeferPlacement(d.reasons), now))
+               for d in deferrals], producer=SERVICE, now=now)
+    await store.set_last_reasons_many(conn, [(d.job_id, d.reasons) for d in deferrals])
 
 
-async def commit_placement(conn: asyncpg.Connection, placement: Placement, now: datetime, policy: str) -> bool:
-    """Record one placement; False when the job's stream refused it (it was placed or ended meanwhile)."""
-    state = await load_job(conn, placement.job_id)
-    events = lifecycle.decide(state, placement.command(policy), now)
-    await store.forget_pending(conn, placement.job_id)
-    if not events:
+async def commit_placements(conn: asyncpg.Connection, placements: list[Placement], now: datetime,
+                            policy: str) -> bool:
+    """Record a cycle's placements, each kind of write one statement for all of them (the jobs' streams, their
+    GPUs, their StartJobs and the starts to send again); False when a job's stream refused its placement (it
+    was placed or ended meanwhile): the store and the plan then differ."""
+    if not placements:
+        return True
+    states = await load_jobs(conn, [p.job_id for p in placements])
+    decided = [(p, states[p.job_id], lifecycle.decide(states[p.job_id], p.command(policy), now)) for p in placements]
+    await store.forget_pending_many(conn, [p.job_id for p in placements])
+    taken = [(p, state, events) for p, state, events in decided if events]
+    if not taken:
         return False
-    await store.allocate(conn, placement, now)
-    placed = await append_job_events(conn, state, events, producer=SERVICE, now=now)
-    assert state.spec is not None
-    members = [m.node_id for m in placement.all_members]
-    hostnames, epochs = await store.hostnames_and_epochs(conn, members)
-    await starts.forget_job(conn, placement.job_id)  # an earlier run's unanswered starts: never again
-    for start in start_commands(placement, state.spec, attempt=placed.runs, checkpoint_ref=state.checkpoint_ref,
-                                hostnames=hostnames, epochs=epochs):
+    await store.allocate_many(conn, [p for p, _, _ in taken], now)
+    placed = await append_many_job_events(conn, [(state, events) for _, state, events in taken], producer=SERVICE,
+                                          now=now)
+    hostnames, epochs = await store.hostnames_and_epochs(
+        conn, sorted({m.node_id for p, _, _ in taken for m in p.all_members}))
+    await starts.forget_jobs(conn, [p.job_id for p, _, _ in taken])  # an earlier run's unanswered starts: never again
+    commands = []
+    for (p, state, _), after in zip(taken, placed):
+        assert state.spec is not None
         # the agent continues the job's trace from the JobPlaced event
-        await store.send_command(conn, start, start.node_id, now, traceparent=placed.trace_parent)
-        await starts.remember(conn, start, now)  # sent again until the node reports the run started
-    return True
+        commands += [(start, after.trace_parent) for start in start_commands(
+            p, state.spec, attempt=after.runs, checkpoint_ref=state.checkpoint_ref, hostnames=hostnames, epochs=epochs)]
+    await store.send_commands(conn, [(start, start.node_id, traceparent) for start, traceparent in commands], now)
+    await starts.remember_many(conn, [start for start, _ in commands], now)  # sent again until the run starts
+    return len(taken) == len(placements)
 
 
 async def _decide(conn: asyncpg.Connection, job_id: str, command: lifecycle.Command, now: datetime) -> None:

@@ -20,18 +20,19 @@ from services.placement import store
 log = logging.getLogger(__name__)
 
 
-async def remember(conn: asyncpg.Connection, start: ev.StartJob, now: datetime) -> None:
-    await conn.execute(
+async def remember_many(conn: asyncpg.Connection, sent: list[ev.StartJob], now: datetime) -> None:
+    """StartJobs sent: each is sent again until its node reports the run started (``acknowledged``)."""
+    await conn.executemany(
         "INSERT INTO placement_starts (job_id, node_id, attempt, payload, sent_at) VALUES ($1, $2, $3, $4, $5)"
         " ON CONFLICT (job_id, node_id) DO UPDATE SET attempt = EXCLUDED.attempt, payload = EXCLUDED.payload,"
         " sent_at = EXCLUDED.sent_at, resends = 0",
-        start.job_id, start.node_id, start.attempt, start.model_dump(mode="json"), now)
+        [(start.job_id, start.node_id, start.attempt, start.model_dump(mode="json"), now) for start in sent])
 
 
-async def forget_job(conn: asyncpg.Connection, job_id: str) -> None:
-    """The job is placed again: the StartJobs of its earlier run are never to be sent again (the node of an
-    earlier run that never acknowledged it has no record of the job and would start it beside the new run)."""
-    await conn.execute("DELETE FROM placement_starts WHERE job_id = $1", job_id)
+async def forget_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> None:
+    """The jobs are placed again: the StartJobs of their earlier runs are never to be sent again (the node of
+    an earlier run that never acknowledged it has no record of the job and would start it beside the new run)."""
+    await conn.execute("DELETE FROM placement_starts WHERE job_id = ANY($1::text[])", job_ids)
 
 
 async def acknowledged(conn: asyncpg.Connection, report: ev.JobStartReported) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from gpusched_common import events as ev
-from gpusched_common.store import append, enqueue
+from gpusched_common.store import append, enqueue_keyed
 from gpusched_common.stores.cluster import load_cluster, lock_cycle
 from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import current_traceparent
@@ -39,14 +39,23 @@ async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.Jo
         dict(required_labels(spec)))
 
 
-async def set_last_reasons(conn: asyncpg.Connection, job_id: str, reasons: tuple[str, ...]) -> None:
-    await conn.execute("UPDATE placement_pending SET last_reasons = $2 WHERE job_id = $1", job_id, list(reasons))
+async def set_last_reasons_many(conn: asyncpg.Connection, reasons: list[tuple[str, tuple[str, ...]]]) -> None:
+    """Each job's reasons as last told in its stream (several jobs, one statement)."""
+    if reasons:
+        await conn.execute(
+            "UPDATE placement_pending p SET last_reasons = r.reasons"
+            " FROM jsonb_to_recordset($1::text::jsonb) AS r(job_id text, reasons jsonb) WHERE p.job_id = r.job_id",
+            json.dumps([{"job_id": job_id, "reasons": list(why)} for job_id, why in reasons]))
 
 
 async def forget_pending(conn: asyncpg.Connection, job_id: str) -> None:
     """The job waits for placement no more (placed or cancelled), nor are GPUs held for it."""
-    await conn.execute("DELETE FROM placement_pending WHERE job_id = $1", job_id)
-    await conn.execute("DELETE FROM gpu_nominations WHERE job_id = $1", job_id)
+    await forget_pending_many(conn, [job_id])
+
+
+async def forget_pending_many(conn: asyncpg.Connection, job_ids: list[str]) -> None:
+    await conn.execute("DELETE FROM placement_pending WHERE job_id = ANY($1::text[])", job_ids)
+    await conn.execute("DELETE FROM gpu_nominations WHERE job_id = ANY($1::text[])", job_ids)
 
 
 async def expire_nominations(conn: asyncpg.Connection, now: datetime, ttl_s: float) -> list[str]:
@@ -59,13 +68,12 @@ async def expire_nominations(conn: asyncpg.Connection, now: datetime, ttl_s: flo
     return sorted({r["job_id"] for r in rows})
 
 
-async def allocate(conn: asyncpg.Connection, placement: Placement, now: datetime) -> None:
-    """Hold the placement's GPUs. PostgreSQL refuses an allocation beyond capacity and fails the whole
-    transaction: the primary key and the gpu_usage / mig_slices guards kept by a trigger (migration 009)."""
+async def allocate_many(conn: asyncpg.Connection, placements: list[Placement], now: datetime) -> None:
+    """``allocate`` for several placements (their rows sent at once)."""
     columns = ", ".join(ALLOCATION_COLUMNS)
     values = ", ".join(f"${n}" for n in range(1, len(ALLOCATION_COLUMNS) + 1))
     await conn.executemany(f"INSERT INTO gpu_allocations ({columns}) VALUES ({values})",
-                           allocation_rows(placement, now))
+                           [row for placement in placements for row in allocation_rows(placement, now)])
 
 
 async def release_gpus(conn: asyncpg.Connection, job_id: str, node_id: str | None = None) -> list[str]:
@@ -238,9 +246,17 @@ async def refresh_leases(conn: asyncpg.Connection, now: datetime) -> None:
 async def send_command(conn: asyncpg.Connection, payload: ev.Payload, node_id: str, now: datetime,
                        traceparent: str | None = None) -> None:
     """To the node's agent, through placement's outbox (its relay publishes it)."""
-    envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{node_id}", occurred_at=now,
-                                producer=SERVICE, traceparent=traceparent or current_traceparent())
-    await enqueue(conn, producer=SERVICE, topic=NODES_COMMANDS.name, key=node_id, envelopes=[envelope])
+    await send_commands(conn, [(payload, node_id, traceparent)], now)
+
+
+async def send_commands(conn: asyncpg.Connection, commands: list[tuple[ev.Payload, str, str | None]],
+                        now: datetime) -> None:
+    """Several (command, node, traceparent) to their nodes' agents, in order, in one statement."""
+    envelopes = [(node_id, ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{node_id}",
+                                            occurred_at=now, producer=SERVICE,
+                                            traceparent=traceparent or current_traceparent()))
+                 for payload, node_id, traceparent in commands]
+    await enqueue_keyed(conn, producer=SERVICE, topic=NODES_COMMANDS.name, messages=envelopes)
 
 
 async def stop_on(conn: asyncpg.Connection, job_id: str, node_ids, reason: str, now: datetime) -> None:

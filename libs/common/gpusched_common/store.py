@@ -251,9 +251,16 @@ async def enqueue(conn: asyncpg.Connection, *, producer: str, topic: str, key: s
     """Put messages in the outbox, in order, signed with the process's key where it has one and the topic's
     receivers know senders by their signature (``gpusched_common.senders``: node commands, scale
     decisions); the relay publishes them after this transaction commits."""
+    await enqueue_keyed(conn, producer=producer, topic=topic, messages=[(key, e) for e in envelopes])
+
+
+async def enqueue_keyed(conn: asyncpg.Connection, *, producer: str, topic: str,
+                        messages: list[tuple[str, Envelope]]) -> None:
+    """``enqueue`` for (key, envelope) pairs of different keys, in order."""
+    rows = outbox_rows(topic, [e for _, e in messages])
     await conn.executemany(
         "INSERT INTO outbox (producer, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5)",
-        [(producer, topic, key, headers, value) for headers, value in outbox_rows(topic, envelopes)])
+        [(producer, topic, key, headers, value) for (key, _), (headers, value) in zip(messages, rows)])
 
 
 def outbox_rows(topic: str, envelopes: list[Envelope]) -> list[tuple[dict[str, str], bytes]]:
