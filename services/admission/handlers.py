@@ -104,7 +104,7 @@ def make_submission_handler(policy: AdmissionPolicy, clock: Callable[[], datetim
         )
         state = await load_job(conn, submission.job_id)
         # written with the batch's other decisions in one statement at its end (nothing later reads it back)
-        defer_job_events(conn, batch, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
+        defer_job_events(batch, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
 
     return on_submitted
 

@@ -69,7 +69,9 @@ async def expire_nominations(conn: asyncpg.Connection, now: datetime, ttl_s: flo
 
 
 async def allocate_many(conn: asyncpg.Connection, placements: list[Placement], now: datetime) -> None:
-    """``allocate`` for several placements (their rows sent at once)."""
+    """Hold the placements' GPUs (their rows sent at once). PostgreSQL refuses an allocation beyond capacity
+    and fails the whole transaction: the primary key and the gpu_usage / mig_slices guards kept by a trigger
+    (migration 009)."""
     columns = ", ".join(ALLOCATION_COLUMNS)
     values = ", ".join(f"${n}" for n in range(1, len(ALLOCATION_COLUMNS) + 1))
     await conn.executemany(f"INSERT INTO gpu_allocations ({columns}) VALUES ({values})",

@@ -66,10 +66,7 @@ async def lock_usage(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[
 async def charge(conn: asyncpg.Connection, tenant: str, flavor: str, units: int) -> int:
     """Add (or, negative, give back) units; the new total. The guard repeats the CHECK so that a charge
     over the limit fails loudly here rather than as a bare constraint violation."""
-    total = await conn.fetchval(
-        "UPDATE quota_policy_usage SET reserved_units = reserved_units + $3 WHERE tenant = $1 AND flavor = $2"
-        " AND reserved_units + $3 >= 0 AND (limit_units IS NULL OR reserved_units + $3 <= limit_units)"
-        " RETURNING reserved_units", tenant, flavor, units)
+    total = (await _add_units(conn, {(tenant, flavor): units})).get((tenant, flavor))
     if total is None:
         raise QuotaOvershoot(f"charging {units} units of {flavor} to {tenant} would break its limit")
     return total
@@ -83,19 +80,25 @@ async def charge_many(conn: asyncpg.Connection, charges: list[tuple[str, str, in
     summed: dict[tuple[str, str], int] = {}
     for tenant, flavor, units in charges:
         summed[(tenant, flavor)] = summed.get((tenant, flavor), 0) + units
-    keys = sorted(summed)  # the rows' lock order
+    totals = await _add_units(conn, summed)
+    for key in sorted(summed):
+        if totals.get(key) != expected[key]:
+            raise QuotaOvershoot(f"charging {summed[key]} units of {key[1]} to {key[0]} would break its limit or "
+                                 f"was decided on stale usage (now {totals.get(key)}, expected {expected[key]})")
+
+
+async def _add_units(conn: asyncpg.Connection, units: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Add units to (tenant, flavor) rows in one statement, the guard repeating the CHECK; the new totals of
+    the rows it changed (a row the guard refuses is missing)."""
+    keys = sorted(units)  # the rows' lock order
     rows = await conn.fetch(
         "UPDATE quota_policy_usage u SET reserved_units = u.reserved_units + c.units"
         " FROM unnest($1::text[], $2::text[], $3::bigint[]) AS c(tenant, flavor, units)"
         " WHERE u.tenant = c.tenant AND u.flavor = c.flavor AND u.reserved_units + c.units >= 0"
         " AND (u.limit_units IS NULL OR u.reserved_units + c.units <= u.limit_units)"
         " RETURNING u.tenant, u.flavor, u.reserved_units",
-        [t for t, _ in keys], [f for _, f in keys], [summed[k] for k in keys])
-    totals = {(r["tenant"], r["flavor"]): r["reserved_units"] for r in rows}
-    for key in keys:
-        if totals.get(key) != expected[key]:
-            raise QuotaOvershoot(f"charging {summed[key]} units of {key[1]} to {key[0]} would break its limit or "
-                                 f"was decided on stale usage (now {totals.get(key)}, expected {expected[key]})")
+        [t for t, _ in keys], [f for _, f in keys], [units[k] for k in keys])
+    return {(r["tenant"], r["flavor"]): r["reserved_units"] for r in rows}
 
 
 async def save_histories(conn: asyncpg.Connection, histories: dict[str, UsageHistory]) -> None:

@@ -62,7 +62,7 @@ async def test_a_batch_defers_its_appends_to_one_statement_at_its_end(database_u
             batch = Batch()
             for job_id in ("a", "b"):
                 state = await jobs.load_job(conn, job_id)
-                after = jobs.defer_job_events(conn, batch, state, submitted(state), producer="test", now=T0)
+                after = jobs.defer_job_events(batch, state, submitted(state), producer="test", now=T0)
                 assert after.version == 2
             assert await conn.fetchval("SELECT count(*) FROM events") == 0  # nothing written yet
             await batch.finish(conn)
@@ -80,7 +80,7 @@ async def test_a_job_decided_twice_in_one_batch_fails_the_batch(database_url):
                 batch = Batch()
                 for _ in range(2):  # the second decision did not see the first
                     state = await jobs.load_job(conn, "a")
-                    jobs.defer_job_events(conn, batch, state, submitted(state), producer="test", now=T0)
+                    jobs.defer_job_events(batch, state, submitted(state), producer="test", now=T0)
                 await batch.finish(conn)
         assert await conn.fetchval("SELECT count(*) FROM events") == 0
     finally:

@@ -150,11 +150,11 @@ async def write_prepared(conn: asyncpg.Connection, prepared: Sequence[PreparedAp
     if not prepared:
         return
     rows = json.dumps([p.row for p in prepared], default=_json_default)
-    await store.append_many(conn, [p.append for p in prepared if p.append is not None],
+    await store.append_many(conn, [p.append for p in prepared if p.append is not None],  # for the type checker
                             outbox=(producer, JOBS_EVENTS.name), then=(_PROJECT_SQL, (rows,)))
 
 
-def defer_job_events(conn: asyncpg.Connection, batch: Batch, state: JobState, payloads: tuple[ev.Payload, ...], *,
+def defer_job_events(batch: Batch, state: JobState, payloads: tuple[ev.Payload, ...], *,
                      producer: str, now: datetime) -> JobState:
     """``append_job_events`` at the end of the batch, with every other job's deferred in the same batch: a
     batch of n decisions is one statement, not n. For a handler that reads nothing of what it appends later

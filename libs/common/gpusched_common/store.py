@@ -91,11 +91,7 @@ async def read_for_batch(conn: asyncpg.Connection, consumer: str, event_ids: lis
     event_ids = frozenset(event_ids)
     claimed = await conn.fetch("SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2::text[])",
                                consumer, sorted(event_ids)) if event_ids else []
-    loaded: dict[str, list[StoredEvent]] = {stream: [] for stream in streams}
-    if streams:
-        for row in await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
-                                    " ORDER BY stream_id, version", sorted(set(streams))):
-            loaded[row["stream_id"]].append(_stored(row))
+    loaded = await _fetch_streams(conn, streams)
     return BatchReads(conn, consumer, event_ids, frozenset(r["event_id"] for r in claimed), loaded)
 
 
@@ -204,13 +200,18 @@ async def load_streams(conn: asyncpg.Connection, stream_ids: list[str]) -> dict[
     reads = BATCH_READS.get()
     cached = reads.streams if reads is not None and reads.conn is conn else {}
     out = {s: cached[s] for s in stream_ids if s in cached}
-    missing = sorted({s for s in stream_ids if s not in out})
-    out.update({s: [] for s in missing})
-    if missing:
-        for row in await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
-                                    " ORDER BY stream_id, version", missing):
-            out[row["stream_id"]].append(_stored(row))
+    out.update(await _fetch_streams(conn, [s for s in stream_ids if s not in out]))
     return out
+
+
+async def _fetch_streams(conn: asyncpg.Connection, stream_ids: list[str]) -> dict[str, list[StoredEvent]]:
+    """Each of these streams' events in order (an empty list for a stream with none), in one query."""
+    loaded: dict[str, list[StoredEvent]] = {stream: [] for stream in stream_ids}
+    if loaded:
+        for row in await conn.fetch(f"SELECT {_COLUMNS} FROM events WHERE stream_id = ANY($1::text[])"
+                                    " ORDER BY stream_id, version", sorted(loaded)):
+            loaded[row["stream_id"]].append(_stored(row))
+    return loaded
 
 
 async def load_event(conn: asyncpg.Connection, event_id: str, stream_id: str | None = None) -> StoredEvent | None:

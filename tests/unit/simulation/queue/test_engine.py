@@ -153,6 +153,18 @@ def test_a_tenant_under_its_fair_share_preempts_one_far_over_it(margin, preempte
     assert state.max_overshoot_units == 0
 
 
+def _blocked_t1_beside_t2(fair_backfill: bool, *, t1_b_gpus: int, t1_c_gpus: int):
+    """Two 8-GPU nodes: t1 (nominal 14) holds 6 GPUs and waits with t1-b and t1-c; t2 (nominal 2) holds 8
+    one-GPU runs ending one every 100 s and has 8 more waiting."""
+    policy = Policy("fair", "fairshare", 21600.0, las=False, reclaim=False, fair_preemption_margin=0.5,
+                    fair_quantum_s=10**9, fair_backfill=fair_backfill)
+    jobs = [job("t1-a", "t1", 0, 10_000, 6), *(job(f"t2-{i}", "t2", 0, 100 * (i + 1)) for i in range(8)),
+            job("t1-b", "t1", 10, 100, t1_b_gpus), job("t1-c", "t1", 10, 100, t1_c_gpus),
+            *(job(f"t2-new-{i}", "t2", 10, 10_000) for i in range(8))]
+    tenancy = tenancy_for(QuotaSetup({"t1": 14, "t2": 2, "t3": 2}, 16), policy.half_life_s)
+    return simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
+
+
 @pytest.mark.parametrize("fair_backfill, t1_b_starts_at", [(True, 400), (False, 600)],
                          ids=["held-back", "plain-backfill"])
 def test_a_tenant_far_over_its_share_does_not_backfill_the_room_a_blocked_job_of_a_tenant_under_it_waits_for(
@@ -162,13 +174,7 @@ def test_a_tenant_far_over_its_share_does_not_backfill_the_room_a_blocked_job_of
     # one every 100 s, and has 8 more waiting. Quota has room for t1-b, the nodes have 2 + 2 GPUs. Held back,
     # t2 leaves the holes to drain and t1-b starts when node 1 has 4 (at 400); else t2 refills the holes
     # as they open and t1-b starts later
-    policy = Policy("fair", "fairshare", 21600.0, las=False, reclaim=False, fair_preemption_margin=0.5,
-                    fair_quantum_s=10**9, fair_backfill=fair_backfill)
-    jobs = [job("t1-a", "t1", 0, 10_000, 6), *(job(f"t2-{i}", "t2", 0, 100 * (i + 1)) for i in range(8)),
-            job("t1-b", "t1", 10, 100, 4), job("t1-c", "t1", 10, 100, 6),
-            *(job(f"t2-new-{i}", "t2", 10, 10_000) for i in range(8))]
-    tenancy = tenancy_for(QuotaSetup({"t1": 14, "t2": 2, "t3": 2}, 16), policy.half_life_s)
-    state = simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
+    state = _blocked_t1_beside_t2(fair_backfill, t1_b_gpus=4, t1_c_gpus=6)
     assert state.jobs["t1-b"].completed_s == t1_b_starts_at + 100
     assert state.preemptions == 0 and state.max_overshoot_units == 0
 
@@ -180,13 +186,7 @@ def test_a_job_larger_than_all_that_is_free_holds_back_tenants_far_over_their_sh
     # as above, but t1-b asks for a whole node while 2 GPUs are free: the cohort's quota skips it without
     # asking the nodes, and it still holds t2 back (node 1 drains by 800); else t2 keeps every hole filled.
     # (t1-c, a gang of both nodes, keeps t1's demand up and cannot start before t1-b)
-    policy = Policy("fair", "fairshare", 21600.0, las=False, reclaim=False, fair_preemption_margin=0.5,
-                    fair_quantum_s=10**9, fair_backfill=fair_backfill)
-    jobs = [job("t1-a", "t1", 0, 10_000, 6), *(job(f"t2-{i}", "t2", 0, 100 * (i + 1)) for i in range(8)),
-            job("t1-b", "t1", 10, 100, 8), job("t1-c", "t1", 10, 100, 16),
-            *(job(f"t2-new-{i}", "t2", 10, 10_000) for i in range(8))]
-    tenancy = tenancy_for(QuotaSetup({"t1": 14, "t2": 2, "t3": 2}, 16), policy.half_life_s)
-    state = simulate(jobs, tenancy, policy, SimConfig(nodes=2, gpus_per_node=8))
+    state = _blocked_t1_beside_t2(fair_backfill, t1_b_gpus=8, t1_c_gpus=16)
     assert state.jobs["t1-b"].completed_s == t1_b_starts_at + 100
     assert state.preemptions == 0 and state.max_overshoot_units == 0
 
