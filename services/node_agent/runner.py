@@ -23,6 +23,7 @@ import os
 import pwd
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -124,7 +125,7 @@ class JobRunner:
         self._run_as = run_as
         self._passthrough = tuple(env_passthrough)
         self.cgroups = cgroups if cgroups is not None else JobCgroups(NO_CGROUPS)
-        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._procs: dict[str, subprocess.Popen] = {}
         self.containers = containers
 
     @property
@@ -289,15 +290,41 @@ class JobRunner:
                 (limits.memory_bytes or 0) // 2**20 if limits else 0, (user.pw_uid, user.pw_gid) if user is not None else None,
                 job_env.get("CUDA_MPS_PIPE_DIRECTORY"), args), job_env)
         started = time.time()
-        output = os.fdopen(os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user is not None else {}
+        argv = ["sh", "-c", _WRAPPER, "gpusched-job", *command]
+
+        def spawn() -> tuple[subprocess.Popen, JobRecord] | JobExit:
+            spawned = self._spawn(job_id, argv, job_env, as_user, limits)
+            if isinstance(spawned, JobExit):
+                return spawned
+            proc, problems = spawned
+            if problems:
+                log.warning("job %s runs without some of its limits: %s", job_id, "; ".join(problems))
+            record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, start_ticks(proc.pid), lease_epoch,
+                               share_milli, memory_mib, attempt, time_limit_s, container=image is not None)
+            write_record(self._dir, record)  # in the same thread: a started job is never left unrecorded
+            return proc, record
+
+        # fork, exec and the cgroup writes block until the kernel has done them (a few ms each on a busy
+        # machine): in a worker thread, so a node starting many jobs at once starts them side by side, and
+        # the agent's loop goes on with its heartbeats meanwhile
+        started_run = await asyncio.to_thread(spawn)
+        if isinstance(started_run, JobExit):
+            return started_run
+        proc, record = started_run
+        self._procs[job_id] = proc  # else (cancelled just now) ``wait`` finds the run by its record
+        return record
+
+    def _spawn(self, job_id: str, argv: list[str], env: Mapping[str, str], as_user: dict,
+               limits: Limits | None) -> tuple[subprocess.Popen, list[str]] | JobExit:
+        """Start the job's wrapper at its gate, move it into the job's cgroups, open the gate; the process and
+        the limits that could not be applied, or why it did not start. Blocking: run in a worker thread."""
+        output = os.fdopen(os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         problems = self.cgroups.prepare(job_id, limits) if limits is not None else []
         gate_in, gate_out = os.pipe()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                "sh", "-c", _WRAPPER, "gpusched-job", *command, env=job_env, stdin=gate_in,
-                stdout=output, stderr=output, start_new_session=True,  # own process group, for clean stops
-                **as_user)
+            proc = subprocess.Popen(argv, env=env, stdin=gate_in, stdout=output, stderr=output,
+                                    start_new_session=True, **as_user)  # own process group, for clean stops
         except OSError as exc:
             os.close(gate_out)
             self.cgroups.remove(job_id)
@@ -314,19 +341,13 @@ class JobRunner:
                 pass  # the wrapper is gone already: its exit is reported as any other
         finally:
             os.close(gate_out)
-        if problems:
-            log.warning("job %s runs without some of its limits: %s", job_id, "; ".join(problems))
-        record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, start_ticks(proc.pid), lease_epoch,
-                           share_milli, memory_mib, attempt, time_limit_s, container=image is not None)
-        write_record(self._dir, record)
-        self._procs[job_id] = proc
-        return record
+        return proc, problems
 
     async def wait(self, record: JobRecord) -> JobExit:
         """Wait for a job started by this process or adopted after a restart."""
         proc = self._procs.get(record.job_id)
         if proc is not None:
-            code = await proc.wait()
+            code = await _exit_of(proc)
             self._procs.pop(record.job_id, None)
             if code < 0:  # killed by a signal before the wrapper could record a code
                 code = 128 - code
@@ -386,3 +407,23 @@ class JobRunner:
     def _exit_path(self, job_id: str) -> Path:
         legacy = self._dir / f"{job_id}.exit"  # a job started by an agent before job directories
         return legacy if legacy.exists() else self.job_dir(job_id) / "exit"
+
+
+async def _exit_of(proc: subprocess.Popen) -> int:
+    """The exit status of a child of this process, awaited without a thread: its pidfd becomes readable
+    when it ends (Linux 5.3+); elsewhere it is polled."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfds here, or it was reaped already
+        while proc.poll() is None:
+            await asyncio.sleep(0.2)
+        return proc.returncode
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+    try:
+        await ended
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return proc.wait()
