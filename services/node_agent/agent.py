@@ -102,6 +102,9 @@ class Agent:
             self.report_in_order(self.identity.request)
         self.register()
         self.apply(rc.plan_reconcile(self.runner.observe(), None))
+        swept = self.runner.sweep_cgroups()
+        if swept:
+            log.info("%s: removed %d cgroup(s) of jobs that ended while no agent watched them", self.node_id, swept)
         await self.flush()
 
     def register(self) -> None:

@@ -195,6 +195,25 @@ class JobCgroups:
             except OSError:
                 pass
 
+    def sweep(self, keep: set[str]) -> int:
+        """Remove the empty cgroups of jobs not in ``keep`` (jobs that ended while no agent watched them: a
+        stack taken down, a node rebooted under an old agent directory); returns how many went. A kernel
+        keeps every cgroup directory until it is removed, and refuses new ones past its limit (65,535 memory
+        cgroups), so leftovers would in time cost every job on the node its limits."""
+        removed = 0
+        for _, base in self.support.hierarchies:
+            try:
+                children = [p for p in base.iterdir() if p.is_dir() and p.name not in keep]
+            except OSError:
+                continue
+            for path in children:
+                try:
+                    path.rmdir()
+                    removed += 1
+                except OSError:
+                    pass  # it still holds a process: not a leftover
+        return removed
+
     def memory_limit(self, job_id: str) -> int | None:
         """The memory limit in force for the job (tests, `gpusched agent-check`)."""
         for controller, path in self._dirs(job_id):

@@ -140,6 +140,10 @@ class JobRunner:
                 "environment": "allowlist (PATH, locale, TZ" + (f", {', '.join(self._passthrough)}" if self._passthrough
                                                                else "") + "), own directory"}
 
+    def sweep_cgroups(self) -> int:
+        """Remove the cgroups left by this node's jobs that no longer run (see ``JobCgroups.sweep``)."""
+        return self.cgroups.sweep({r.job_id for r in self.records() if self.is_alive(r)})
+
     def known(self, job_id: str) -> bool:
         return record_path(self._dir, job_id).exists()
 

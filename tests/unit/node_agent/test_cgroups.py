@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 from services.node_agent.cgroups import CPU_PERIOD_US, JobCgroups, Limits, detect, limits_for
+from gpusched_common.job_records import signal_group
 from services.node_agent.runner import JobExit, JobRunner
 
 
@@ -89,6 +91,29 @@ async def test_a_real_job_runs_in_its_cgroup_and_is_held_to_its_memory(tmp_path)
     assert "/gpusched/" in runner.log_path("where").read_text()  # its command ran inside: moved before it ran
     roomy = await runner.start("roomy", allocate, (), {}, limits=limits_for(0, 1024, (), {}))
     assert (await asyncio.wait_for(runner.wait(roomy), 60)).exit_code == 0
+
+
+@needs_memory_cgroup
+async def test_a_restarted_agent_removes_the_cgroups_of_jobs_that_ended_unwatched(tmp_path):
+    """A job killed while no agent watched it (``gpusched down``) leaves its cgroups; the next agent of the
+    node removes them and keeps those of jobs still running."""
+    runner = JobRunner(tmp_path / "node", cgroups=JobCgroups(REAL))
+    limits = limits_for(500, 256, (), {})
+    gone = await runner.start("gone", ["sleep", "600"], (), {}, limits=limits)
+    kept = await runner.start("kept", ["sleep", "600"], (), {}, limits=limits)
+    assert not isinstance(gone, JobExit) and not isinstance(kept, JobExit)
+    try:
+        signal_group(gone.pid, signal.SIGKILL)
+        while runner.is_alive(gone):
+            await asyncio.sleep(0.05)
+        again = JobRunner(tmp_path / "node", cgroups=JobCgroups(REAL))  # the node's next agent
+        assert again.sweep_cgroups() == len(REAL.hierarchies)
+        assert all(not (base / "gone").exists() and (base / "kept").exists() for _, base in REAL.hierarchies)
+    finally:
+        await runner.stop("kept")
+        await asyncio.wait_for(runner.wait(kept), 30)
+        await asyncio.wait_for(runner.wait(gone), 30)
+    assert JobRunner(tmp_path / "node", cgroups=JobCgroups(REAL)).sweep_cgroups() == 0
 
 
 @pytest.mark.parametrize("isolation, shown", [
