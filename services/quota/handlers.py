@@ -52,7 +52,9 @@ from gpusched_common.stores import quota as reads
 from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_common.senders import RefusalCounts
 from services.quota.core import Accepted, review_update
+from gpusched_core.quota.reasons import worth_recording
 from gpusched_core.quota.jobs import (
+    QueuedJob,
     as_guest,
     cap_units,
     chargeable,
@@ -180,7 +182,7 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
         return None
     capped = await _held_by_array_caps(conn, members)
     await _defer(conn, [(job_id, reason) for job_id, reason in capped.items()
-                        if job_id in jobs and jobs[job_id].last_reason != reason], now)
+                        if job_id in jobs and _worth_recording(jobs[job_id], reason, now)], now)
     offered = [job for job in jobs.values() if job.job_id not in capped]
     if not offered:
         return None
@@ -193,11 +195,15 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     changed = []
     for job_id, reason in [(job.job_id, reason) for job, _, reason in plan.reasons()] + unchargeable:
         reason = as_guest(tenancy, jobs[job_id], reason)
-        if jobs[job_id].last_reason != reason:
+        if _worth_recording(jobs[job_id], reason, now):
             changed.append((job_id, reason))
     await _defer(conn, changed, now)
     await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
     return plan
+
+
+def _worth_recording(job: QueuedJob, reason: str, now: datetime) -> bool:
+    return worth_recording(job.last_reason, job.last_reason_at_s, reason, now.timestamp())
 
 
 async def _held_by_array_caps(conn: asyncpg.Connection, members: tuple[str, ...]) -> dict[str, str]:
@@ -268,7 +274,7 @@ async def _defer(conn: asyncpg.Connection, reasons: list[tuple[str, str]], now: 
     await append_many_job_events(
         conn, [(states[job_id], lifecycle.decide(states[job_id], lifecycle.DeferQuota(reason), now))
                for job_id, reason in waiting], producer=SERVICE, now=now)
-    await store.set_last_reasons(conn, waiting)
+    await store.set_last_reasons(conn, waiting, now.timestamp())
 
 
 async def _send_reclaims(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, plan: QuotaPlan, now: datetime,

@@ -214,12 +214,12 @@ async def unqueue_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> None:
         await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = ANY($1::text[])", job_ids)
 
 
-async def set_last_reasons(conn: asyncpg.Connection, reasons: list[tuple[str, str]]) -> None:
-    """Each job's reason, as last recorded in its stream (several jobs, one statement)."""
+async def set_last_reasons(conn: asyncpg.Connection, reasons: list[tuple[str, str]], now_s: float) -> None:
+    """Each job's reason, as recorded in its stream at ``now_s`` (several jobs, one statement)."""
     if reasons:
-        await conn.execute("UPDATE quota_policy_pending p SET last_reason = r.reason"
+        await conn.execute("UPDATE quota_policy_pending p SET last_reason = r.reason, last_reason_at_s = $3"
                            " FROM unnest($1::text[], $2::text[]) AS r(job_id, reason) WHERE p.job_id = r.job_id",
-                           [j for j, _ in reasons], [r for _, r in reasons])
+                           [j for j, _ in reasons], [r for _, r in reasons], now_s)
 
 
 async def load_sent_reclaims(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> dict[tuple[str, str], SentReclaim]:

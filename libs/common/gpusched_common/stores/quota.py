@@ -44,7 +44,8 @@ async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...],
                       all_known: tuple[str, ...] | None = None) -> list[QueuedJob]:
     """Jobs waiting for quota of ``tenants``, and, given ``all_known``, of every tenant not in it (guests)."""
     rows = await conn.fetch(
-        "SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason, nodes, share_milli, mig_profile"
+        "SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason, nodes, share_milli, mig_profile,"
+        " last_reason_at_s"
         " FROM quota_policy_pending WHERE tenant = ANY($1::text[])"
         " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))",
         list(tenants), list(all_known) if all_known is not None else None)

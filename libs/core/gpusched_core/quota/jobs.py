@@ -25,6 +25,7 @@ class QueuedJob:
     nodes: int = 1  # a gang: ``nodes`` x ``gpus`` whole GPUs
     share_milli: int | None = None  # a share of one GPU
     mig_profile: str | None = None  # one MIG slice
+    last_reason_at_s: float | None = None  # when ``last_reason`` was recorded
 
     def ask(self) -> GpuAsk:
         """The request in quota terms: whole GPUs over the gang, a milli share, or one MIG slice."""

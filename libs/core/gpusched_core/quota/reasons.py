@@ -3,6 +3,7 @@ is not recorded twice) plus, in ``describe``, the job's place in the queue."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import Enum
 from operator import itemgetter
@@ -23,6 +24,27 @@ class WaitCategory(str, Enum):
 
 
 WAITING_FOR_CAPACITY = "fits quota; waiting for capacity"
+REASON_REFRESH_S = 30.0  # a reason whose figures alone moved is recorded again at most this often
+
+_FIGURES = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def reason_kind(reason: str) -> str:
+    """The reason with its figures blanked: ``tenant a at quota (3/4 H100)`` and ``(4/4 H100)`` are one kind."""
+    return _FIGURES.sub("#", reason)
+
+
+def worth_recording(last: str | None, last_at_s: float | None, reason: str, now_s: float,
+                    refresh_s: float = REASON_REFRESH_S) -> bool:
+    """Whether a waiting job's new ``reason`` goes in its stream: always when it differs in kind from the one
+    last recorded (another wait: a limit, reclaiming, capacity), and when only its figures moved (usage
+    growing while thousands of the tenant's jobs wait, each cycle) once ``refresh_s`` passed since the last,
+    so a burst writes each waiting job's reason a bounded number of times, not once per cycle."""
+    if last is None or last_at_s is None:
+        return reason != last
+    if reason == last:
+        return False
+    return reason_kind(reason) != reason_kind(last) or now_s - last_at_s >= refresh_s
 
 
 class WaitingJob(NamedTuple):
