@@ -43,6 +43,7 @@ from gpusched_core.agent.container import ContainerRun
 from gpusched_core.jobenv import job_environment
 
 from services.node_agent.containers import ContainerRuntime
+from services.node_agent.spawn import exit_of, spawn_gated
 
 __all__ = ["JobExit", "JobRecord", "JobRunner"]
 log = logging.getLogger(__name__)
@@ -298,10 +299,9 @@ class JobRunner:
         argv = ["sh", "-c", _WRAPPER, "gpusched-job", *command]
 
         def spawn() -> tuple[subprocess.Popen, JobRecord] | JobExit:
-            spawned = self._spawn(job_id, argv, job_env, as_user, limits)
-            if isinstance(spawned, JobExit):
-                return spawned
-            proc, problems = spawned
+            proc, problems = spawn_gated(argv, job_env, as_user, self.log_path(job_id), self.cgroups, job_id, limits)
+            if proc is None:
+                return JobExit(job_id, 127, 0.0, error=problems)
             if problems:
                 log.warning("job %s runs without some of its limits: %s", job_id, "; ".join(problems))
             record = JobRecord(job_id, proc.pid, tuple(gpu_indices), started, start_ticks(proc.pid), lease_epoch,
@@ -309,9 +309,7 @@ class JobRunner:
             write_record(self._dir, record)  # in the same thread: a started job is never left unrecorded
             return proc, record
 
-        # fork, exec and the cgroup writes block until the kernel has done them (a few ms each on a busy
-        # machine): in a worker thread, so a node starting many jobs at once starts them side by side, and
-        # the agent's loop goes on with its heartbeats meanwhile
+        # in a worker thread (see ``spawn``): the agent's loop goes on with its heartbeats meanwhile
         started_run = await asyncio.to_thread(spawn)
         if isinstance(started_run, JobExit):
             return started_run
@@ -319,39 +317,11 @@ class JobRunner:
         self._procs[job_id] = proc  # else (cancelled just now) ``wait`` finds the run by its record
         return record
 
-    def _spawn(self, job_id: str, argv: list[str], env: Mapping[str, str], as_user: dict,
-               limits: Limits | None) -> tuple[subprocess.Popen, list[str]] | JobExit:
-        """Start the job's wrapper at its gate, move it into the job's cgroups, open the gate; the process and
-        the limits that could not be applied, or why it did not start. Blocking: run in a worker thread."""
-        output = os.fdopen(os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
-        problems = self.cgroups.prepare(job_id, limits) if limits is not None else []
-        gate_in, gate_out = os.pipe()
-        try:
-            proc = subprocess.Popen(argv, env=env, stdin=gate_in, stdout=output, stderr=output,
-                                    start_new_session=True, **as_user)  # own process group, for clean stops
-        except OSError as exc:
-            os.close(gate_out)
-            self.cgroups.remove(job_id)
-            return JobExit(job_id, 127, 0.0, error=f"could not start command: {exc}")
-        finally:
-            output.close()
-            os.close(gate_in)
-        try:
-            if limits is not None:
-                problems += self.cgroups.enter(job_id, proc.pid)
-            try:
-                os.write(gate_out, b"go\n")  # in its cgroup: it may run now
-            except BrokenPipeError:
-                pass  # the wrapper is gone already: its exit is reported as any other
-        finally:
-            os.close(gate_out)
-        return proc, problems
-
     async def wait(self, record: JobRecord) -> JobExit:
         """Wait for a job started by this process or adopted after a restart."""
         proc = self._procs.get(record.job_id)
         if proc is not None:
-            code = await _exit_of(proc)
+            code = await exit_of(proc)
             self._procs.pop(record.job_id, None)
             if code < 0:  # killed by a signal before the wrapper could record a code
                 code = 128 - code
@@ -412,22 +382,3 @@ class JobRunner:
         legacy = self._dir / f"{job_id}.exit"  # a job started by an agent before job directories
         return legacy if legacy.exists() else self.job_dir(job_id) / "exit"
 
-
-async def _exit_of(proc: subprocess.Popen) -> int:
-    """The exit status of a child of this process, awaited without a thread: its pidfd becomes readable
-    when it ends (Linux 5.3+); elsewhere it is polled."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfds here, or it was reaped already
-        while proc.poll() is None:
-            await asyncio.sleep(0.2)
-        return proc.returncode
-    loop = asyncio.get_running_loop()
-    ended = loop.create_future()
-    loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
-    try:
-        await ended
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-    return proc.wait()

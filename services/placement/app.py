@@ -26,7 +26,8 @@ from services.placement import recovery, republish, starts, store
 from services.placement.handlers import check_leases, make_handler, run_cycle
 from services.placement.settings import PlacementSettings
 from services.placement.node_control import make_node_control_handler
-from services.placement.store import SERVICE, ClusterCache
+from gpusched_common.stores.cluster import ClusterCache
+from services.placement.store import SERVICE
 
 log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0

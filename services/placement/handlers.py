@@ -30,7 +30,8 @@ from gpusched_core.placement.launch import start_commands
 from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, other_run, select_expired
 from services.placement import starts, store
 from services.placement.reports import defer_heartbeat, load_senders
-from services.placement.store import SERVICE, ClusterCache
+from gpusched_common.stores.cluster import ClusterCache
+from services.placement.store import SERVICE
 
 # the job events placement claims (as ``topics.INBOX_READERS`` says: the relay counts on it)
 CLAIMED_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)

@@ -25,7 +25,8 @@ from gpusched_core.preemption.jobs import preempt_commands
 
 from services.placement import store
 from services.placement.handlers import run_cycle
-from services.placement.store import SERVICE, ClusterCache
+from gpusched_common.stores.cluster import ClusterCache
+from services.placement.store import SERVICE
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,11 @@ import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.store import append, enqueue_keyed
-from gpusched_common.stores.cluster import load_cluster, lock_cycle
+from gpusched_common.stores.cluster import lock_cycle
 from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import current_traceparent
 
-from gpusched_core import placement as engine
-from gpusched_core.placement.cycle import NodeRow, Placement, required_labels
+from gpusched_core.placement.cycle import Placement, required_labels
 from gpusched_core.placement.launch import allocation_rows
 from gpusched_core.placement.leases import NodeLease
 
@@ -265,34 +264,3 @@ async def stop_on(conn: asyncpg.Connection, job_id: str, node_ids, reason: str, 
     """A StopJob of ``job_id`` to each of ``node_ids``."""
     for node_id in node_ids:
         await send_command(conn, ev.StopJob(job_id=job_id, node_id=node_id, reason=reason), node_id, now)
-
-
-class ClusterCache:
-    """The cluster as this process last loaded or placed onto it, tagged with the store's placement version
-    (migration 012). A cycle reuses it while nobody else changed nodes, GPUs, allocations or nominations,
-    and otherwise loads the cluster again; both are read under the cycle lock, which every writer of
-    those tables holds, so the version read at a cycle's end covers exactly that cycle's own writes."""
-
-    def __init__(self) -> None:
-        self._version: int | None = None
-        self._nodes: list[NodeRow] = []
-        self._snapshot: engine.ClusterSnapshot | None = None
-        self.hits = 0
-        self.loads = 0
-
-    async def load(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
-        version = await conn.fetchval("SELECT version FROM placement_version")
-        if self._snapshot is not None and version == self._version:
-            self.hits += 1
-            return self._nodes, self._snapshot
-        self.loads += 1
-        return await load_cluster(conn)
-
-    async def keep(self, conn: asyncpg.Connection, nodes: list[NodeRow], snapshot: engine.ClusterSnapshot) -> None:
-        """Remember the cluster as this transaction leaves it; should the transaction roll back, its
-        version is never seen again and the next cycle loads afresh."""
-        self._version = await conn.fetchval("SELECT version FROM placement_version")
-        self._nodes, self._snapshot = nodes, snapshot
-
-    def forget(self) -> None:
-        self._version, self._snapshot = None, None

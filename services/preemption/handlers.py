@@ -19,12 +19,12 @@ import asyncpg
 
 from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
-from gpusched_common.jobs import append_job_events, load_job, stored_payload
+from gpusched_common.jobs import append_job_events, load_job, load_jobs, stored_payload
 from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.stores.quota import recorded_reclaim
 from gpusched_common.store import claim
-from gpusched_common.stores.cluster import has_nomination, load_cluster, lock_cycle, nominate
+from gpusched_common.stores.cluster import ClusterCache, load_cluster, lock_cycle, nominate, nominated
 from gpusched_common.stores.running import load_running
 from gpusched_common.stores.tenancy import TenancyStore
 
@@ -45,6 +45,8 @@ CLAIMED_JOB_EVENTS = (ev.PlacementDeferred,)
 
 
 def make_handler(policy: PreemptionPolicy, clock: Callable[[], datetime], tenancies: TenancyStore) -> TxHandler:
+    cache = ClusterCache()  # the cluster as this process last read it (one per process)
+
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, CLAIMED_JOB_EVENTS) or await stored_payload(conn, envelope) is None:
@@ -53,7 +55,7 @@ def make_handler(policy: PreemptionPolicy, clock: Callable[[], datetime], tenanc
             return
         deferred: set[str] = batch.memo.setdefault("deferred", set())  # type: ignore[assignment]
         deferred.add(payload.job_id)
-        batch.after("preempt", lambda c: consider_all(c, sorted(deferred), policy, clock(), tenancies))
+        batch.after("preempt", lambda c: consider_all(c, sorted(deferred), policy, clock(), tenancies, cache))
 
     return on_job_event
 
@@ -87,43 +89,53 @@ async def consider(conn: asyncpg.Connection, job_id: str, policy: PreemptionPoli
 
 
 async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: PreemptionPolicy, now: datetime,
-                       tenancies: TenancyStore | None = None) -> None:
-    """``consider`` each job of a batch, in order, under one hold of the cycle lock: the cluster and the
-    running jobs are read once and again only after a preemption changed them (not once per job: a burst
-    defers thousands, each a full read of the cluster while placement waits for the lock)."""
+                       tenancies: TenancyStore | None = None, cache: ClusterCache | None = None) -> None:
+    """``consider`` each job of a batch, in order, under one hold of the cycle lock. The jobs, the GPUs
+    already held for them and the tenants quota charges them to are read for all of them at once; the
+    cluster (``cache``: as last read, while placement's version of it stands) and the running jobs once,
+    and again only after a preemption changed them (a burst defers thousands of jobs, nearly all with
+    nobody to preempt); the evaluations are written together at the end."""
     await lock_cycle(conn)
     tenancies = tenancies or TenancyStore()
+    states = await load_jobs(conn, job_ids)
+    waiting = [states[job_id] for job_id in job_ids
+               if states[job_id].status is lifecycle.JobStatus.QUEUED and states[job_id].spec is not None]
+    held = await nominated(conn, [state.job_id for state in waiting])  # their victims are already stopping
+    waiting = [state for state in waiting if state.job_id not in held]
+    if not waiting:
+        return  # placed (or gone) since they were deferred
+    specs = {state.job_id: state.spec for state in waiting if state.spec is not None}
+    tenants = await store.charged_tenants(conn, {job_id: spec.tenant for job_id, spec in specs.items()}, tenancies)
+    cache = cache or ClusterCache()
     cluster: tuple[engine.ClusterSnapshot, list] | None = None
-    for job_id in job_ids:
-        state = await load_job(conn, job_id)
-        if state.status is not lifecycle.JobStatus.QUEUED or state.spec is None:
-            continue  # placed (or gone) since it was deferred
-        if await has_nomination(conn, job_id):
-            continue  # its victims are already stopping
+    plans = []
+    for state in waiting:
         if cluster is None:
-            cluster = (await load_cluster(conn))[1], await load_running(conn)
-        if await _consider(conn, state, cluster, policy, now, tenancies):
+            cluster = (await cache.current(conn))[1], await load_running(conn)
+        plan = await _consider(conn, state, tenants[state.job_id], cluster, policy, now)
+        plans.append(plan)
+        if plan.outcome == "preempt":
             cluster = None  # victims stopping, GPUs nominated: read again for the next job
+    await store.record_evaluations(conn, plans, now)
 
 
-async def _consider(conn: asyncpg.Connection, state: lifecycle.JobState, cluster: tuple[engine.ClusterSnapshot, list],
-                    policy: PreemptionPolicy, now: datetime, tenancies: TenancyStore) -> bool:
-    """One deferred job against the cluster read for it; True when it preempted."""
+async def _consider(conn: asyncpg.Connection, state: lifecycle.JobState, tenant: str,
+                    cluster: tuple[engine.ClusterSnapshot, list], policy: PreemptionPolicy,
+                    now: datetime) -> sel.PreemptionPlan:
+    """One deferred job (charged to ``tenant``, as quota compares) against the cluster read for it: the plan,
+    carried out when it preempts."""
     job_id, spec = state.job_id, state.spec
     assert spec is not None
     snapshot, running = cluster
-    tenant = await store.charged_tenant(conn, job_id, spec.tenant, tenancies)  # as quota compares
     preemptor = sel.Preemptor(job_id, tenant, spec.priority, request_of(job_id, spec))
     plan = sel.select_victims(snapshot, preemptor, running, now.timestamp(), config=policy.config)
-    await store.record_evaluation(conn, plan, now)
     if plan.outcome == "preempt":
         assert plan.placement is not None
         stopped = await store.stop_victims(conn, preemptor, plan.victims, policy, now)
         await nominate(conn, state.job_id, plan.placement, now)
         reason = "; ".join(plan.reasons) or f"preempting {', '.join(plan.victim_ids)}"
         await _victims_selected(conn, state, plan, stopped, reason, now)
-        return True
-    return False
+    return plan
 
 
 async def reclaim(conn: asyncpg.Connection, request: ev.ReclaimRequested, policy: PreemptionPolicy, now: datetime,

@@ -6,6 +6,7 @@ who runs where with what quota charges them is read through ``gpusched_common.st
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import asyncpg
 from gpusched_common import events as ev
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.store import enqueue
-from gpusched_common.stores.quota import reserved_tenant
+from gpusched_common.stores.quota import reserved_tenants
 from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_common.topics import NODES_COMMANDS
 from gpusched_common.tracing import current_traceparent
@@ -40,11 +41,16 @@ class Stopped:
 async def charged_tenant(conn: asyncpg.Connection, job_id: str, tenant: str, tenancies: TenancyStore) -> str:
     """The tenant quota charges a job to (the one its decisions compare): its reservation's, or for a job
     without one the tenancy's leaf for ``tenant`` (a guest's is the tenancy's ``guest_tenant``)."""
-    reserved = await reserved_tenant(conn, job_id)
-    if reserved is not None:
-        return reserved
-    tenancy = await tenancies.read(conn)
-    return tenancy.charged_tenant(tenant) if tenancy is not None else tenant
+    return (await charged_tenants(conn, {job_id: tenant}, tenancies))[job_id]
+
+
+async def charged_tenants(conn: asyncpg.Connection, tenants: dict[str, str], tenancies: TenancyStore) -> dict[str, str]:
+    """``charged_tenant`` of each job (``tenants``: each job's spec tenant), in one query for all."""
+    reserved = await reserved_tenants(conn, list(tenants))
+    unreserved = [job_id for job_id in tenants if job_id not in reserved]
+    tenancy = await tenancies.read(conn) if unreserved else None
+    return {job_id: reserved.get(job_id) or (tenancy.charged_tenant(tenant) if tenancy is not None else tenant)
+            for job_id, tenant in tenants.items()}
 
 
 async def stop_victims(conn: asyncpg.Connection, preemptor: sel.Preemptor, victims: Sequence[sel.Victim],
@@ -76,11 +82,21 @@ async def send_command(conn: asyncpg.Connection, payload: ev.PreemptJob, now: da
 
 
 async def record_evaluation(conn: asyncpg.Connection, plan: sel.PreemptionPlan, now: datetime) -> None:
+    await record_evaluations(conn, [plan], now)
+
+
+async def record_evaluations(conn: asyncpg.Connection, plans: Sequence[sel.PreemptionPlan], now: datetime) -> None:
+    """What each evaluation decided and why (the latest per job), one statement for all."""
+    if not plans:
+        return
     await conn.execute(
-        "INSERT INTO preemption_evaluations (job_id, evaluated_at, outcome, reasons) VALUES ($1, $2, $3, $4)"
+        "INSERT INTO preemption_evaluations (job_id, evaluated_at, outcome, reasons)"
+        " SELECT p.job_id, $2, p.outcome, p.reasons"
+        " FROM jsonb_to_recordset($1::text::jsonb) AS p(job_id text, outcome text, reasons jsonb)"
         " ON CONFLICT (job_id) DO UPDATE SET evaluated_at = EXCLUDED.evaluated_at,"
         " outcome = EXCLUDED.outcome, reasons = EXCLUDED.reasons",
-        plan.preemptor_id, now, plan.outcome, list(plan.reasons))
+        json.dumps([{"job_id": p.preemptor_id, "outcome": p.outcome, "reasons": list(p.reasons)}
+                    for p in {p.preemptor_id: p for p in plans}.values()]), now)
 
 
 async def load_freed(conn: asyncpg.Connection, job_id: str) -> list[sel.FreedFor]:

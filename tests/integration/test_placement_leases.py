@@ -192,7 +192,7 @@ async def test_a_forged_job_event_frees_no_gpu_and_places_nothing(database_url):
     from gpusched_common.batching import Batch
     from gpusched_common.ids import job_stream
     from gpusched_common.messaging import Incoming
-    from services.placement.store import ClusterCache
+    from gpusched_common.stores.cluster import ClusterCache
     from services.placement.handlers import make_handler
 
     handler = make_handler(lambda: T0, POLICY, ClusterCache())
@@ -374,7 +374,7 @@ async def test_a_batch_of_heartbeats_renews_every_lease_in_one_update_and_keeps_
     from gpusched_common.messaging import Incoming
     from gpusched_common.topics import NODES_REPORTS
     from services.placement.handlers import make_handler
-    from services.placement.store import ClusterCache
+    from gpusched_common.stores.cluster import ClusterCache
 
     def report(payload, offset):
         envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",

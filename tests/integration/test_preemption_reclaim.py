@@ -20,12 +20,13 @@ from gpusched_common.db import connect
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import build_broker, publish
 from gpusched_common.runtime import running
+from gpusched_common.stores.cluster import ClusterCache
 from gpusched_common.topics import NODES_COMMANDS, QUOTA_RECLAIMS
 from gpusched_core import placement as engine
 from services.placement.handlers import process
 from services.preemption.app import setup
 from services.preemption.settings import PreemptionSettings
-from services.preemption.handlers import SERVICE, consider
+from services.preemption.handlers import SERVICE, consider, consider_all
 from services.preemption.handlers import reclaim
 from tests.builders import a_job
 from tests.integration.kafka_helpers import read_topic
@@ -253,6 +254,39 @@ async def test_a_gang_victim_of_a_priority_preemption_is_told_to_stop_on_every_n
         assert sorted((p["job_id"], p["node_id"]) for p in preempts) == [("gang", "n1"), ("gang", "n2")]
         [selected] = await conn.fetch("SELECT payload FROM events WHERE type = 'VictimsSelected'")
         assert selected["payload"]["victims"] == ["gang"] and selected["payload"]["node_ids"] == ["n1", "n2"]
+    finally:
+        await conn.close()
+
+
+async def test_a_batch_of_deferred_jobs_is_weighed_on_one_read_of_the_cluster(settings):
+    """``consider_all``: jobs read together, the cluster read once while nobody changes it (the cache) and
+    again after a preemption; each job's evaluation recorded, the first preempts, the second (same shape,
+    nothing of lower priority left) waits, and a third that is placed already is left alone."""
+    conn = await connect(settings.database_url)
+    cache = ClusterCache()
+    try:
+        async with conn.transaction():
+            await process(conn, node("n1", "A100-80GB", gpus=4), NOW, POLICY)
+            await run(conn, "low", "team-b", "A100-80GB", [("n1", (0, 1, 2, 3))])
+            for job_id in ("h1", "h2", "gone"):
+                spec = a_job(job_id).tenant("team-b").gpus(4).model("A100-80GB").priority(100).spec()
+                state = await load_job(conn, job_id)
+                for command in (lifecycle.RegisterSubmission(spec, NOW), lifecycle.ReserveQuota(4, 64, "A100-80GB")):
+                    state = await append_job_events(conn, state, lifecycle.decide(state, command, NOW),
+                                                    producer="test", now=NOW)
+            state = await load_job(conn, "gone")
+            await append_job_events(conn, state, lifecycle.decide(state, lifecycle.Cancel("changed my mind"), NOW),
+                                    producer="test", now=NOW)
+        policy = PreemptionSettings.of(settings).policy()
+        async with conn.transaction():
+            await consider_all(conn, ["gone", "h1", "h2"], policy, NOW, cache=cache)
+        assert cache.loads == 2  # once for h1, again for h2 after h1's preemption changed the cluster
+        rows = {r["job_id"]: r for r in await conn.fetch("SELECT * FROM preemption_evaluations")}
+        assert sorted(rows) == ["h1", "h2"] and rows["h1"]["outcome"] == "preempt"
+        assert rows["h2"]["outcome"] in ("await", "none") and rows["h2"]["reasons"]
+        async with conn.transaction():  # nothing changed since: the cluster is not read again
+            await consider_all(conn, ["h2"], policy, NOW, cache=cache)
+        assert (cache.loads, cache.hits) == (2, 1)
     finally:
         await conn.close()
 

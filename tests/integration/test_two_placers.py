@@ -15,7 +15,7 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import placement as engine
 from services.placement.handlers import apply, process
 from services.placement.handlers import run_cycle
-from services.placement.store import ClusterCache
+from gpusched_common.stores.cluster import ClusterCache
 from tests.builders import T0, a_job
 from tests.integration.test_placement_leases import registered
 

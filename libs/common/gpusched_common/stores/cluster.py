@@ -78,9 +78,12 @@ async def nominate(conn: asyncpg.Connection, job_id: str, placement: engine.Deci
          for b in placement.bindings for i in b.gpu_indices])
 
 
-async def has_nomination(conn: asyncpg.Connection, job_id: str) -> bool:
-    """Whether GPUs are held for the job (its victims are stopping)."""
-    return bool(await conn.fetchval("SELECT 1 FROM gpu_nominations WHERE job_id = $1 LIMIT 1", job_id))
+async def nominated(conn: asyncpg.Connection, job_ids: list[str]) -> set[str]:
+    """Those of ``job_ids`` GPUs are held for (their victims are stopping)."""
+    if not job_ids:
+        return set()
+    return {r["job_id"] for r in await conn.fetch(
+        "SELECT DISTINCT job_id FROM gpu_nominations WHERE job_id = ANY($1::text[])", job_ids)}
 
 
 @dataclass(frozen=True)
@@ -156,3 +159,46 @@ async def node_log_urls(conn: asyncpg.Connection, node_ids: list[str]) -> dict[s
     """Where each node serves its jobs' logs (None: it serves none); for the gateway."""
     rows = await conn.fetch("SELECT node_id, log_url FROM nodes WHERE node_id = ANY($1::text[])", node_ids)
     return {r["node_id"]: r["log_url"] for r in rows}
+
+
+class ClusterCache:
+    """The cluster as this process last loaded or placed onto it, tagged with the store's placement version
+    (migration 012). A cycle reuses it while nobody else changed nodes, GPUs, allocations or nominations,
+    and otherwise loads the cluster again; both are read under the cycle lock, which every writer of
+    those tables holds, so the version read at a cycle's end covers exactly that cycle's own writes."""
+
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._nodes: list[NodeRow] = []
+        self._snapshot: engine.ClusterSnapshot | None = None
+        self.hits = 0
+        self.loads = 0
+
+    async def load(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
+        version = await conn.fetchval("SELECT version FROM placement_version")
+        if self._snapshot is not None and version == self._version:
+            self.hits += 1
+            return self._nodes, self._snapshot
+        self.loads += 1
+        return await load_cluster(conn)
+
+    async def current(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
+        """The cluster now, kept for the next reader (a reader that does not place: preemption). Under the
+        cycle lock no one else writes, so the version read first is the version of what is loaded."""
+        version = await conn.fetchval("SELECT version FROM placement_version")
+        if self._snapshot is not None and version == self._version:
+            self.hits += 1
+            return self._nodes, self._snapshot
+        self.loads += 1
+        nodes, snapshot = await load_cluster(conn)
+        self._version, self._nodes, self._snapshot = version, nodes, snapshot
+        return nodes, snapshot
+
+    async def keep(self, conn: asyncpg.Connection, nodes: list[NodeRow], snapshot: engine.ClusterSnapshot) -> None:
+        """Remember the cluster as this transaction leaves it; should the transaction roll back, its
+        version is never seen again and the next cycle loads afresh."""
+        self._version = await conn.fetchval("SELECT version FROM placement_version")
+        self._nodes, self._snapshot = nodes, snapshot
+
+    def forget(self) -> None:
+        self._version, self._snapshot = None, None

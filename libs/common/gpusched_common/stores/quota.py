@@ -70,9 +70,11 @@ async def judged_jobs(conn: asyncpg.Connection, tenant: str) -> int:
         " + (SELECT count(*) FROM quota_policy_reservations WHERE tenant = $1)", tenant)
 
 
-async def reserved_tenant(conn: asyncpg.Connection, job_id: str) -> str | None:
-    """The tenant quota reserved the job's GPUs for (None: no reservation)."""
-    return await conn.fetchval("SELECT tenant FROM quota_policy_reservations WHERE job_id = $1", job_id)
+async def reserved_tenants(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, str]:
+    """The tenant quota reserved each job's GPUs for (a job without a reservation is left out)."""
+    rows = await conn.fetch("SELECT job_id, tenant FROM quota_policy_reservations WHERE job_id = ANY($1::text[])",
+                            job_ids)
+    return {r["job_id"]: r["tenant"] for r in rows}
 
 
 async def quota_queue(conn: asyncpg.Connection, now: datetime,
