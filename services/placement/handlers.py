@@ -27,9 +27,9 @@ from gpusched_core import bulkheads, lifecycle
 from gpusched_core import placement as engine
 from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, run_plan
 from gpusched_core.placement.launch import start_commands
-from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, other_run, select_expired
+from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, select_expired
 from services.placement import starts, store
-from services.placement.reports import defer_heartbeat, load_senders
+from services.placement.reports import defer_heartbeat, flush_starts, load_senders, record_start, this_run
 from gpusched_common.stores.cluster import ClusterCache
 from services.placement.store import SERVICE
 
@@ -74,6 +74,10 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
         if isinstance(payload, ev.NodeHeartbeat) and not _out_of_range(payload):
             defer_heartbeat(payload, batch, clock)
             return
+        if isinstance(payload, ev.JobStartReported) and not _out_of_range(payload):
+            await record_start(conn, payload, batch, clock())
+            return
+        await flush_starts(conn, batch)  # what follows may read a job whose start is still to be written
         if await apply(conn, payload, clock()):
             batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
 
@@ -192,14 +196,15 @@ async def on_gpu_health(conn: asyncpg.Connection, change: ev.GpuHealthChanged, n
 
 
 async def on_started(conn: asyncpg.Connection, report: ev.JobStartReported, now: datetime) -> bool:
-    if not await _stale(conn, report.node_id, report.lease_epoch) and await _this_run(conn, report):
-        await starts.acknowledged(conn, report)
-        await _decide(conn, report.job_id, lifecycle.RecordStart(report.node_id, report.pid, report.started_at), now)
+    """One start report alone (a batch of node reports records its starts together: ``record_start``)."""
+    batch = Batch()
+    await record_start(conn, report, batch, now)
+    await batch.finish(conn)
     return False
 
 
 async def on_checkpointed(conn: asyncpg.Connection, report: ev.JobCheckpointReported, now: datetime) -> bool:
-    if not await _stale(conn, report.node_id, report.lease_epoch) and await _this_run(conn, report):
+    if not await _stale(conn, report.node_id, report.lease_epoch) and await this_run(conn, report):
         command = lifecycle.RecordCheckpoint(report.node_id, report.checkpoint_ref, report.checkpointed_at)
         await _decide(conn, report.job_id, command, now)
     return False
@@ -208,7 +213,7 @@ async def on_checkpointed(conn: asyncpg.Connection, report: ev.JobCheckpointRepo
 async def on_exited(conn: asyncpg.Connection, report: ev.JobExitReported, now: datetime) -> bool:
     if await _stale(conn, report.node_id, report.lease_epoch):
         return False  # the node was declared lost at this epoch and its jobs were requeued already
-    if not await _this_run(conn, report):
+    if not await this_run(conn, report):
         return False
     if report.reason_code in REQUEUE_REASON_CODES:
         reason = f"requeued from {report.node_id}: {REQUEUE_REASON_CODES[report.reason_code]}"
@@ -371,19 +376,6 @@ async def _stop_members(conn: asyncpg.Connection, state: lifecycle.JobState, exc
     """Stop the job's gang members still running on nodes other than ``except_node``."""
     running = [n for n in state.node_ids if n != except_node and n not in state.exited_nodes]
     await store.stop_on(conn, state.job_id, running, reason, now)
-
-
-OTHER_RUN = Ignored("reports of another run or node than the job's")
-
-
-async def _this_run(conn: asyncpg.Connection,
-                    report: ev.JobStartReported | ev.JobCheckpointReported | ev.JobExitReported) -> bool:
-    """Whether the report is of the job's current run on a node it runs on (else ignored and counted)."""
-    state = await load_job(conn, report.job_id)
-    why = other_run(state.node_ids, state.runs, report.node_id, report.attempt)
-    if why is not None:
-        OTHER_RUN.note(report.TYPE, f"{report.job_id[:60]}: {why}")
-    return why is None
 
 
 async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:

@@ -35,10 +35,12 @@ async def forget_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> None:
     await conn.execute("DELETE FROM placement_starts WHERE job_id = ANY($1::text[])", job_ids)
 
 
-async def acknowledged(conn: asyncpg.Connection, report: ev.JobStartReported) -> None:
-    """The node reports the run started: its StartJob needs no sending again."""
-    await conn.execute("DELETE FROM placement_starts WHERE job_id = $1 AND node_id = $2 AND attempt = $3",
-                       report.job_id, report.node_id, report.attempt or 1)
+async def acknowledged_many(conn: asyncpg.Connection, reports: list[ev.JobStartReported]) -> None:
+    """The nodes report these runs started: their StartJobs need no sending again (one statement)."""
+    await conn.execute(
+        "DELETE FROM placement_starts s USING unnest($1::text[], $2::text[], $3::int[]) AS r(job_id, node_id, attempt)"
+        " WHERE s.job_id = r.job_id AND s.node_id = r.node_id AND s.attempt = r.attempt",
+        [r.job_id for r in reports], [r.node_id for r in reports], [r.attempt or 1 for r in reports])
 
 
 async def resend_unacknowledged(conn: asyncpg.Connection, now: datetime, resend_after_s: float) -> list[str]:

@@ -227,6 +227,13 @@ async def lost_epoch(conn: asyncpg.Connection, node_id: str) -> int | None:
     return await conn.fetchval("SELECT lost_epoch FROM nodes WHERE node_id = $1", node_id)
 
 
+async def lost_epochs(conn: asyncpg.Connection, node_ids: list[str]) -> dict[str, int | None]:
+    """``lost_epoch`` of each of ``node_ids`` (an unknown node: None), one query for all."""
+    rows = await conn.fetch("SELECT node_id, lost_epoch FROM nodes WHERE node_id = ANY($1::text[])", node_ids)
+    found = {r["node_id"]: r["lost_epoch"] for r in rows}
+    return {node_id: found.get(node_id) for node_id in node_ids}
+
+
 async def leases(conn: asyncpg.Connection) -> list[NodeLease]:
     rows = await conn.fetch(
         "SELECT node_id, lease_epoch, last_seen_at, lease_ttl_s, fence_grace_s, status FROM nodes")

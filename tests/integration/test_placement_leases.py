@@ -407,3 +407,55 @@ async def test_a_batch_of_heartbeats_renews_every_lease_in_one_update_and_keeps_
         assert rows["n3"]["last_seen_at"] != later
     finally:
         await conn.close()
+
+
+async def test_a_batch_of_start_reports_is_written_together_and_in_order_with_what_follows(database_url):
+    """A batch of node reports records its starts at its end, all together (and their StartJobs as answered),
+    but before anything that reads the job again: a run's exit in the same batch follows its start, a start
+    reported twice is one JobStarted, and a report from an epoch declared lost changes nothing."""
+    import uuid
+
+    from gpusched_common.batching import Batch
+    from gpusched_common.messaging import Incoming
+    from gpusched_common.topics import NODES_REPORTS
+    from gpusched_common.stores.cluster import ClusterCache
+    from services.placement.handlers import make_handler
+
+    def report(payload, offset):
+        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
+                                    occurred_at=T0, producer="node-agent")
+        return Incoming(NODES_REPORTS.name, 0, offset, payload.node_id, envelope.model_dump_json().encode(), {})
+
+    def started(job_id, node):
+        return ev.JobStartReported(job_id=job_id, node_id=node, pid=100, started_at=T0, lease_epoch=1, attempt=1)
+
+    handler = make_handler(lambda: T0, POLICY, ClusterCache(), accept_unsigned=True)
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            for node in ("n1", "n2", "n3", "n4"):  # a node each
+                await apply(conn, registered(node), T0)
+            for job_id in ("a", "b", "c", "d"):
+                await apply(conn, await queue_job(conn, job_id, 2), T0)
+        placed = {r["job_id"]: r["node_id"] for r in await conn.fetch("SELECT job_id, node_id FROM placement_starts")}
+        assert sorted(placed) == ["a", "b", "c", "d"]
+        lost = placed["d"]
+        await conn.execute("UPDATE nodes SET lost_epoch = 1 WHERE node_id = $1", lost)
+        payloads = [started("a", placed["a"]), started("b", placed["b"]),
+                    ev.JobExitReported(job_id="b", node_id=placed["b"], exit_code=0, runtime_s=1.0, lease_epoch=1,
+                                       attempt=1),
+                    started("c", placed["c"]), started("a", placed["a"]), started("d", lost)]
+        messages = [report(p, i) for i, p in enumerate(payloads)]
+        batch = Batch(tuple(messages))
+        async with conn.transaction():
+            for message in messages:
+                await handler(conn, message, batch)
+            await batch.finish(conn)
+        assert [t for t, _ in await history(conn, "a")][-2:] == ["JobPlaced", "JobStarted"]
+        assert [t for t, _ in await history(conn, "b")][-2:] == ["JobStarted", "JobSucceeded"]
+        assert [t for t, _ in await history(conn, "c")][-1] == "JobStarted"
+        assert [t for t, _ in await history(conn, "d")][-1] == "JobPlaced"  # its node's epoch was declared lost
+        left = {r["job_id"] for r in await conn.fetch("SELECT job_id FROM placement_starts")}
+        assert left == {"d"}  # the others' StartJobs are answered: never sent again
+    finally:
+        await conn.close()

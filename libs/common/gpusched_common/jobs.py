@@ -165,12 +165,17 @@ def defer_job_events(batch: Batch, state: JobState, payloads: tuple[ev.Payload, 
         return state
     pending: list[PreparedAppend] = batch.memo.setdefault(f"job-appends:{producer}", [])  # type: ignore[assignment]
     pending.append(prepared)
-
-    async def flush(c: asyncpg.Connection) -> None:
-        await write_prepared(c, pending, producer=producer)
-
-    batch.after(f"job-appends:{producer}", flush)
+    batch.after(f"job-appends:{producer}", lambda c: flush_job_events(c, batch, producer=producer))
     return prepared.state
+
+
+async def flush_job_events(conn: asyncpg.Connection, batch: Batch, *, producer: str) -> None:
+    """Write the batch's deferred appends now (a handler about to read one of their jobs again calls it)."""
+    pending: list[PreparedAppend] = batch.memo.get(f"job-appends:{producer}", [])  # type: ignore[assignment]
+    if pending:
+        written = list(pending)
+        pending.clear()
+        await write_prepared(conn, written, producer=producer)
 
 
 def _json_default(value: object) -> str:
