@@ -4,11 +4,15 @@ once, its jobs are requeued exactly once and placed elsewhere, and late reports 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 
 from gpusched_core import lifecycle
 from gpusched_common import events as ev
+from gpusched_common.batching import Batch
 from gpusched_common.db import connect
+from gpusched_common.messaging import Incoming
+from gpusched_common.topics import NODES_REPORTS
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import placement as engine
 from services.placement.handlers import check_leases, process
@@ -53,6 +57,21 @@ async def history(conn, job_id: str) -> list[tuple[str, str | None]]:
     rows = await conn.fetch("SELECT type, payload->>'node_id' AS node FROM events WHERE stream_id = $1"
                             " ORDER BY version", f"job-{job_id}")
     return [(r["type"], r["node"]) for r in rows]
+
+async def apply_as_batch(conn, handler, payloads) -> None:
+    """Node reports through placement's handler as one consumer batch in one transaction."""
+    messages = []
+    for offset, payload in enumerate(payloads):
+        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
+                                    occurred_at=T0, producer="node-agent")
+        messages.append(Incoming(NODES_REPORTS.name, 0, offset, payload.node_id, envelope.model_dump_json().encode(),
+                                 {}))
+    batch = Batch(tuple(messages))
+    async with conn.transaction():
+        for message in messages:
+            await handler(conn, message, batch)
+        await batch.finish(conn)
+
 
 
 async def test_a_lost_node_has_its_jobs_requeued_once_and_placed_elsewhere(database_url):
@@ -187,11 +206,7 @@ async def test_gpus_held_for_a_preemptor_that_is_not_placed_on_them_go_back_afte
 async def test_a_forged_job_event_frees_no_gpu_and_places_nothing(database_url):
     """On gpusched.jobs.events a message is a claim that the event store holds it: a JobCancelled nobody
     appended frees no GPU of a placed job; a QuotaReserved nobody appended queues nothing."""
-    import uuid
-
-    from gpusched_common.batching import Batch
     from gpusched_common.ids import job_stream
-    from gpusched_common.messaging import Incoming
     from gpusched_common.stores.cluster import ClusterCache
     from services.placement.handlers import make_handler
 
@@ -368,18 +383,8 @@ async def test_a_batch_of_heartbeats_renews_every_lease_in_one_update_and_keeps_
     """A batch's heartbeats are written at its end in one statement: of a node's beats the later one
     counts (its running jobs), a beat of a newer epoch moves the lease on, and a beat of an epoch declared
     lost renews nothing."""
-    import uuid
-
-    from gpusched_common.batching import Batch
-    from gpusched_common.messaging import Incoming
-    from gpusched_common.topics import NODES_REPORTS
-    from services.placement.handlers import make_handler
     from gpusched_common.stores.cluster import ClusterCache
-
-    def report(payload, offset):
-        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
-                                    occurred_at=T0, producer="node-agent")
-        return Incoming(NODES_REPORTS.name, 0, offset, payload.node_id, envelope.model_dump_json().encode(), {})
+    from services.placement.handlers import make_handler
 
     later = T0 + timedelta(seconds=20)
     handler = make_handler(lambda: later, POLICY, ClusterCache(), accept_unsigned=True)
@@ -394,12 +399,7 @@ async def test_a_batch_of_heartbeats_renews_every_lease_in_one_update_and_keeps_
                  heartbeat("n1").model_copy(update={"running_jobs": ["a", "b"]}),
                  heartbeat("n3"),
                  heartbeat("n2", epoch=1)]  # older than the batch's other beat of n2
-        messages = [report(b, i) for i, b in enumerate(beats)]
-        batch = Batch(tuple(messages))
-        async with conn.transaction():
-            for message in messages:
-                await handler(conn, message, batch)
-            await batch.finish(conn)
+        await apply_as_batch(conn, handler, beats)
         rows = {r["node_id"]: r for r in await conn.fetch(
             "SELECT node_id, last_seen_at, lease_epoch, reported_jobs FROM nodes")}
         assert rows["n1"]["last_seen_at"] == later and rows["n1"]["reported_jobs"] == ["a", "b"]
@@ -413,18 +413,8 @@ async def test_a_batch_of_start_reports_is_written_together_and_in_order_with_wh
     """A batch of node reports records its starts at its end, all together (and their StartJobs as answered),
     but before anything that reads the job again: a run's exit in the same batch follows its start, a start
     reported twice is one JobStarted, and a report from an epoch declared lost changes nothing."""
-    import uuid
-
-    from gpusched_common.batching import Batch
-    from gpusched_common.messaging import Incoming
-    from gpusched_common.topics import NODES_REPORTS
     from gpusched_common.stores.cluster import ClusterCache
     from services.placement.handlers import make_handler
-
-    def report(payload, offset):
-        envelope = ev.make_envelope(payload, event_id=str(uuid.uuid4()), stream_id=f"node-{payload.node_id}",
-                                    occurred_at=T0, producer="node-agent")
-        return Incoming(NODES_REPORTS.name, 0, offset, payload.node_id, envelope.model_dump_json().encode(), {})
 
     def started(job_id, node):
         return ev.JobStartReported(job_id=job_id, node_id=node, pid=100, started_at=T0, lease_epoch=1, attempt=1)
@@ -445,12 +435,7 @@ async def test_a_batch_of_start_reports_is_written_together_and_in_order_with_wh
                     ev.JobExitReported(job_id="b", node_id=placed["b"], exit_code=0, runtime_s=1.0, lease_epoch=1,
                                        attempt=1),
                     started("c", placed["c"]), started("a", placed["a"]), started("d", lost)]
-        messages = [report(p, i) for i, p in enumerate(payloads)]
-        batch = Batch(tuple(messages))
-        async with conn.transaction():
-            for message in messages:
-                await handler(conn, message, batch)
-            await batch.finish(conn)
+        await apply_as_batch(conn, handler, payloads)
         assert [t for t, _ in await history(conn, "a")][-2:] == ["JobPlaced", "JobStarted"]
         assert [t for t, _ in await history(conn, "b")][-2:] == ["JobStarted", "JobSucceeded"]
         assert [t for t, _ in await history(conn, "c")][-1] == "JobStarted"
