@@ -4,6 +4,7 @@ output in a log file, and a stop that escalates from SIGTERM to SIGKILL."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,7 +12,32 @@ import time
 from pathlib import Path
 
 
+_LOWEST_PORT = 20_000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (their local ports)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on, for a process started next to listen on. Taken below the kernel's
+    ephemeral range where there is room: a port of that range (what binding port 0 gives) may meanwhile become
+    the local port of any outgoing connection (to the broker, to PostgreSQL), and the process that was to
+    listen there then fails with "address already in use"."""
+    low = _ephemeral_low()
+    if low - _LOWEST_PORT >= 1_000:
+        for _ in range(50):
+            port = random.randrange(_LOWEST_PORT, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
