@@ -381,4 +381,3 @@ class JobRunner:
     def _exit_path(self, job_id: str) -> Path:
         legacy = self._dir / f"{job_id}.exit"  # a job started by an agent before job directories
         return legacy if legacy.exists() else self.job_dir(job_id) / "exit"
-

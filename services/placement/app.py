@@ -11,6 +11,7 @@ from gpusched_common import kafka_admin
 from gpusched_common.db import DATABASE_AWAY, yielding_to_live_work
 from gpusched_common.kafka_client import client_options
 from gpusched_common.runtime import Runtime, StoreClock, run_service
+from gpusched_common.stores.cluster import ClusterCache
 from gpusched_common.topics import (
     GROUP_PLACEMENT_CONTROL,
     GROUP_PLACEMENT_JOBS,
@@ -26,7 +27,6 @@ from services.placement import recovery, republish, starts, store
 from services.placement.handlers import check_leases, make_handler, run_cycle
 from services.placement.settings import PlacementSettings
 from services.placement.node_control import make_node_control_handler
-from gpusched_common.stores.cluster import ClusterCache
 from services.placement.store import SERVICE
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from gpusched_common.jobs import append_job_events, append_many_job_events, load
 from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
-from gpusched_common.stores.cluster import lock_cycle, pending_jobs
+from gpusched_common.stores.cluster import ClusterCache, lock_cycle, pending_jobs
 from gpusched_common.senders import RefusalCounts
 from gpusched_common.topics import JOBS_EVENTS, NODES_REPORTS
 
@@ -30,7 +30,6 @@ from gpusched_core.placement.launch import start_commands
 from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, select_expired
 from services.placement import starts, store
 from services.placement.reports import defer_heartbeat, flush_starts, load_senders, record_start, this_run
-from gpusched_common.stores.cluster import ClusterCache
 from services.placement.store import SERVICE
 
 # the job events placement claims (as ``topics.INBOX_READERS`` says: the relay counts on it)

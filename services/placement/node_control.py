@@ -17,7 +17,7 @@ from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.identity import OPERATOR
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim
-from gpusched_common.stores.cluster import lock_cycle
+from gpusched_common.stores.cluster import ClusterCache, lock_cycle
 from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import lifecycle
 from gpusched_core import placement as engine
@@ -25,7 +25,6 @@ from gpusched_core.preemption.jobs import preempt_commands
 
 from services.placement import store
 from services.placement.handlers import run_cycle
-from gpusched_common.stores.cluster import ClusterCache
 from services.placement.store import SERVICE
 
 log = logging.getLogger(__name__)

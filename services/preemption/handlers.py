@@ -111,7 +111,7 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
     plans = []
     for state in waiting:
         if cluster is None:
-            cluster = (await cache.current(conn))[1], await load_running(conn)
+            cluster = (await cache.load(conn))[1], await load_running(conn)
         plan = await _consider(conn, state, tenants[state.job_id], cluster, policy, now)
         plans.append(plan)
         if plan.outcome == "preempt":

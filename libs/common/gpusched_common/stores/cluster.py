@@ -175,16 +175,8 @@ class ClusterCache:
         self.loads = 0
 
     async def load(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
-        version = await conn.fetchval("SELECT version FROM placement_version")
-        if self._snapshot is not None and version == self._version:
-            self.hits += 1
-            return self._nodes, self._snapshot
-        self.loads += 1
-        return await load_cluster(conn)
-
-    async def current(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
-        """The cluster now, kept for the next reader (a reader that does not place: preemption). Under the
-        cycle lock no one else writes, so the version read first is the version of what is loaded."""
+        """The cluster now, kept for the next reader. Under the cycle lock no one else writes, so the version
+        read first is the version of what is loaded (a placer then ``keep``s what its cycle leaves)."""
         version = await conn.fetchval("SELECT version FROM placement_version")
         if self._snapshot is not None and version == self._version:
             self.hits += 1
