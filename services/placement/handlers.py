@@ -27,9 +27,10 @@ from gpusched_core import bulkheads, lifecycle
 from gpusched_core import placement as engine
 from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, run_plan
 from gpusched_core.placement.launch import start_commands
-from gpusched_core.placement.leases import REQUEUE_REASON_CODES, is_stale, select_expired
+from gpusched_core.placement.leases import is_stale, select_expired
 from services.placement import starts, store
-from services.placement.reports import defer_heartbeat, flush_starts, load_senders, record_start, this_run
+from services.placement.ends import on_exited, record_exit, requeue
+from services.placement.reports import defer_heartbeat, flush_reports, load_senders, record_start, this_run
 from services.placement.store import SERVICE
 
 # the job events placement claims (as ``topics.INBOX_READERS`` says: the relay counts on it)
@@ -76,7 +77,14 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
         if isinstance(payload, ev.JobStartReported) and not _out_of_range(payload):
             await record_start(conn, payload, batch, clock())
             return
-        await flush_starts(conn, batch)  # what follows may read a job whose start is still to be written
+        if isinstance(payload, ev.JobExitReported) and not _out_of_range(payload):
+            if "cycle-locked" not in batch.memo:  # it gives GPUs back: under the cycle lock, taken once a batch
+                await lock_cycle(conn)
+                batch.memo["cycle-locked"] = True
+            if await record_exit(conn, payload, batch, clock()):
+                batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
+            return
+        await flush_reports(conn, batch)  # what follows may read a job whose start or end is still to be written
         if await apply(conn, payload, clock()):
             batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
 
@@ -209,29 +217,6 @@ async def on_checkpointed(conn: asyncpg.Connection, report: ev.JobCheckpointRepo
     return False
 
 
-async def on_exited(conn: asyncpg.Connection, report: ev.JobExitReported, now: datetime) -> bool:
-    if await _stale(conn, report.node_id, report.lease_epoch):
-        return False  # the node was declared lost at this epoch and its jobs were requeued already
-    if not await this_run(conn, report):
-        return False
-    if report.reason_code in REQUEUE_REASON_CODES:
-        reason = f"requeued from {report.node_id}: {REQUEUE_REASON_CODES[report.reason_code]}"
-        return await requeue(conn, report.job_id, report.node_id, reason, now)
-    state = await load_job(conn, report.job_id)
-    events = lifecycle.decide(state, lifecycle.RecordExit(report.node_id, report.exit_code, report.runtime_s,
-                                                          report.error), now)
-    await append_job_events(conn, state, events, producer=SERVICE, now=now)
-    if not events:
-        return False
-    if isinstance(events[0], ev.GangMemberExited):  # the rest of the gang runs on; this node's GPUs are free
-        await store.release_gpus(conn, report.job_id, report.node_id)
-        return True
-    # a gang that failed on one node: stop the members still running elsewhere
-    await store.release_gpus(conn, report.job_id)
-    await _stop_members(conn, state, report.node_id, f"gang member on {report.node_id} ended the job", now)
-    return True
-
-
 OUT_OF_RANGE = Ignored("node messages with numbers out of range")
 
 
@@ -250,23 +235,6 @@ _HANDLERS = {ev.QuotaReserved: on_reserved, ev.JobCancelled: on_cancelled, ev.Jo
              ev.NodeRegistered: on_registered,
              ev.NodeHeartbeat: on_heartbeat, ev.GpuHealthChanged: on_gpu_health, ev.JobStartReported: on_started,
              ev.JobCheckpointReported: on_checkpointed, ev.JobExitReported: on_exited}
-
-
-async def requeue(conn: asyncpg.Connection, job_id: str, node_id: str, reason: str, now: datetime) -> bool:
-    """Take a job off a node through no fault of its own and queue it for placement again."""
-    state = await load_job(conn, job_id)
-    events = lifecycle.decide(state, lifecycle.Requeue(node_id, reason), now)
-    if not events:
-        return False
-    await append_job_events(conn, state, events, producer=SERVICE, now=now)
-    await store.release_gpus(conn, job_id)
-    await _stop_members(conn, state, node_id, reason, now)  # a gang runs whole or not at all
-    if isinstance(events[0], ev.JobCancelled):
-        return True  # it was being cancelled: it ends here, and is not queued again
-    assert state.spec is not None
-    # requeued, it still runs on the model its quota is charged for
-    await store.queue_for_placement(conn, job_id, bound_to_charge(state.spec, state.charged_model))
-    return True
 
 
 OWN_GAP_S = 5.0  # placement itself did not check leases this long (paused, its database down): not the nodes' fault
@@ -368,13 +336,6 @@ async def commit_placements(conn: asyncpg.Connection, placements: list[Placement
 async def _decide(conn: asyncpg.Connection, job_id: str, command: lifecycle.Command, now: datetime) -> None:
     state = await load_job(conn, job_id)
     await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
-
-
-async def _stop_members(conn: asyncpg.Connection, state: lifecycle.JobState, except_node: str, reason: str,
-                        now: datetime) -> None:
-    """Stop the job's gang members still running on nodes other than ``except_node``."""
-    running = [n for n in state.node_ids if n != except_node and n not in state.exited_nodes]
-    await store.stop_on(conn, state.job_id, running, reason, now)
 
 
 async def _stale(conn: asyncpg.Connection, node_id: str, epoch: int | None) -> bool:

@@ -1,6 +1,6 @@
 """Node reports read a batch at a time: every sender's key in one query, every heartbeat in one update, the
-batch's job starts in a few statements for all (their lease epochs read at once, their events appended and
-their StartJobs acknowledged together)."""
+batch's job starts and ends in a few statements for all (their lease epochs read at once, their events
+appended, their StartJobs acknowledged and their GPUs given back together)."""
 
 from __future__ import annotations
 
@@ -45,38 +45,67 @@ def defer_heartbeat(beat: ev.NodeHeartbeat, batch: Batch, clock: Callable[[], da
     batch.after("heartbeats", lambda c: store.record_heartbeats(c, list(beats.values()), clock()))
 
 
-_DEFERRED_STARTS = "deferred-starts"  # batch memo: the jobs whose start is to be written at the batch's end
+_DEFERRED = "deferred-reports"  # batch memo: the jobs whose start or end is to be written at the batch's end
 _ACKNOWLEDGED = "acknowledged-starts"  # batch memo: the start reports whose StartJobs need no sending again
+_RELEASED = "released-jobs"  # batch memo: the jobs that ended, whose GPUs go back at the batch's end
 _LOST_EPOCHS = "lost-epochs"  # batch memo: the epoch at which each reporting node was declared lost
+_FLUSH = "acknowledged-starts"  # the batch's after-work key of ``flush_reports`` (sorted before its cycle)
 
 
 async def record_start(conn: asyncpg.Connection, report: ev.JobStartReported, batch: Batch, now: datetime) -> None:
     """A node reports a run started: unless the node's epoch was declared lost or the report is of another run,
-    the job's JobStarted is written, and its StartJob is no longer sent again, with the batch's other starts at
-    its end (``flush_starts``; a handler that reads a job again calls it first)."""
-    deferred: set[str] = batch.memo.setdefault(_DEFERRED_STARTS, set())  # type: ignore[assignment]
-    if report.job_id in deferred:
-        await flush_starts(conn, batch)  # the same run reported again in the batch: decided on what is written
-    if is_stale(report.lease_epoch, await _lost_epoch(conn, batch, report.node_id)) or not await this_run(conn, report):
+    the job's JobStarted is written, and its StartJob is no longer sent again, with the batch's other reports at
+    its end (``flush_reports``; a handler that reads a job again calls it first)."""
+    if not await current_report(conn, report, batch):
         return
     acknowledged: list[ev.JobStartReported] = batch.memo.setdefault(_ACKNOWLEDGED, [])  # type: ignore[assignment]
     acknowledged.append(report)
-    batch.after(_ACKNOWLEDGED, lambda c: flush_starts(c, batch))
+    batch.after(_FLUSH, lambda c: flush_reports(c, batch))
     state = await load_job(conn, report.job_id)
     defer_job_events(batch, state, lifecycle.decide(state, lifecycle.RecordStart(report.node_id, report.pid,
                                                                                  report.started_at), now),
                      producer=SERVICE, now=now)
-    deferred.add(report.job_id)
+    _deferred(batch).add(report.job_id)
 
 
-async def flush_starts(conn: asyncpg.Connection, batch: Batch) -> None:
-    """Write the batch's starts recorded so far: their StartJobs acknowledged, their events appended."""
+async def current_report(conn: asyncpg.Connection, report: ev.JobStartReported | ev.JobExitReported,
+                         batch: Batch) -> bool:
+    """Whether a start or exit report is of the job's current run, from a node whose epoch was not declared lost
+    (the batch's reports of the job so far written first: the same run reported again is judged on them)."""
+    if report.job_id in _deferred(batch):
+        await flush_reports(conn, batch)
+    if is_stale(report.lease_epoch, await _lost_epoch(conn, batch, report.node_id)):
+        return False  # the node was declared lost at this epoch and its jobs were requeued already
+    return await this_run(conn, report)
+
+
+def defer_exit(batch: Batch, state: lifecycle.JobState, events: tuple[ev.Payload, ...], now: datetime) -> None:
+    """A one-node run ended: its events and the release of its GPUs are written with the batch's other reports
+    at its end (``flush_reports``), before the batch's placement cycle."""
+    defer_job_events(batch, state, events, producer=SERVICE, now=now)
+    released: list[str] = batch.memo.setdefault(_RELEASED, [])  # type: ignore[assignment]
+    released.append(state.job_id)
+    batch.after(_FLUSH, lambda c: flush_reports(c, batch))
+    _deferred(batch).add(state.job_id)
+
+
+async def flush_reports(conn: asyncpg.Connection, batch: Batch) -> None:
+    """Write the batch's starts and ends recorded so far: StartJobs acknowledged, GPUs given back, events
+    appended."""
     acknowledged: list[ev.JobStartReported] = batch.memo.get(_ACKNOWLEDGED, [])  # type: ignore[assignment]
     if acknowledged:
         await starts.acknowledged_many(conn, acknowledged)
         acknowledged.clear()
+    released: list[str] = batch.memo.get(_RELEASED, [])  # type: ignore[assignment]
+    if released:
+        await store.release_jobs(conn, released)
+        released.clear()
     await flush_job_events(conn, batch, producer=SERVICE)
-    batch.memo.get(_DEFERRED_STARTS, set()).clear()  # type: ignore[union-attr]
+    _deferred(batch).clear()
+
+
+def _deferred(batch: Batch) -> set[str]:
+    return batch.memo.setdefault(_DEFERRED, set())  # type: ignore[return-value]
 
 
 async def _lost_epoch(conn: asyncpg.Connection, batch: Batch, node_id: str) -> int | None:

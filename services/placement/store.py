@@ -87,6 +87,11 @@ async def release_gpus(conn: asyncpg.Connection, job_id: str, node_id: str | Non
     return sorted({r["node_id"] for r in rows})
 
 
+async def release_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> None:
+    """Give back everything the jobs hold, one statement for all."""
+    await conn.execute("DELETE FROM gpu_allocations WHERE job_id = ANY($1::text[])", job_ids)
+
+
 async def nodes_of(conn: asyncpg.Connection, job_id: str) -> list[str]:
     """The nodes the job holds GPUs on."""
     rows = await conn.fetch("SELECT DISTINCT node_id FROM gpu_allocations WHERE job_id = $1 ORDER BY node_id", job_id)

@@ -444,3 +444,48 @@ async def test_a_batch_of_start_reports_is_written_together_and_in_order_with_wh
         assert left == {"d"}  # the others' StartJobs are answered: never sent again
     finally:
         await conn.close()
+
+
+async def test_a_batch_of_exit_reports_gives_gpus_back_together_before_its_cycle(database_url):
+    """A batch of node reports records its one-node jobs' ends at its end, all together, and its cycle then
+    places the jobs that waited on the GPUs they gave back; a start and an exit of one run in the same batch
+    keep their order, an exit reported twice is one end, and an exit from an epoch declared lost, or one that
+    asks for a requeue, is decided as before."""
+    from gpusched_common.stores.cluster import ClusterCache
+    from services.placement.handlers import make_handler
+
+    def started(job_id, node):
+        return ev.JobStartReported(job_id=job_id, node_id=node, pid=100, started_at=T0, lease_epoch=1, attempt=1)
+
+    def exited(job_id, node, code=0, reason_code=None):
+        return ev.JobExitReported(job_id=job_id, node_id=node, exit_code=code, runtime_s=1.0, lease_epoch=1,
+                                  attempt=1, reason_code=reason_code)
+
+    handler = make_handler(lambda: T0, POLICY, ClusterCache(), accept_unsigned=True)
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            for node in ("n1", "n2", "n3", "n4", "n5"):
+                await apply(conn, registered(node), T0)
+            for job_id in ("a", "b", "c", "d", "e", "w1", "w2", "w3"):  # five fill the cluster, three wait
+                await apply(conn, await queue_job(conn, job_id, 2), T0)
+        placed = {r["job_id"]: r["node_id"] for r in await conn.fetch("SELECT job_id, node_id FROM placement_starts")}
+        assert sorted(placed) == ["a", "b", "c", "d", "e"]
+        await apply_as_batch(conn, handler, [started(j, placed[j]) for j in ("a", "b", "c", "d")])
+        lost = placed["d"]
+        await conn.execute("UPDATE nodes SET lost_epoch = 1 WHERE node_id = $1", lost)
+        payloads = [exited("a", placed["a"]), exited("b", placed["b"], code=3), exited("a", placed["a"]),
+                    started("e", placed["e"]), exited("e", placed["e"]),
+                    exited("c", placed["c"], code=137, reason_code="gpu_unhealthy"), exited("d", lost)]
+        await apply_as_batch(conn, handler, payloads)
+        assert [t for t, _ in await history(conn, "a")][-2:] == ["JobStarted", "JobSucceeded"]
+        assert [t for t, _ in await history(conn, "b")][-2:] == ["JobStarted", "JobFailed"]
+        assert [t for t, _ in await history(conn, "e")][-2:] == ["JobStarted", "JobSucceeded"]
+        assert [t for t, _ in await history(conn, "c")][-2:-1] == ["JobRequeued"]  # queued again, placed again
+        assert [t for t, _ in await history(conn, "d")][-1] == "JobStarted"  # its node's epoch was declared lost
+        held = {r["job_id"] for r in await conn.fetch("SELECT DISTINCT job_id FROM gpu_allocations")}
+        # a, b, e and the requeued c gave their nodes back in the batch; its one cycle placed the three waiting
+        # jobs and c on them
+        assert held == {"c", "d", "w1", "w2", "w3"}
+    finally:
+        await conn.close()
