@@ -25,7 +25,7 @@ from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.stores.quota import recorded_reclaim
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import ClusterCache, load_cluster, lock_cycle, nominate, nominated
-from gpusched_common.stores.running import load_running
+from gpusched_common.stores.running import load_running, running_priorities
 from gpusched_common.stores.tenancy import TenancyStore
 
 from gpusched_core import lifecycle
@@ -94,18 +94,23 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
     already held for them and the tenants quota charges them to are read for all of them at once; the
     cluster (``cache``: as last read, while placement's version of it stands) and the running jobs once,
     and again only after a preemption changed them (a burst defers thousands of jobs, nearly all with
-    nobody to preempt); the evaluations are written together at the end."""
-    await lock_cycle(conn)
+    nobody to preempt); the evaluations are written together at the end. When no running job has a lower
+    priority than any of them and none is being preempted, nobody can be preempted for them whatever the
+    cluster holds: that is recorded without the cycle lock, the cluster or the running jobs (a full cluster of
+    one priority defers every job it queues, and placement's cycles would wait on each evaluation)."""
     tenancies = tenancies or TenancyStore()
-    states = await load_jobs(conn, job_ids)
-    waiting = [states[job_id] for job_id in job_ids
-               if states[job_id].status is lifecycle.JobStatus.QUEUED and states[job_id].spec is not None]
-    held = await nominated(conn, [state.job_id for state in waiting])  # their victims are already stopping
-    waiting = [state for state in waiting if state.job_id not in held]
+    waiting, tenants = await _waiting(conn, job_ids, tenancies)
     if not waiting:
         return  # placed (or gone) since they were deferred
-    specs = {state.job_id: state.spec for state in waiting if state.spec is not None}
-    tenants = await store.charged_tenants(conn, {job_id: spec.tenant for job_id, spec in specs.items()}, tenancies)
+    running = await running_priorities(conn)
+    quick = [sel.nobody_to_preempt(_preemptor(state, tenants[state.job_id]), *running) for state in waiting]
+    if all(plan is not None for plan in quick):
+        await store.record_evaluations(conn, [plan for plan in quick if plan is not None], now)
+        return
+    await lock_cycle(conn)
+    waiting, tenants = await _waiting(conn, job_ids, tenancies)  # again, as the lock's last holder left them
+    if not waiting:
+        return
     cache = cache or ClusterCache()
     cluster: tuple[engine.ClusterSnapshot, list] | None = None
     plans = []
@@ -119,15 +124,34 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
     await store.record_evaluations(conn, plans, now)
 
 
+async def _waiting(conn: asyncpg.Connection, job_ids: list[str],
+                   tenancies: TenancyStore) -> tuple[list[lifecycle.JobState], dict[str, str]]:
+    """Of ``job_ids``, those still queued with no GPUs held for them (their victims are already stopping), and
+    the tenant quota charges each to."""
+    states = await load_jobs(conn, job_ids)
+    waiting = [states[job_id] for job_id in job_ids
+               if states[job_id].status is lifecycle.JobStatus.QUEUED and states[job_id].spec is not None]
+    held = await nominated(conn, [state.job_id for state in waiting])
+    waiting = [state for state in waiting if state.job_id not in held]
+    if not waiting:
+        return [], {}
+    specs = {state.job_id: state.spec for state in waiting if state.spec is not None}
+    return waiting, await store.charged_tenants(conn, {job_id: spec.tenant for job_id, spec in specs.items()},
+                                                tenancies)
+
+
+def _preemptor(state: lifecycle.JobState, tenant: str) -> sel.Preemptor:
+    assert state.spec is not None
+    return sel.Preemptor(state.job_id, tenant, state.spec.priority, request_of(state.job_id, state.spec))
+
+
 async def _consider(conn: asyncpg.Connection, state: lifecycle.JobState, tenant: str,
                     cluster: tuple[engine.ClusterSnapshot, list], policy: PreemptionPolicy,
                     now: datetime) -> sel.PreemptionPlan:
     """One deferred job (charged to ``tenant``, as quota compares) against the cluster read for it: the plan,
     carried out when it preempts."""
-    job_id, spec = state.job_id, state.spec
-    assert spec is not None
     snapshot, running = cluster
-    preemptor = sel.Preemptor(job_id, tenant, spec.priority, request_of(job_id, spec))
+    preemptor = _preemptor(state, tenant)
     plan = sel.select_victims(snapshot, preemptor, running, now.timestamp(), config=policy.config)
     if plan.outcome == "preempt":
         assert plan.placement is not None

@@ -291,6 +291,49 @@ async def test_a_batch_of_deferred_jobs_is_weighed_on_one_read_of_the_cluster(se
         await conn.close()
 
 
+async def test_a_job_nobody_runs_below_is_weighed_without_the_cycle_lock(settings):
+    """With no running job of lower priority and none being preempted, ``consider_all`` records "none" while
+    placement holds the cycle lock (it neither waits for it nor reads the cluster); once a job of lower priority
+    runs, it needs the lock (here held elsewhere: its wait times out)."""
+    from gpusched_common.stores.cluster import lock_cycle
+
+    async def queued(job_id: str, priority: int) -> None:
+        spec = a_job(job_id).tenant("team-b").gpus(4).model("A100-80GB").priority(priority).spec()
+        state = await load_job(conn, job_id)
+        for command in (lifecycle.RegisterSubmission(spec, NOW), lifecycle.ReserveQuota(4, 64, "A100-80GB")):
+            state = await append_job_events(conn, state, lifecycle.decide(state, command, NOW), producer="test", now=NOW)
+
+    conn = await connect(settings.database_url)
+    holder = await connect(settings.database_url)
+    cache = ClusterCache()
+    policy = PreemptionSettings.of(settings).policy()
+    try:
+        async with conn.transaction():
+            await process(conn, node("n1", "A100-80GB", gpus=4), NOW, POLICY)
+            await run(conn, "same", "team-b", "A100-80GB", [("n1", (0, 1, 2, 3))])  # priority 0, as "w" below
+            await queued("w", 0)
+        async with holder.transaction():
+            await lock_cycle(holder)  # placement in the middle of a cycle
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = 2000")
+                await consider_all(conn, ["w"], policy, NOW, cache=cache)
+            row = await conn.fetchrow("SELECT outcome, reasons FROM preemption_evaluations WHERE job_id = 'w'")
+            assert row["outcome"] == "none" and cache.loads == 0
+            assert row["reasons"][1] == "no running job may be preempted for it"
+            async with conn.transaction():
+                await queued("h", 100)  # "same" runs below it: only the cluster can tell
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                async with conn.transaction():
+                    await conn.execute("SET LOCAL lock_timeout = 300")
+                    await consider_all(conn, ["h"], policy, NOW, cache=cache)
+        async with conn.transaction():  # placement's cycle is over: it preempts
+            await consider_all(conn, ["h"], policy, NOW, cache=cache)
+        assert await conn.fetchval("SELECT outcome FROM preemption_evaluations WHERE job_id = 'h'") == "preempt"
+    finally:
+        await holder.close()
+        await conn.close()
+
+
 GUEST_TENANCY = """
 version: 1
 flavors: [A100-80GB]

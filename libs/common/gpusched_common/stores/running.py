@@ -40,3 +40,15 @@ async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
                                       preempting=r["status"] == "Preempting", flavor=flavor,
                                       preempted_for=r["preempted_for"]))
     return running
+
+
+async def running_priorities(conn: asyncpg.Connection) -> tuple[int, int | None, int]:
+    """Of the jobs holding GPUs (``load_running``'s): how many run, the lowest priority among them, and how many
+    are being preempted; one query, no cycle lock."""
+    row = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE status <> 'Preempting') AS running,"
+        " min(priority) FILTER (WHERE status <> 'Preempting') AS lowest,"
+        " count(*) FILTER (WHERE status = 'Preempting') AS stopping"
+        " FROM jobs j WHERE j.status IN ('Placed', 'Running', 'Preempting')"
+        " AND EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id)")
+    return row["running"], row["lowest"], row["stopping"]

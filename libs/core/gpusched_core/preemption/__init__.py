@@ -62,13 +62,13 @@ from .ordering import (
 )
 from .reasons import format_duration
 from .reclaim import FreedFor, ReclaimAsk, of_flavor, plan_reclaim, quota_need_units, top_up
-from .select import reserve, select_victims
+from .select import nobody_to_preempt, reserve, select_victims
 
 __all__ = [
     "VICTIM_ORDERS",
     "CandidateFacts", "DefaultVictimOrder", "Eligibility", "FairShareTrigger", "FreedFor", "LeastLostWorkOrder",
     "Outcome", "PreemptionPlan", "Preemptor", "PriorityTrigger", "ReclaimAsk", "ReclaimRequest", "RunningJob",
     "SelectionConfig", "TenantLimit", "TenantQuota", "Trigger", "Victim", "VictimOrder",
-    "classify", "format_duration", "held_gpu_milli", "lost_work_s", "of_flavor", "plan_reclaim", "quota_need_units",
+    "classify", "format_duration", "held_gpu_milli", "lost_work_s", "nobody_to_preempt", "of_flavor", "plan_reclaim", "quota_need_units",
     "released", "reserve", "select_victims", "set_cost", "top_up", "victim_order",
 ]  # fmt: skip

@@ -162,6 +162,20 @@ def select_victims(
     return _decide(_Context(snapshot, preemptor, trigger, eligibility, config, chosen_policy, order), lead)
 
 
+def nobody_to_preempt(preemptor: Preemptor, running: int, lowest_priority: int | None,
+                      stopping: int) -> PreemptionPlan | None:  # fmt: skip
+    """The plan of a priority preemption decided from the running jobs' priorities alone, without the cluster:
+    ``none`` when no job is being preempted (nothing to await) and none of the ``running`` jobs has a lower
+    priority than the preemptor (``lowest_priority``: the lowest of theirs), for then each is excluded as of
+    equal or higher priority whatever the cluster holds; None when only ``select_victims`` can tell."""
+    if stopping or (lowest_priority is not None and lowest_priority < preemptor.priority):
+        return None
+    lead = f"{text.trigger_lead(preemptor, PriorityTrigger())} waits for GPUs"
+    excluded = (("of equal or higher priority", running),) if running else ()
+    return PreemptionPlan(preemptor.job_id, "priority", "none",
+                          reasons=(lead, "no running job may be preempted for it", text.excluded_text(excluded)))
+
+
 def _decide(ctx: _Context, lead: str) -> PreemptionPlan:
     """Await jobs already stopping, else search victims, else say why nothing helps."""
     job_id, kind, eligibility = ctx.preemptor.job_id, ctx.trigger.kind, ctx.eligibility
