@@ -45,8 +45,32 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+# Server pids of pooled connections that took session state (a session-level advisory lock, a LISTEN): only
+# these get the full reset when they go back to the pool (``_reset_connection``).
+_SESSION_STATE: set[int] = set()
+
+
+def keeps_session_state(conn: asyncpg.Connection) -> None:
+    """Mark a pooled connection that takes session state, for the full reset when it goes back to the pool."""
+    _SESSION_STATE.add(conn.get_server_pid())
+
+
+async def _reset_connection(conn: asyncpg.Connection) -> None:
+    """What the pool does to a connection it takes back, after asyncpg itself ended any transaction left open:
+    the full reset (session advisory locks, LISTEN, settings, cursors) only where ``keeps_session_state`` said
+    so. Everything else keeps no session state (``SET LOCAL``, transaction-level advisory locks), and asyncpg's
+    default reset is one more round trip on every release: a few per job in each service."""
+    pid = conn.get_server_pid()
+    if pid in _SESSION_STATE:
+        _SESSION_STATE.discard(pid)
+        query = conn.get_reset_query()
+        if query:
+            await conn.execute(query)
+
+
 async def create_pool(database_url: str, *, min_size: int = 1, max_size: int = 5) -> asyncpg.Pool:
-    return await asyncpg.create_pool(database_url, min_size=min_size, max_size=max_size, init=_init_connection)
+    return await asyncpg.create_pool(database_url, min_size=min_size, max_size=max_size, init=_init_connection,
+                                     reset=_reset_connection)
 
 
 async def connect(database_url: str) -> asyncpg.Connection:

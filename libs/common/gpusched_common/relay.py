@@ -42,6 +42,7 @@ from aiokafka.errors import InvalidTopicError, MessageSizeTooLargeError, RecordT
 from faststream.kafka import KafkaBroker
 
 from gpusched_common.ack_offsets import AckOffsets
+from gpusched_common.db import keeps_session_state
 from gpusched_common.topics import INBOX_READERS, inbox_readers_of
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class OutboxRelay:
         while True:
             try:
                 async with self._pool.acquire() as lock_conn:
+                    keeps_session_state(lock_conn)  # its lock and its LISTEN: fully reset when it goes back
                     if not await lock_conn.fetchval("SELECT pg_try_advisory_lock($1)", self._lock_id):
                         await asyncio.sleep(1.0)  # another replica relays for this producer
                         continue
