@@ -78,9 +78,7 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
             await record_start(conn, payload, batch, clock())
             return
         if isinstance(payload, ev.JobExitReported) and not _out_of_range(payload):
-            if "cycle-locked" not in batch.memo:  # it gives GPUs back: under the cycle lock, taken once a batch
-                await lock_cycle(conn)
-                batch.memo["cycle-locked"] = True
+            await _lock_cycle_once(conn, batch)  # it gives GPUs back
             if await record_exit(conn, payload, batch, clock()):
                 batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
             return
@@ -89,6 +87,13 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
             batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
 
     return on_message
+
+
+async def _lock_cycle_once(conn: asyncpg.Connection, batch: Batch) -> None:
+    """The cycle lock for the rest of the batch's transaction, taken at its first need (one round trip a batch)."""
+    if "cycle-locked" not in batch.memo:
+        await lock_cycle(conn)
+        batch.memo["cycle-locked"] = True
 
 
 async def on_enrolment(conn: asyncpg.Connection, message: Incoming, request: ev.NodeEnrolmentRequested,

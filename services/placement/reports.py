@@ -49,7 +49,7 @@ _DEFERRED = "deferred-reports"  # batch memo: the jobs whose start or end is to 
 _ACKNOWLEDGED = "acknowledged-starts"  # batch memo: the start reports whose StartJobs need no sending again
 _RELEASED = "released-jobs"  # batch memo: the jobs that ended, whose GPUs go back at the batch's end
 _LOST_EPOCHS = "lost-epochs"  # batch memo: the epoch at which each reporting node was declared lost
-_FLUSH = "acknowledged-starts"  # the batch's after-work key of ``flush_reports`` (sorted before its cycle)
+_FLUSH = "flush-reports"  # the batch's after-work key of ``flush_reports`` (sorted before its cycle)
 
 
 async def record_start(conn: asyncpg.Connection, report: ev.JobStartReported, batch: Batch, now: datetime) -> None:

@@ -104,8 +104,8 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
         return  # placed (or gone) since they were deferred
     running = await running_priorities(conn)
     quick = [sel.nobody_to_preempt(_preemptor(state, tenants[state.job_id]), *running) for state in waiting]
-    if all(plan is not None for plan in quick):
-        await store.record_evaluations(conn, [plan for plan in quick if plan is not None], now)
+    if None not in quick:
+        await store.record_evaluations(conn, quick, now)  # type: ignore[arg-type]  # no None among them
         return
     await lock_cycle(conn)
     waiting, tenants = await _waiting(conn, job_ids, tenancies)  # again, as the lock's last holder left them
