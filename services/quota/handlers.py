@@ -8,9 +8,11 @@ rows, and put the reclaim requests the plan needs in the outbox (``ReclaimReques
 same rows first. Two quota processes therefore decide one cohort in turn, and the ``quota_policy_usage``
 CHECK refuses any charge above ``nominal + borrowing_limit`` should that ever fail.
 
-A release runs in the message's own handler, so a batch that releases in two cohorts takes their locks in
-message order; should two replicas cross that way, PostgreSQL aborts one and the batch is replayed message
-by message (one cohort per transaction), which cannot deadlock.
+A batch's releases (ends, preemptions, holds) are given back together at its end (``release_many``: a few
+statements for all of them, not a dozen per job), before its cycles: the jobs waiting for those that
+ended are judged first, then every touched cohort's rows are locked in one statement, in (tenant, flavor)
+order. A cycle may then lock another cohort; should two replicas cross that way, PostgreSQL aborts one
+and the batch is replayed message by message (one cohort per transaction), which cannot deadlock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gpusched_common import events as ev
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.credentials import TenantKey, verify
 from gpusched_core.lifecycle import JobStatus
-from gpusched_common.jobs import append_job_events, append_many_job_events, load_job, load_jobs, stored_payload
+from gpusched_common.jobs import append_many_job_events, load_job, load_jobs, stored_payload
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.store import claim, enqueue
 from gpusched_common.topics import QUOTA_RECLAIMS
@@ -87,40 +89,77 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
             return
         tenancy = await _tenancy_of(batch, conn, tenancies)
         now = clock()
-
-        def reserve_later(tenant: str) -> None:
-            cohort = cohort_of(tenancy, tenant)
-
-            async def reserve(c: asyncpg.Connection) -> None:
-                await flush_queue(c, batch)
-                await reserve_for_cohort(c, await _tenancy_of(batch, c, tenancies), cohort, clock(), options)
-
-            batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
-
-        if isinstance(payload, _ENDED):  # jobs waiting for this one may go in line now (or never)
-            for ready in await waits.ready_dependants(conn, payload.job_id, now):
-                _queue(batch, ready)
-                reserve_later(ready.spec.tenant)  # type: ignore[union-attr]  # ready: has a spec
-        if isinstance(payload, ev.JobAdmitted | ev.JobReleased):
-            state = await load_job(conn, payload.job_id)  # the store decides, not the payload
-            if state.spec is None or state.submitted_at is None or state.status is not lifecycle.JobStatus.ADMITTED:
-                return  # admitted held (its JobHeld follows): it waits for its release, not for quota
-            if not await waits.ready_to_queue(conn, state, now):
-                return  # it waits for other jobs to end (or never runs)
-            tenant: str | None = state.spec.tenant
-            _queue(batch, state)
-        else:
-            await flush_queue(conn, batch)  # the line as the batch left it, before a job leaves it
-            tenant = await release(conn, tenancy, payload.job_id, now)
-            if tenant is not None and isinstance(payload, ev.JobPreempted):
-                # the preempted job gives its quota back and queues for it again, to resume later
-                spec = (await load_job(conn, payload.job_id)).spec
-                if spec is not None:
-                    await store.queue_job(conn, queued_job(payload.job_id, spec, now.timestamp()), spec.array)
-        if tenant is not None:
-            reserve_later(tenant)
+        cycles = _Cycles(batch, tenancies, clock, options)
+        if not isinstance(payload, ev.JobAdmitted | ev.JobReleased):
+            cycles.release_later(payload.job_id, requeue=isinstance(payload, ev.JobPreempted),
+                                 ended=isinstance(payload, _ENDED))
+            return
+        if payload.job_id in batch.memo.get(_RELEASES, {}):  # type: ignore[operator]
+            await cycles.flush_releases(conn)  # held and released in one batch: given back before it queues
+        state = await load_job(conn, payload.job_id)  # the store decides, not the payload
+        if state.spec is None or state.submitted_at is None or state.status is not lifecycle.JobStatus.ADMITTED:
+            return  # admitted held (its JobHeld follows): it waits for its release, not for quota
+        if not await waits.ready_to_queue(conn, state, now):
+            return  # it waits for other jobs to end (or never runs)
+        _queue(batch, state)
+        cycles.reserve_later(tenancy, state.spec.tenant)
 
     return on_job_event
+
+
+_RELEASES = "releases"  # batch memo: the jobs whose quota the batch gives back at its end, and whether to requeue
+_ENDS = "ends"  # batch memo: the jobs that ended in the batch (those waiting for them are judged again)
+
+
+@dataclass(frozen=True)
+class _Cycles:
+    """A batch's deferred quota work: releases first (key "release"), then one cycle per touched cohort."""
+    batch: Batch
+    tenancies: TenancyStore
+    clock: Callable[[], datetime]
+    options: CycleOptions
+
+    def reserve_later(self, tenancy: Tenancy, tenant: str) -> None:
+        cohort = cohort_of(tenancy, tenant)
+
+        async def reserve(conn: asyncpg.Connection) -> None:
+            await flush_queue(conn, self.batch)
+            await reserve_for_cohort(conn, await _tenancy_of(self.batch, conn, self.tenancies), cohort, self.clock(),
+                                     self.options)
+
+        self.batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
+
+    def release_later(self, job_id: str, *, requeue: bool, ended: bool) -> None:
+        """Give the job's quota back with the batch's other releases (the last message about it decides
+        whether it queues again: a preempted job does, to resume later); after an end, the jobs waiting for
+        it are judged first (they may go in line now, or never)."""
+        releases: dict[str, bool] = self.batch.memo.setdefault(_RELEASES, {})  # type: ignore[assignment]
+        releases[job_id] = requeue
+        if ended:
+            ends: dict[str, None] = self.batch.memo.setdefault(_ENDS, {})  # type: ignore[assignment]
+            ends[job_id] = None
+        self.batch.after("release", self.flush_releases)  # sorts before "reserve:...": freed units are offered
+
+    async def flush_releases(self, conn: asyncpg.Connection) -> None:
+        releases: dict[str, bool] = self.batch.memo.pop(_RELEASES, {})  # type: ignore[assignment]
+        ends: dict[str, None] = self.batch.memo.pop(_ENDS, {})  # type: ignore[assignment]
+        if not releases:
+            return
+        tenancy = await _tenancy_of(self.batch, conn, self.tenancies)
+        now = self.clock()
+        for ready in await waits.ready_dependants(conn, list(ends), now):
+            _queue(self.batch, ready)
+            self.reserve_later(tenancy, ready.spec.tenant)  # type: ignore[union-attr]  # ready: has a spec
+        await flush_queue(conn, self.batch)  # the line as the batch left it, before jobs leave it
+        released = await release_many(conn, tenancy, list(releases), now)
+        again = [j for j in released if releases[j]]
+        if again:
+            states = await load_jobs(conn, again)
+            await store.queue_jobs(conn, [(queued_job(j, s.spec, now.timestamp()), s.spec.array)
+                                          for j, s in states.items()
+                                          if s.status is JobStatus.ADMITTED and s.spec is not None])  # not ended since
+        for tenant in sorted(set(released.values())):
+            self.reserve_later(tenancy, tenant)
 
 
 async def _tenancy_of(batch: Batch, conn: asyncpg.Connection, tenancies: TenancyStore) -> Tenancy:
@@ -144,32 +183,50 @@ async def flush_queue(conn: asyncpg.Connection, batch: Batch) -> None:
 
 
 async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:
-    """Give a finished (or preempted, or held) job's units back; the tenant charged, or None when it held no
-    quota. The job and its charge are read with the cohort's rows locked: two releases of one job (its end
-    message, and the recovery pass that saw the same end in the store) give it back once, and a job the
-    lifecycle does not let go of (it runs, it holds) keeps its charge."""
-    await store.unqueue_job(conn, job_id)
-    state = await load_job(conn, job_id)
-    if not state.quota_held or state.spec is None:
-        return None
-    charged = await store.load_reservation(conn, job_id)  # whose rows to lock (read again under the lock)
-    tenant = charged["tenant"] if charged is not None else tenancy.charged_tenant(state.spec.tenant)
+    """``release_many`` for one job: the tenant charged, or None when it held no quota."""
+    return (await release_many(conn, tenancy, [job_id], now)).get(job_id)
+
+
+async def release_many(conn: asyncpg.Connection, tenancy: Tenancy, job_ids: list[str],
+                       now: datetime) -> dict[str, str]:
+    """Give finished (or preempted, or held) jobs' units back, out of quota's line too, in a few statements
+    for all of them; the tenant charged for each job that held quota. The jobs and their charges are read
+    again with their cohorts' rows locked (all of them in one statement, in (tenant, flavor) order): two
+    releases of one job (its end message, and the recovery pass that saw the same end in the store) give it
+    back once, and a job the lifecycle does not let go of (it runs, it holds) keeps its charge."""
+    await store.unqueue_jobs(conn, job_ids)
+    states = await load_jobs(conn, job_ids)
+    holding = [j for j in job_ids if states[j].quota_held and states[j].spec is not None]
+    if not holding:
+        return {}
+    charged = await store.load_reservations(conn, holding)  # whose rows to lock (read again under the lock)
+    tenants = {charged[j]["tenant"] if j in charged else tenancy.charged_tenant(states[j].spec.tenant)  # type: ignore[union-attr]
+               for j in holding}
     # a tenant removed from the tenancy since it reserved is a cohort of its own: it shares nothing now
-    cohort = tenancy.root_of(tenant) if tenant in tenancy.tenants else tenant
-    usage = await store.lock_usage(conn, tenancy, cohort_members(tenancy, cohort))
-    state = await load_job(conn, job_id)  # as the last holder of the lock left it
-    if not lifecycle.decide(state, lifecycle.ReleaseQuota(0), now):
-        return None  # given back meanwhile, or not the lifecycle's to give back now
-    held = await store.load_reservation(conn, job_id)
-    if held is None:  # reserved without a charge on record (under the retired flat caps): nothing to give back
-        await _append(conn, job_id, lifecycle.ReleaseQuota(0), now)
-        return state.spec.tenant
-    tenant, flavor, units = held["tenant"], held["flavor"], held["units"]
-    await _advance_history(conn, tenancy, tenant, usage.get(tenant, {}), now)
-    left = await store.charge(conn, tenant, flavor, -units)
-    await store.forget_reservation(conn, job_id)
-    await _append(conn, job_id, lifecycle.ReleaseQuota(left // UNITS_PER_GPU), now)
-    return tenant
+    cohorts = {tenancy.root_of(t) if t in tenancy.tenants else t for t in tenants}
+    usage = await store.lock_usage(conn, tenancy, tuple(sorted({m for c in cohorts for m in cohort_members(tenancy, c)})))
+    states = await load_jobs(conn, holding)  # as the last holder of the lock left them
+    going = [j for j in holding if lifecycle.decide(states[j], lifecycle.ReleaseQuota(0), now)]
+    held = await store.load_reservations(conn, going)  # none on record: reserved under the retired flat caps
+    await _advance_histories(conn, tenancy, {held[j]["tenant"]: usage.get(held[j]["tenant"], {})
+                                             for j in going if j in held}, now)
+    left = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}
+    changes, given, released = [], [], {}
+    for j in going:
+        gpus_left = 0
+        if j in held:
+            tenant, flavor, units = held[j]["tenant"], held[j]["flavor"], held[j]["units"]
+            row = left.setdefault(tenant, {})
+            row[flavor] = gpus_left = row.get(flavor, 0) - units
+            given.append((tenant, flavor, -units))
+            released[j] = tenant
+        else:
+            released[j] = states[j].spec.tenant  # type: ignore[union-attr]
+        changes.append((states[j], lifecycle.decide(states[j], lifecycle.ReleaseQuota(gpus_left // UNITS_PER_GPU), now)))
+    await store.charge_many(conn, given, {(t, f): left[t][f] for t, f, _ in given})
+    await store.forget_reservations(conn, [j for j in going if j in held])
+    await append_many_job_events(conn, changes, producer=SERVICE, now=now)
+    return released
 
 
 async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, now: datetime,
@@ -294,25 +351,17 @@ async def _send_reclaims(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str
         log.info("quota: reclaim requested: %s", payload.reason)
 
 
-async def _advance_history(conn: asyncpg.Connection, tenancy: Tenancy, tenant: str, held: dict[str, int],
-                           now: datetime) -> None:
-    """Before a tenant's usage changes: accrue what it held since its history was last advanced."""
-    await _advance_histories(conn, tenancy, {tenant: held}, now)
-
-
 async def _advance_histories(conn: asyncpg.Connection, tenancy: Tenancy, held: dict[str, dict[str, int]],
                              now: datetime) -> None:
-    """``_advance_history`` for several tenants (``held``: what each holds), in two statements."""
+    """Before tenants' usage changes: accrue what each held (``held``) since its history was last advanced,
+    in two statements."""
+    if not held:
+        return
     now_s = now.timestamp()
     past = await reads.load_history(conn, tuple(sorted(held)))
     await store.save_histories(conn, {
         tenant: advance(past.get(tenant, UsageHistory(now_s)), now_s, rate_geq(tenancy, units), tenancy.half_life_s)
         for tenant, units in sorted(held.items())})
-
-
-async def _append(conn: asyncpg.Connection, job_id: str, command: lifecycle.ReleaseQuota, now: datetime) -> None:
-    state = await load_job(conn, job_id)
-    await append_job_events(conn, state, lifecycle.decide(state, command, now), producer=SERVICE, now=now)
 
 
 TENANCY_REFUSED = RefusalCounts(SERVICE)  # tenancy updates no operator credential signed

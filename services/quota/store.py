@@ -64,8 +64,8 @@ async def lock_usage(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[
 
 
 async def charge(conn: asyncpg.Connection, tenant: str, flavor: str, units: int) -> int:
-    """Add (or, negative, give back) units; the new total. The guard repeats the CHECK so that a charge
-    over the limit fails loudly here rather than as a bare constraint violation."""
+    """Add (or, negative, give back) units to one row; the new total. The guard repeats the CHECK so that a
+    charge over the limit fails loudly here rather than as a bare constraint violation."""
     total = (await _add_units(conn, {(tenant, flavor): units})).get((tenant, flavor))
     if total is None:
         raise QuotaOvershoot(f"charging {units} units of {flavor} to {tenant} would break its limit")
@@ -80,6 +80,8 @@ async def charge_many(conn: asyncpg.Connection, charges: list[tuple[str, str, in
     summed: dict[tuple[str, str], int] = {}
     for tenant, flavor, units in charges:
         summed[(tenant, flavor)] = summed.get((tenant, flavor), 0) + units
+    if not summed:
+        return
     totals = await _add_units(conn, summed)
     for key in sorted(summed):
         if totals.get(key) != expected[key]:
@@ -133,13 +135,17 @@ async def record_reservations(conn: asyncpg.Connection, reservations: list[tuple
     await unqueue_jobs(conn, job_ids)
 
 
-async def load_reservation(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | None:
-    return await conn.fetchrow("SELECT tenant, flavor, units FROM quota_policy_reservations WHERE job_id = $1",
-                               job_id)
+async def load_reservations(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, asyncpg.Record]:
+    """The charges on record of these jobs (tenant, flavor, units), in one query."""
+    if not job_ids:
+        return {}
+    return {row["job_id"]: row for row in await conn.fetch(
+        "SELECT job_id, tenant, flavor, units FROM quota_policy_reservations WHERE job_id = ANY($1::text[])", job_ids)}
 
 
-async def forget_reservation(conn: asyncpg.Connection, job_id: str) -> None:
-    await conn.execute("DELETE FROM quota_policy_reservations WHERE job_id = $1", job_id)
+async def forget_reservations(conn: asyncpg.Connection, job_ids: list[str]) -> None:
+    if job_ids:
+        await conn.execute("DELETE FROM quota_policy_reservations WHERE job_id = ANY($1::text[])", job_ids)
 
 
 async def queue_job(conn: asyncpg.Connection, job: QueuedJob, array: ev.ArrayTask | None = None) -> None:
@@ -199,10 +205,11 @@ async def forget_waits(conn: asyncpg.Connection, job_id: str) -> None:
     await conn.execute("DELETE FROM quota_job_dependencies WHERE job_id = $1", job_id)
 
 
-async def dependants(conn: asyncpg.Connection, job_id: str) -> list[str]:
-    """The jobs waiting for ``job_id``."""
+async def dependants(conn: asyncpg.Connection, job_ids: list[str]) -> list[str]:
+    """The jobs waiting for any of ``job_ids``, each once."""
     return [r["job_id"] for r in await conn.fetch(
-        "SELECT job_id FROM quota_job_dependencies WHERE depends_on = $1 ORDER BY job_id", job_id)]
+        "SELECT DISTINCT job_id FROM quota_job_dependencies WHERE depends_on = ANY($1::text[]) ORDER BY job_id",
+        job_ids)]
 
 
 async def unqueue_job(conn: asyncpg.Connection, job_id: str) -> None:

@@ -49,11 +49,14 @@ async def ready_to_queue(conn: asyncpg.Connection, state: JobState, now: datetim
     return False
 
 
-async def ready_dependants(conn: asyncpg.Connection, job_id: str, now: datetime) -> list[JobState]:
-    """After ``job_id`` ended: judge each job waiting for it again; those now ready to go in line."""
-    await store.lock_dependencies(conn, [job_id])
+async def ready_dependants(conn: asyncpg.Connection, ended: list[str], now: datetime) -> list[JobState]:
+    """After the ``ended`` jobs ended: judge each job waiting for any of them again; those now ready to go
+    in line."""
+    if not ended:
+        return []
+    await store.lock_dependencies(conn, ended)
     ready = []
-    for dependant in await store.dependants(conn, job_id):
+    for dependant in await store.dependants(conn, ended):
         state = await load_job(conn, dependant)
         if state.status is not JobStatus.ADMITTED or state.spec is None:
             await store.forget_waits(conn, dependant)  # held or ended meanwhile: judged again on release

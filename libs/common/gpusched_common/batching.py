@@ -51,8 +51,12 @@ class Batch:
         self._after.setdefault(key, work)
 
     async def finish(self, conn: asyncpg.Connection) -> None:
-        for key in sorted(self._after):  # a fixed order, so concurrent replicas take locks alike
-            await self._after[key](conn)
+        """Each key's work once, in key order (so concurrent replicas take locks alike); work may defer more
+        (e.g. releases that ask for their cohorts' cycles), which runs in its turn among what is left."""
+        done: set[str] = set()
+        while todo := sorted(self._after.keys() - done):
+            done.add(todo[0])
+            await self._after[todo[0]](conn)
 
 
 TxHandler = Callable[[asyncpg.Connection, Incoming, Batch], Awaitable[None]]
