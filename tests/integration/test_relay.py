@@ -56,6 +56,30 @@ async def test_a_relay_whose_term_was_taken_publishes_nothing_more(relay_env):
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 1  # left for the second
 
 
+async def test_a_term_taken_while_a_batch_is_out_leaves_the_batch_unmarked_for_the_successor(relay_env):
+    """The batch is marked in one statement that updates the term's row only while the term is the relay's:
+    a successor that took the term meanwhile finds the rows unpublished, and the offsets as they were."""
+    pool, broker = relay_env
+    first = OutboxRelay(pool, broker, "svc", poll_interval_s=0.05, holder="first")
+    async with pool.acquire() as conn:
+        first.term = await take_term(conn, "svc", first.holder)
+    await add_rows(pool, [b"one", b"two"])
+    send = first._send_in_order
+
+    async def send_then_lose_the_term(rows):
+        outcomes = await send(rows)
+        async with pool.acquire() as conn:
+            await take_term(conn, "svc", "second")
+        return outcomes
+
+    first._send_in_order = send_then_lose_the_term  # type: ignore[method-assign]
+    with pytest.raises(LostLeadership):
+        await first.publish_pending()
+    assert first.term is None
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 2
+    assert await pool.fetchval("SELECT high_offsets::text FROM relay_terms WHERE producer = 'svc'") == "{}"
+
+
 async def test_a_commit_in_another_process_wakes_the_active_relay_without_polling(relay_env, settings):
     """Rows written by another connection (another replica, an operator's tool) go out on their commit's
     notification (migration 034), long before the relay's next poll; another producer's rows wake nothing."""

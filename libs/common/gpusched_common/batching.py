@@ -104,10 +104,10 @@ Screen = Callable[[Incoming], Exception | None]
 
 
 def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: str, group_id: str, service: str,
-                            settings: Settings, handler: TxHandler, on_commit: Callable[[], None],
-                            screen: Screen | None = poisoned) -> None:
+                            settings: Settings, handler: TxHandler, screen: Screen | None = poisoned) -> None:
     """``screen``: why a message can never be handled (it is dead-lettered before the batch's transaction,
-    so it costs the batch nothing); None: the handler judges every message itself."""
+    so it costs the batch nothing); None: the handler judges every message itself. The outbox relay is
+    woken by the commit itself (its LISTEN), only when the batch wrote outbox rows."""
     async def one(message: Incoming) -> None:
         await apply_batch(pool, service, [message], handler)
 
@@ -137,7 +137,6 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
 
         if messages:
             await apply_split(messages, lambda part: apply_batch(pool, service, part, handler), alone, service)
-        on_commit()
         await msg.ack()
 
 

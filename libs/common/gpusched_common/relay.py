@@ -126,14 +126,16 @@ class OutboxRelay:
 
     async def publish_pending(self) -> int:
         """Publish one batch of unpublished rows in order, under this relay's term when it has one (tests
-        call it directly, without a term); returns how many rows were published or parked."""
+        call it directly, without a term); returns how many rows were published or parked. A batch that all
+        went through is read, and marked, in one statement each, the term checked within them."""
         async with self._pool.acquire() as conn:
-            await self._check_term(conn)
-            rows = await conn.fetch(
-                "SELECT id, topic, key, headers, value FROM outbox"
-                " WHERE producer = $1 AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT $2",
-                self._producer, _BATCH,
-            )
+            scanned = await conn.fetch(
+                "SELECT (SELECT term FROM relay_terms WHERE producer = $1) AS term, o.* FROM (SELECT 1) AS one"
+                " LEFT JOIN LATERAL (SELECT id, topic, key, headers, value FROM outbox"
+                " WHERE producer = $1 AND published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT $2) AS o"
+                " ON true", self._producer, _BATCH)
+            self._still_leading(scanned[0]["term"])
+            rows = [row for row in scanned if row["id"] is not None]
             if not rows:
                 return 0
             outcomes = await self._send_in_order(rows)
@@ -148,18 +150,10 @@ class OutboxRelay:
                     done.append(row["id"])
                     acks.append(outcome)
             regressed = self._offsets.note(acks)
-            async with conn.transaction():
-                await self._check_term(conn, lock=True)
-                await conn.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])",
-                                   done)
-                if regressed:
-                    await self._republish(conn, regressed, done)
-                if acks and self.term is not None:
-                    await conn.execute("UPDATE relay_terms SET high_offsets = $2::jsonb WHERE producer = $1",
-                                       self._producer, self._offsets.high)
-                for row_id, reason in parked:
-                    await conn.execute("UPDATE outbox SET parked_at = clock_timestamp(), park_reason = $2 WHERE id = $1",
-                                       row_id, reason)
+            if done and not parked and not regressed and self.term is not None:
+                await self._mark_fenced(conn, done)
+            else:
+                await self._mark(conn, done, parked, regressed, bool(acks))
             for row_id, reason in parked:
                 self.parked += 1
                 log.error("outbox relay for %s parked row %d, which the broker refuses for good: %s",
@@ -167,6 +161,34 @@ class OutboxRelay:
             if failure is not None:
                 raise failure
             return len(done) + len(parked)
+
+    async def _mark_fenced(self, conn: asyncpg.Connection, done: list[int]) -> None:
+        """Mark ``done`` published and keep the acknowledged offsets, in one statement, only while the term
+        is still this relay's: updating the term's row waits for, and then sees, a successor's new term."""
+        fenced = await conn.fetchval(
+            "WITH fence AS (UPDATE relay_terms SET high_offsets = $4::jsonb WHERE producer = $1 AND term = $3"
+            " RETURNING term), marked AS (UPDATE outbox SET published_at = clock_timestamp()"
+            " WHERE id = ANY($2::bigint[]) AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
+            " SELECT count(*) FROM fence", self._producer, done, self.term, self._offsets.high)
+        if not fenced:  # its successor publishes them again (consumers dedupe by event id)
+            self._still_leading(await conn.fetchval("SELECT term FROM relay_terms WHERE producer = $1", self._producer))
+            raise LostLeadership(f"the producer's term row is gone (this relay held term {self.term})")
+
+    async def _mark(self, conn: asyncpg.Connection, done: list[int], parked: list[tuple[int, str]],
+                    regressed: list[str], acked: bool) -> None:
+        """Mark what was published and park what the broker refused for good, under the term (locked
+        shared), publishing again what a broker that lost data may have lost."""
+        async with conn.transaction():
+            await self._check_term(conn, lock=True)
+            await conn.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])", done)
+            if regressed:
+                await self._republish(conn, regressed, done)
+            if acked and self.term is not None:
+                await conn.execute("UPDATE relay_terms SET high_offsets = $2::jsonb WHERE producer = $1",
+                                   self._producer, self._offsets.high)
+            for row_id, reason in parked:
+                await conn.execute("UPDATE outbox SET parked_at = clock_timestamp(), park_reason = $2 WHERE id = $1",
+                                   row_id, reason)
 
     async def _republish(self, conn: asyncpg.Connection, regressed: list[str], done: list[int]) -> None:
         recent = await conn.fetch(
@@ -207,9 +229,13 @@ class OutboxRelay:
     async def _check_term(self, conn: asyncpg.Connection, *, lock: bool = False) -> None:
         if self.term is None:
             return
-        current = await conn.fetchval("SELECT term FROM relay_terms WHERE producer = $1"
-                                      + (" FOR SHARE" if lock else ""), self._producer)
-        if current != self.term:
+        self._still_leading(await conn.fetchval("SELECT term FROM relay_terms WHERE producer = $1"
+                                                + (" FOR SHARE" if lock else ""), self._producer))
+
+    def _still_leading(self, current: int | None) -> None:
+        """Raises ``LostLeadership`` when ``current`` (the producer's term as just read) is not this relay's
+        (nothing to check without a term)."""
+        if self.term is not None and current != self.term:
             self.term = None
             raise LostLeadership(f"term {current} is another relay's (this one held an earlier term)")
 

@@ -67,11 +67,11 @@ class Runtime:
 
     def subscribe_transactional(self, topic: str, group_id: str, handler: TxHandler, *,
                                 screen: Screen | None = poisoned) -> None:
-        """Batches of messages applied in one transaction each; the relay is woken after each commit.
-        ``screen``: see ``batching.subscribe_transactional``."""
+        """Batches of messages applied in one transaction each; the relay is woken by a commit that wrote
+        outbox rows (its LISTEN), not by every batch. ``screen``: see ``batching.subscribe_transactional``."""
         assert self.pool is not None, "a transactional consumer needs the database"
         subscribe_transactional(self.broker, self.pool, topic=topic, group_id=group_id, service=self.service,
-                                settings=self.settings, handler=handler, on_commit=self.wake_relay, screen=screen)
+                                settings=self.settings, handler=handler, screen=screen)
 
     def wake_relay(self) -> None:
         if self.relay is not None:
