@@ -37,16 +37,14 @@ from gpusched_common.topics import QUOTA_RECLAIMS
 from gpusched_common.tracing import current_traceparent
 
 from services.quota import store, waits
+from services.quota.charges import advance_histories, release_many
 from gpusched_core.quota import (
     UNITS_PER_GPU,
     QuotaPlan,
     QuotaSnapshot,
     Reservation,
     Tenancy,
-    UsageHistory,
-    advance,
     plan_cycle,
-    rate_geq,
 )
 from gpusched_core.arrays import held_back
 from gpusched_core.quota.reclaims import reclaim_event, select_reclaims
@@ -182,53 +180,6 @@ async def flush_queue(conn: asyncpg.Connection, batch: Batch) -> None:
     await store.queue_jobs(conn, batch.memo.pop("queue", []))  # type: ignore[arg-type]
 
 
-async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:
-    """``release_many`` for one job: the tenant charged, or None when it held no quota."""
-    return (await release_many(conn, tenancy, [job_id], now)).get(job_id)
-
-
-async def release_many(conn: asyncpg.Connection, tenancy: Tenancy, job_ids: list[str],
-                       now: datetime) -> dict[str, str]:
-    """Give finished (or preempted, or held) jobs' units back, out of quota's line too, in a few statements
-    for all of them; the tenant charged for each job that held quota. The jobs and their charges are read
-    again with their cohorts' rows locked (all of them in one statement, in (tenant, flavor) order): two
-    releases of one job (its end message, and the recovery pass that saw the same end in the store) give it
-    back once, and a job the lifecycle does not let go of (it runs, it holds) keeps its charge."""
-    await store.unqueue_jobs(conn, job_ids)
-    states = await load_jobs(conn, job_ids)
-    holding = [j for j in job_ids if states[j].quota_held and states[j].spec is not None]
-    if not holding:
-        return {}
-    charged = await store.load_reservations(conn, holding)  # whose rows to lock (read again under the lock)
-    tenants = {charged[j]["tenant"] if j in charged else tenancy.charged_tenant(states[j].spec.tenant)  # type: ignore[union-attr]
-               for j in holding}
-    # a tenant removed from the tenancy since it reserved is a cohort of its own: it shares nothing now
-    cohorts = {tenancy.root_of(t) if t in tenancy.tenants else t for t in tenants}
-    usage = await store.lock_usage(conn, tenancy, tuple(sorted({m for c in cohorts for m in cohort_members(tenancy, c)})))
-    states = await load_jobs(conn, holding)  # as the last holder of the lock left them
-    going = [j for j in holding if lifecycle.decide(states[j], lifecycle.ReleaseQuota(0), now)]
-    held = await store.load_reservations(conn, going)  # none on record: reserved under the retired flat caps
-    await _advance_histories(conn, tenancy, {held[j]["tenant"]: usage.get(held[j]["tenant"], {})
-                                             for j in going if j in held}, now)
-    left = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}
-    changes, given, released = [], [], {}
-    for j in going:
-        gpus_left = 0
-        if j in held:
-            tenant, flavor, units = held[j]["tenant"], held[j]["flavor"], held[j]["units"]
-            row = left.setdefault(tenant, {})
-            row[flavor] = gpus_left = row.get(flavor, 0) - units
-            given.append((tenant, flavor, -units))
-            released[j] = tenant
-        else:
-            released[j] = states[j].spec.tenant  # type: ignore[union-attr]
-        changes.append((states[j], lifecycle.decide(states[j], lifecycle.ReleaseQuota(gpus_left // UNITS_PER_GPU), now)))
-    await store.charge_many(conn, given, {(t, f): left[t][f] for t, f, _ in given})
-    await store.forget_reservations(conn, [j for j in going if j in held])
-    await append_many_job_events(conn, changes, producer=SERVICE, now=now)
-    return released
-
-
 async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str, now: datetime,
                              options: CycleOptions = CycleOptions()) -> QuotaPlan | None:
     """One reservation cycle for a cohort, inside the caller's transaction; the plan (None: nothing waits)."""
@@ -306,7 +257,7 @@ async def _reserve(conn: asyncpg.Connection, tenancy: Tenancy, reservations: tup
     if not taken:
         return
     # accrue what each tenant held until now, at the rate it held before this plan's charges
-    await _advance_histories(conn, tenancy, {r.tenant: usage.get(r.tenant, {}) for r in taken}, now)
+    await advance_histories(conn, tenancy, {r.tenant: usage.get(r.tenant, {}) for r in taken}, now)
     decided = []
     for r in taken:
         held = usage.setdefault(r.tenant, {})
@@ -349,19 +300,6 @@ async def _send_reclaims(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str
                                     producer=SERVICE, tenant=request.tenant, traceparent=current_traceparent())
         await enqueue(conn, producer=SERVICE, topic=QUOTA_RECLAIMS.name, key=request.tenant, envelopes=[envelope])
         log.info("quota: reclaim requested: %s", payload.reason)
-
-
-async def _advance_histories(conn: asyncpg.Connection, tenancy: Tenancy, held: dict[str, dict[str, int]],
-                             now: datetime) -> None:
-    """Before tenants' usage changes: accrue what each held (``held``) since its history was last advanced,
-    in two statements."""
-    if not held:
-        return
-    now_s = now.timestamp()
-    past = await reads.load_history(conn, tuple(sorted(held)))
-    await store.save_histories(conn, {
-        tenant: advance(past.get(tenant, UsageHistory(now_s)), now_s, rate_geq(tenancy, units), tenancy.half_life_s)
-        for tenant, units in sorted(held.items())})
 
 
 TENANCY_REFUSED = RefusalCounts(SERVICE)  # tenancy updates no operator credential signed

@@ -25,7 +25,7 @@ from gpusched_core.lifecycle import TERMINAL, JobStatus
 from gpusched_core.quota.jobs import queued_job
 
 from services.quota import store, waits
-from services.quota.handlers import release
+from services.quota.charges import release
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from gpusched_common.jobs import append_job_events, load_job
 from gpusched_common.messaging import Incoming
 from gpusched_common.store import load
 from gpusched_core.quota import UNITS_PER_GPU, UsageHistory, load_tenancy
-from services.quota.handlers import make_job_event_handler, release, reserve_for_cohort
+from services.quota.charges import release
+from services.quota.handlers import make_job_event_handler, reserve_for_cohort
 from services.quota.store import save_history
 from gpusched_common.stores.tenancy import TenancyStore
 from services.quota.store import install, lock_revisions
