@@ -20,16 +20,18 @@ SERVICE = "quota"
 
 async def release(conn: asyncpg.Connection, tenancy: Tenancy, job_id: str, now: datetime) -> str | None:
     """``release_many`` for one job: the tenant charged, or None when it held no quota."""
-    return (await release_many(conn, tenancy, [job_id], now)).get(job_id)
+    released = (await release_many(conn, tenancy, [job_id], now)).get(job_id)
+    return released[0] if released is not None else None
 
 
 async def release_many(conn: asyncpg.Connection, tenancy: Tenancy, job_ids: list[str],
-                       now: datetime) -> dict[str, str]:
+                       now: datetime) -> dict[str, tuple[str, lifecycle.JobState]]:
     """Give finished (or preempted, or held) jobs' units back, out of quota's line too, in a few statements
-    for all of them; the tenant charged for each job that held quota. The jobs and their charges are read
-    again with their cohorts' rows locked (all of them in one statement, in (tenant, flavor) order): two
-    releases of one job (its end message, and the recovery pass that saw the same end in the store) give it
-    back once, and a job the lifecycle does not let go of (it runs, it holds) keeps its charge."""
+    for all of them; for each job that held quota, the tenant charged and the job's state afterwards. The
+    jobs and their charges are read again with their cohorts' rows locked (all of them in one statement, in
+    (tenant, flavor) order): two releases of one job (its end message, and the recovery pass that saw the
+    same end in the store) give it back once, and a job the lifecycle does not let go of (it runs, it
+    holds) keeps its charge."""
     await store.unqueue_jobs(conn, job_ids)
     states = await load_jobs(conn, job_ids)
     holding = [j for j in job_ids if states[j].quota_held and states[j].spec is not None]
@@ -47,22 +49,20 @@ async def release_many(conn: asyncpg.Connection, tenancy: Tenancy, job_ids: list
     await advance_histories(conn, tenancy, {held[j]["tenant"]: usage.get(held[j]["tenant"], {})
                                              for j in going if j in held}, now)
     left = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}
-    changes, given, released = [], [], {}
+    changes, given, tenant_of = [], [], {}
     for j in going:
         gpus_left = 0
+        tenant_of[j] = states[j].spec.tenant  # type: ignore[union-attr]
         if j in held:
-            tenant, flavor, units = held[j]["tenant"], held[j]["flavor"], held[j]["units"]
-            row = left.setdefault(tenant, {})
+            tenant_of[j], flavor, units = held[j]["tenant"], held[j]["flavor"], held[j]["units"]
+            row = left.setdefault(tenant_of[j], {})
             row[flavor] = gpus_left = row.get(flavor, 0) - units
-            given.append((tenant, flavor, -units))
-            released[j] = tenant
-        else:
-            released[j] = states[j].spec.tenant  # type: ignore[union-attr]
+            given.append((tenant_of[j], flavor, -units))
         changes.append((states[j], lifecycle.decide(states[j], lifecycle.ReleaseQuota(gpus_left // UNITS_PER_GPU), now)))
     await store.charge_many(conn, given, {(t, f): left[t][f] for t, f, _ in given})
     await store.forget_reservations(conn, [j for j in going if j in held])
-    await append_many_job_events(conn, changes, producer=SERVICE, now=now)
-    return released
+    after = await append_many_job_events(conn, changes, producer=SERVICE, now=now)
+    return {j: (tenant_of[j], state) for j, state in zip(going, after, strict=True)}
 
 
 async def advance_histories(conn: asyncpg.Connection, tenancy: Tenancy, held: dict[str, dict[str, int]],

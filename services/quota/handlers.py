@@ -150,13 +150,10 @@ class _Cycles:
             self.reserve_later(tenancy, ready.spec.tenant)  # type: ignore[union-attr]  # ready: has a spec
         await flush_queue(conn, self.batch)  # the line as the batch left it, before jobs leave it
         released = await release_many(conn, tenancy, list(releases), now)
-        again = [j for j in released if releases[j]]
-        if again:
-            states = await load_jobs(conn, again)
-            await store.queue_jobs(conn, [(queued_job(j, s.spec, now.timestamp()), s.spec.array)
-                                          for j, s in states.items()
-                                          if s.status is JobStatus.ADMITTED and s.spec is not None])  # not ended since
-        for tenant in sorted(set(released.values())):
+        await store.queue_jobs(conn, [(queued_job(j, s.spec, now.timestamp()), s.spec.array)
+                                      for j, (_, s) in released.items()  # a preempted job, not ended since
+                                      if releases[j] and s.status is JobStatus.ADMITTED and s.spec is not None])
+        for tenant in sorted({tenant for tenant, _ in released.values()}):
             self.reserve_later(tenancy, tenant)
 
 

@@ -212,10 +212,6 @@ async def dependants(conn: asyncpg.Connection, job_ids: list[str]) -> list[str]:
         job_ids)]
 
 
-async def unqueue_job(conn: asyncpg.Connection, job_id: str) -> None:
-    await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = $1", job_id)
-
-
 async def unqueue_jobs(conn: asyncpg.Connection, job_ids: list[str]) -> None:
     if job_ids:
         await conn.execute("DELETE FROM quota_policy_pending WHERE job_id = ANY($1::text[])", job_ids)

@@ -179,7 +179,7 @@ class OutboxRelay:
         """Mark what was published and park what the broker refused for good, under the term (locked
         shared), publishing again what a broker that lost data may have lost."""
         async with conn.transaction():
-            await self._check_term(conn, lock=True)
+            await self._check_term(conn)
             await conn.execute("UPDATE outbox SET published_at = clock_timestamp() WHERE id = ANY($1::bigint[])", done)
             if regressed:
                 await self._republish(conn, regressed, done)
@@ -226,11 +226,12 @@ class OutboxRelay:
                 outcomes.append(next(acked))
         return outcomes
 
-    async def _check_term(self, conn: asyncpg.Connection, *, lock: bool = False) -> None:
+    async def _check_term(self, conn: asyncpg.Connection) -> None:
+        """The term still this relay's, its row locked shared until the transaction ends."""
         if self.term is None:
             return
-        self._still_leading(await conn.fetchval("SELECT term FROM relay_terms WHERE producer = $1"
-                                                + (" FOR SHARE" if lock else ""), self._producer))
+        self._still_leading(await conn.fetchval("SELECT term FROM relay_terms WHERE producer = $1 FOR SHARE",
+                                                self._producer))
 
     def _still_leading(self, current: int | None) -> None:
         """Raises ``LostLeadership`` when ``current`` (the producer's term as just read) is not this relay's
