@@ -26,6 +26,8 @@ from gpusched_common.settings import Settings
 
 from services.node_agent.settings import AgentSettings
 
+pytest_plugins = ["tests.watchdog"]  # a hung test ends the run with its stacks (tests/watchdog.py)
+
 # A stack a test starts writes its client config (server and an operator token) here, never into the
 # home directory of whoever runs the suite; GPUSCHED_SERVER/TOKEN from the caller's shell are not used.
 os.environ["GPUSCHED_CONFIG"] = str(Path(tempfile.mkdtemp(prefix="gpusched-test-config-")) / "config.yaml")
