@@ -165,7 +165,8 @@ async def _events(request: Request, subscriber: Subscriber, max_s: float) -> Asy
                 yield sse("reset", {})
                 continue
             try:
-                kind, data = await asyncio.wait_for(subscriber.queue.get(), timeout=0.5)
+                async with asyncio.timeout(0.5):  # not wait_for: see relay._pump
+                    kind, data = await subscriber.queue.get()
                 yield sse(kind, data)
                 quiet_since = loop.time()
             except TimeoutError:

@@ -98,9 +98,9 @@ async def _replay(request: Request, jobs, nodes, policies: list[str], tenancies:
     state.whatif_running = running + 1
     stop = threading.Event()
     try:
-        return await asyncio.wait_for(asyncio.to_thread(
-            run_all, jobs, nodes, policies, tenancies, clock=time.perf_counter, preemption=preemption,
-            stop=stop.is_set), timeout=settings.gateway_whatif_timeout_s)
+        async with asyncio.timeout(settings.gateway_whatif_timeout_s):  # not wait_for: see relay._pump
+            return await asyncio.to_thread(run_all, jobs, nodes, policies, tenancies, clock=time.perf_counter,
+                                           preemption=preemption, stop=stop.is_set)
     except (TimeoutError, Stopped):
         stop.set()
         raise Problem(504, f"the what-if took longer than {settings.gateway_whatif_timeout_s:g} s: choose a "

@@ -50,7 +50,8 @@ class MetricsEndpoint:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
+            async with asyncio.timeout(5.0):  # not wait_for: see gpusched_common.relay's _pump
+                head = await reader.readuntil(b"\r\n\r\n")
             method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
             path = path.split("?", 1)[0]
             route = self._routes.get(path)

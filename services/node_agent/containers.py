@@ -73,7 +73,8 @@ class ContainerRuntime:
         try:
             proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.DEVNULL,
                                                         stderr=asyncio.subprocess.PIPE)
-            _, err = await asyncio.wait_for(proc.communicate(), 30)
+            async with asyncio.timeout(30):  # not wait_for: see gpusched_common.relay's _pump
+                _, err = await proc.communicate()
         except (OSError, TimeoutError) as exc:
             log.warning("%s: could not remove the container of %s: %s", node_id, job_id, exc)
             return

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gpusched_common.tasks import cancel_and_wait
 from gpusched_core.agent.lease import Lease
 
 from services.node_agent.config import AgentConfig
@@ -48,6 +49,4 @@ class AgentContext:
         task.add_done_callback(self.tasks.discard)
 
     async def cancel_tasks(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await cancel_and_wait(list(self.tasks), what=f"{self.node_id}'s tasks")

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Iterable
 
 from gpusched_common.messaging import Incoming
+from gpusched_common.tasks import cancel_and_wait
 
 from services.node_agent.agent import Agent
 
@@ -38,7 +39,5 @@ class Fleet:
         try:
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks, what="the fleet's agents")
             await asyncio.gather(*(agent.close() for agent in self.agents.values()), return_exceptions=True)

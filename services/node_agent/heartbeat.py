@@ -48,8 +48,12 @@ class Heartbeat:
                                 lease_epoch=ctx.lease.epoch, lease_ttl_s=config.lease_ttl_s,
                                 fence_grace_s=config.fence_grace_s, unhealthy_gpus=ctx.unhealthy_gpus())
         timeout = max(0.1, min(config.heartbeat_interval_s, config.lease_ttl_s / 3 or 5.0))
+        # its own task, started a turn later: reports queued in order before it (an enrolment request, a
+        # registration) go out first
+        sending = asyncio.ensure_future(ctx.reporter.report(beat))
         try:
-            await asyncio.wait_for(ctx.reporter.report(beat), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see gpusched_common.relay's _pump
+                await sending
         except Exception as exc:  # noqa: BLE001 - a missed heartbeat only matters through the lease
             log.warning("%s: heartbeat not accepted (%s)", ctx.node_id, exc)
             return

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 from gpusched_common import events as ev
 from gpusched_common.signing import Signer
+from gpusched_common.tasks import cancel_and_wait
 from gpusched_common.topics import NODES_REPORTS
 from gpusched_common.tracing import context_from_traceparent, current_traceparent, tracer
 
@@ -100,5 +101,4 @@ class Reporter:
 
     async def close(self) -> None:
         if self._sender is not None:
-            self._sender.cancel()
-            await asyncio.gather(self._sender, return_exceptions=True)
+            await cancel_and_wait([self._sender], what="the report sender")

@@ -23,7 +23,8 @@ async def cluster_id(client, timeout_s: float = 1.0) -> str | None:  # noqa: ANN
     node = client.get_random_node()
     if node is None:
         return None
-    response = await asyncio.wait_for(client.send(node, MetadataRequest(topics=[])), timeout_s)
+    async with asyncio.timeout(timeout_s):  # not wait_for: see relay._pump
+        response = await client.send(node, MetadataRequest(topics=[]))
     found = getattr(response, "cluster_id", None)
     return found if isinstance(found, str) and found else None
 

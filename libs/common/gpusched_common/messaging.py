@@ -183,7 +183,8 @@ async def guard_positions(broker: KafkaBroker, interval_s: float = 2.0, seen: In
                     high = consumer.highwater(tp)
                     if high is None:
                         continue
-                    position = await asyncio.wait_for(consumer.position(tp), 1.0)
+                    async with asyncio.timeout(1.0):  # not wait_for: see relay._pump
+                        position = await consumer.position(tp)
                     if position > high:
                         log.error("%s[%d]: position %d is beyond the log's end %d (the broker lost its data): "
                                   "reading the partition from its start", tp.topic, tp.partition, position, high)

@@ -118,9 +118,11 @@ class OutboxRelay:
         while True:
             published = await self.publish_pending()
             if published < _BATCH:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._poll_interval_s)
-                except asyncio.TimeoutError:
+                try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that meets a wake-up,
+                    # and a relay that ignores its cancel never lets its service stop
+                    async with asyncio.timeout(self._poll_interval_s):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
                 self._wake.clear()
 

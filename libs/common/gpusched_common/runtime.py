@@ -20,6 +20,7 @@ from gpusched_common.db import DATABASE_AWAY, create_pool
 from gpusched_common.messaging import Handler, build_broker, guard_positions, poisoned, subscribe
 from gpusched_common.relay import OutboxRelay, prune
 from gpusched_common.settings import Settings
+from gpusched_common.tasks import cancel_and_wait
 from gpusched_common.tracing import configure_tracing
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,7 @@ async def running(service: str, settings: Settings, setup: Callable[[Runtime], A
         runtime.tasks = tasks
         yield runtime
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks, what=f"{service}'s background tasks")
         await broker.stop()
         if runtime.pool is not None:
             await runtime.pool.close()

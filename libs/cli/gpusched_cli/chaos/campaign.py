@@ -190,8 +190,9 @@ class Campaign:
 
     async def probe(self, n: int, healed_at: float) -> float | None:
         spec = wl.probe_spec(sys.executable, self.runjob, str(self.runs_dir), n)
-        job_ids = await asyncio.wait_for(self._until_accepted(f"probe-{self.o.seed}-{n}-{self.nonce}", [
-            spec.model_dump(mode="json", exclude_defaults=True) | {"tenant": spec.tenant}]), self.o.probe_timeout_s)
+        async with asyncio.timeout(self.o.probe_timeout_s):  # not wait_for: see gpusched_common.relay's _pump
+            job_ids = await self._until_accepted(f"probe-{self.o.seed}-{n}-{self.nonce}", [
+                spec.model_dump(mode="json", exclude_defaults=True) | {"tenant": spec.tenant}])
         self.probes.update(job_ids)
         self._stages = {"accepted": round(time.time() - healed_at, 2)}
         deadline = time.monotonic() + self.o.probe_timeout_s
