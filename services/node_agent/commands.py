@@ -180,7 +180,7 @@ class Commands:
         # after would see one that ended at once and report its exit a second time)
         self._exits.apply(rc.plan_reconcile(ctx.runner.observe(),
                                             frozenset(command.job_ids) - {s.job_id for s in starting},
-                                            lease_valid=ctx.lease.valid))
+                                            lease_valid=ctx.lease.valid, attempts=command.attempts))
         for start in starting:
             await self.start_job(start.model_copy(update={"lease_epoch": ctx.lease.epoch}))
 

@@ -169,7 +169,7 @@ class JobRunner:
         for r in self.records():
             runs = self.is_alive(r)
             out.append(ObservedJob(r.job_id, r.pid, runs, None if runs else self._read_exit(r.job_id),
-                                   self.reported(r.job_id), self.stop_reason(r.job_id)))
+                                   self.reported(r.job_id), self.stop_reason(r.job_id), r.attempt))
         return out
 
     def finish_run(self, job_id: str) -> None:

@@ -235,6 +235,28 @@ async def test_a_held_start_of_an_earlier_run_does_not_run_when_the_store_lists_
     await agent.close()
 
 
+async def test_a_job_placed_here_again_whose_new_run_never_started_is_reported_missing_not_its_old_exit(tmp_path):
+    """Found by the fault campaign on Apache Kafka: a job's first run ended here and was reported; the job
+    was requeued and placed here again (run 2), and the agent never started that run. Each ReconcileJobs
+    listing the job made the agent send run 1's exit again, which placement ignored as another run's: the
+    job stayed expected here for good (stuck, its quota held). The wanted run is reported missing instead."""
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    epoch = agent.lease.epoch
+    await agent.on_command(start("again", "true"))  # run 1
+    await eventually(lambda: sent.of("JobExitReported"))
+    await agent.flush()
+    sent.sent.clear()
+    await agent.on_command(command(ev.ReconcileJobs(node_id="n1", job_ids=["again"], lease_epoch=epoch,
+                                                    attempts={"again": 2})))
+    await eventually(lambda: sent.of("JobExitReported"))
+    await agent.flush()
+    [report] = sent.of("JobExitReported")
+    assert (report["reason_code"], report["attempt"]) == ("missing_after_restart", None), report
+    await agent.close()
+
+
 async def test_a_reconcile_published_again_after_the_broker_lost_its_data_stops_nothing_started_since(tmp_path):
     """Found by the broker-restart test on Tansu: the relay published the registration's ReconcileJobs
     again (the same envelope), the agent read it a second time and stopped, as not assigned, every job

@@ -52,6 +52,28 @@ def test_reconcile_table(observed, wanted, lease_valid, expected):
     assert plan_reconcile(observed, wanted, lease_valid=lease_valid) == expected
 
 
+def run_of(job: ObservedJob, attempt: int) -> ObservedJob:
+    return ObservedJob(job.job_id, job.pid, job.alive, job.exit_code, job.reported, job.stop_reason, attempt)
+
+
+@pytest.mark.parametrize("observed, wanted, expected", [
+    pytest.param([run_of(ended("j1", 0, reported=True), 1)], {"j1": 2}, (ReportMissing("j1"),),
+                 id="the store wants a later run than the one whose exit was reported: that run is missing, "
+                    "not a lost report (its resend would be ignored as another run's, for good)"),
+    pytest.param([run_of(ended("j1", 0, reported=True), 2)], {"j1": 2}, (ResendExit("j1"),),
+                 id="the wanted run's report was lost: sent again"),
+    pytest.param([run_of(running("j1"), 1)], {"j1": 2}, (Stop("j1", ExitReason.NOT_ASSIGNED), ReportMissing("j1")),
+                 id="a live earlier run is stopped and the wanted run reported missing"),
+    pytest.param([run_of(running("j1"), 2)], {"j1": 2}, (Adopt("j1"),), id="the wanted run alive is adopted"),
+    pytest.param([run_of(ended("j1", 3), 1)], {"j1": 2}, (Forget("j1"), ReportMissing("j1")),
+                 id="an earlier run's unreported exit is forgotten and the wanted run reported missing"),
+    pytest.param([ended("j1", 0, reported=True)], {"j1": 2}, (ResendExit("j1"),),
+                 id="a run of no recorded attempt is taken for the wanted one, as before"),
+])
+def test_a_run_of_another_attempt_is_not_the_wanted_one(observed, wanted, expected):
+    assert plan_reconcile(observed, frozenset(wanted), attempts=wanted) == expected
+
+
 def test_missing_uses_the_reason_code_placement_requeues_on():
     assert ExitReason.MISSING_AFTER_RESTART == "missing_after_restart"
 

@@ -16,11 +16,17 @@ which case the agent's own records are trusted). Rules, applied to each job in j
 7. wanted but unknown to the agent: report it missing, so it can be requeued.
 8. ended, exit reported, and still wanted (a known list, not None): the report was lost after the broker
    took it (a broker that lost its data): send the same report again.
+
+A job is wanted as a run (its attempt) where the store says which: a run of another attempt here (the job
+was requeued and placed on this node again, and the agent never started the new run: wiped, or it missed
+the StartJob) is not the wanted one. It is treated as not wanted (stopped if alive, forgotten if its exit
+is unreported, left alone if reported) and the wanted run is reported missing, so the job is requeued; its
+old exit sent again would be ignored as another run's, and the store would expect the job here for good.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpusched_common.events import ExitReason
@@ -37,6 +43,7 @@ class ObservedJob:
     exit_code: int | None = None  # set when it ended with a recorded code
     reported: bool = False
     stop_reason: str | None = None  # the ExitReason an agent stopped it for (kept in its work directory)
+    attempt: int | None = None  # the run it is (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -76,11 +83,19 @@ Action = Adopt | Stop | ReportExit | ResendExit | Forget | ReportMissing
 
 
 def plan_reconcile(observed: Iterable[ObservedJob], wanted: frozenset[str] | None, *,
-                   lease_valid: bool = True) -> tuple[Action, ...]:
+                   lease_valid: bool = True, attempts: Mapping[str, int] | None = None) -> tuple[Action, ...]:
+    """``attempts``: the run the store wants of each wanted job, where it says (None or absent: any run)."""
     actions: list[Action] = []
     known = set()
+    if wanted is not None and attempts:  # a run of another attempt than the wanted one is not it
+        other = {j.job_id for j in observed if j.job_id in wanted and _other_run(j, attempts)}
+        wanted = wanted - other
+        missing = other
+    else:
+        missing = set()
     for job in sorted(observed, key=lambda j: j.job_id):
-        known.add(job.job_id)
+        if job.job_id not in missing:
+            known.add(job.job_id)
         if job.reported and not job.alive:
             if wanted is not None and job.job_id in wanted and lease_valid:
                 actions.append(ResendExit(job.job_id))
@@ -101,8 +116,13 @@ def plan_reconcile(observed: Iterable[ObservedJob], wanted: frozenset[str] | Non
         elif not expected or job.stop_reason == ExitReason.NOT_ASSIGNED:
             actions.append(Forget(job.job_id))
     if wanted is not None and lease_valid:
-        actions.extend(ReportMissing(job_id) for job_id in sorted(wanted - known))
+        actions.extend(ReportMissing(job_id) for job_id in sorted((wanted | missing) - known))
     return tuple(actions)
+
+
+def _other_run(job: ObservedJob, attempts: Mapping[str, int]) -> bool:
+    want = attempts.get(job.job_id)
+    return want is not None and job.attempt is not None and job.attempt != want
 
 
 def answers_epoch(answer_epoch: int | None, epoch: int) -> bool:
