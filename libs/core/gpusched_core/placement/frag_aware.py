@@ -84,7 +84,8 @@ class FragAwarePolicy:
     def _best(self, growth: np.ndarray, capped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each node's best score and GPU from its FGD growth (scarcity cost included) and capped growth."""
         unfit = np.isinf(growth)  # where the capped growth is infinite too (the same fit decides both)
-        secondary = np.minimum(np.maximum(np.where(unfit, 0.0, capped), -_SECONDARY_CLIP), _SECONDARY_CLIP)
+        # where unfit, the score is -inf whatever the secondary: no need to zero the infinite capped growth
+        secondary = np.minimum(np.maximum(capped, -_SECONDARY_CLIP), _SECONDARY_CLIP)
         if self.secondary_step_milli > 0:
             secondary = np.floor(secondary / self.secondary_step_milli)
         per_gpu = sigmoid_score(growth) - _SECONDARY_SCALE * secondary

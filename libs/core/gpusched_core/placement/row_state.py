@@ -25,7 +25,7 @@ def changed_rows(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np
     mark[_rows_differing(old.share_free, new.share_free)] = True
     if memory:
         mark[_rows_differing(old.gpu_memory_free, new.gpu_memory_free)] = True
-    return np.flatnonzero(mark)
+    return mark.nonzero()[0]
 
 
 def _rows_differing(old: np.ndarray, new: np.ndarray) -> np.ndarray:
@@ -34,7 +34,7 @@ def _rows_differing(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     row_bytes = old.shape[1] * old.itemsize
     if row_bytes % 8 == 0 and old.dtype == new.dtype and old.flags.c_contiguous and new.flags.c_contiguous:
         old, new = old.view(np.int64), new.view(np.int64)
-    return np.flatnonzero(old != new) // old.shape[1]
+    return (old != new).ravel().nonzero()[0] // old.shape[1]
 
 
 class RowState:
@@ -103,7 +103,7 @@ class RowState:
             fragmentation = tables.fragmentation(snapshot.share_free_total[rows], count, usable, cpu, self.measures)
             for measure, values in zip(self.measures, fragmentation, strict=True):
                 self.before[measure][rows] = values
-        self.cpu_class[rows] = np.searchsorted(self.breaks, cpu, side="right")
+        self.cpu_class[rows] = self.breaks.searchsorted(cpu, side="right")
         if len(self._ids) > 4 * len(self.version) + 1024:  # forget states no node has had for long
             self._ids, rows = {}, np.arange(len(self.version))
             free, models = snapshot.share_free.astype(np.int64), tables.gpu_model
@@ -116,7 +116,7 @@ class RowState:
         class, before and after)."""
         assert self.snapshot is not None
         width = len(self.breaks) + 1
-        after = np.searchsorted(self.breaks, self.snapshot.cpu_free[rows] - cpu_milli, side="right")
+        after = self.breaks.searchsorted(self.snapshot.cpu_free[rows] - cpu_milli, side="right")
         return (self.state[rows] * width + self.cpu_class[rows]) * width + after
 
     def _free_by_model(self, snapshot: ClusterSnapshot, rows: np.ndarray | None = None,
