@@ -55,6 +55,9 @@ class RowState:
         self.memory = False  # GPU memory compared too (from the first request that asks for some)
         self._ids: dict[bytes, int] = {}
         self._model_free: np.ndarray | None = None  # (models + 1,) free share-usable milli per GPU model
+        # (previous snapshot, nodes that differ from it) of the last step in step: what a caller keeping
+        # sums over nodes adds up instead of summing again; (None, None) after starting over
+        self.last_change: tuple[ClusterSnapshot | None, np.ndarray | None] = (None, None)
 
     def sync(self, snapshot: ClusterSnapshot, measures: tuple[str, ...], memory: bool = False) -> GrowthTables:
         """Bring every node up to ``snapshot``, keeping ``measures`` too; returns the layout's tables."""
@@ -67,8 +70,10 @@ class RowState:
             return self.tables
         if self.tables is None or self.snapshot is None or not self.tables.serves(snapshot.layout):
             self._reset(snapshot, snapshot.layout)
+            self.last_change = (None, None)
         else:
             rows = changed_rows(self.snapshot, snapshot, self.memory)
+            self.last_change = (self.snapshot, rows)
             if rows.size:
                 if self._model_free is not None:
                     self._model_free += self._free_by_model(snapshot, rows, self.snapshot)
