@@ -54,6 +54,7 @@ class FragAwarePolicy:
     scarcity_slack: float = 0.8
     memo: FragmentationMemo = field(init=False)
     _pressure: tuple[ClusterLayout, np.ndarray | None, NodeClasses] | None = field(init=False, default=None)
+    _class_free: tuple[NodeClasses, ClusterSnapshot, np.ndarray] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         typical = self.workload.most_popular(self.popularity)
@@ -84,7 +85,8 @@ class FragAwarePolicy:
     def _best(self, growth: np.ndarray, capped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each node's best score and GPU from its FGD growth (scarcity cost included) and capped growth."""
         unfit = np.isinf(growth)  # where the capped growth is infinite too (the same fit decides both)
-        secondary = np.minimum(np.maximum(np.where(unfit, 0.0, capped), -_SECONDARY_CLIP), _SECONDARY_CLIP)
+        # where unfit, the score is -inf whatever the secondary: no need to zero the infinite capped growth
+        secondary = np.minimum(np.maximum(capped, -_SECONDARY_CLIP), _SECONDARY_CLIP)
         if self.secondary_step_milli > 0:
             secondary = np.floor(secondary / self.secondary_step_milli)
         per_gpu = sigmoid_score(growth) - _SECONDARY_SCALE * secondary
@@ -94,13 +96,32 @@ class FragAwarePolicy:
         """(len(nodes),) ``scarcity_cost`` weighted (every GPU of a node alike), or None where it is 0
         for every node."""
         pressure = self.pressure_for(snapshot.layout)
-        if pressure is None or request.gpu_milli_total == 0:
+        if pressure is None:
             return None
         classes = self._pressure[2]  # type: ignore[index]
-        free = np.bincount(classes.node_class, weights=snapshot.share_free_total, minlength=pressure.size)
+        free = self._free_per_class(snapshot, classes, pressure.size)  # in step on every decision
+        if request.gpu_milli_total == 0:
+            return None
         per_class = class_excess(pressure, classes, free, request, self.scarcity_slack)
         if per_class is None or not per_class.any():
             return None
         excess = np.minimum(per_class[classes.node_class[nodes]], _MAX_PRESSURE)
         return self.scarcity_weight * (excess * request.gpu_milli_total)
+
+    def _free_per_class(self, snapshot: ClusterSnapshot, classes: NodeClasses, size: int) -> np.ndarray:
+        """(K,) free share-usable GPU milli per class. A decision changes a node or two: the last sums
+        move by what the memo's rows saw change since the snapshot they were taken on (whole milli:
+        the float sums are exact either way), instead of a sum over every node per decision."""
+        kept = self._class_free
+        if kept is not None and kept[0] is classes and kept[1] is snapshot:
+            return kept[2]
+        previous, rows = self.memo.rows.last_change
+        in_step = kept is not None and kept[0] is classes and self.memo.rows.snapshot is snapshot
+        if in_step and previous is not None and rows is not None and kept[1] is previous:  # type: ignore[index]
+            delta = snapshot.share_free_total[rows] - previous.share_free_total[rows]
+            free = kept[2] + np.bincount(classes.node_class[rows], weights=delta, minlength=size)
+        else:
+            free = np.bincount(classes.node_class, weights=snapshot.share_free_total, minlength=size)
+        self._class_free = (classes, snapshot, free)
+        return free
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .fragmentation import WorkloadDistribution
-from .growth import GrowthTables, growth_rows
+from .growth import GrowthTables, first_and_inverse, growth_rows
 from .model import GpuShare, PodRequest
 from .row_state import RowState
 from .snapshot import ClusterSnapshot
@@ -48,12 +48,12 @@ class _Entry:
 
 def _stale(entry: _Entry, version: np.ndarray, nodes: np.ndarray) -> np.ndarray:
     """The ``nodes`` (ascending) whose version moved since ``entry`` computed them."""
-    moved = np.flatnonzero(entry.version != version)
+    moved = (entry.version != version).nonzero()[0]
     if moved.size * 4 > nodes.size:  # many (a first use): look the nodes up instead
         return nodes[entry.version[nodes] != version[nodes]]
     if moved.size == 0:
         return moved
-    position = np.minimum(np.searchsorted(nodes, moved), nodes.size - 1)
+    position = np.minimum(nodes.searchsorted(moved), nodes.size - 1)
     return moved[nodes[position] == moved]
 
 
@@ -90,8 +90,7 @@ class FragmentationMemo:
         rows = self.rows
         unique = inverse = None
         if stale.size >= _DEDUPE_FROM and not _asks_memory(request):
-            _, first, inverse = np.unique(rows.classes(stale, request.cpu_milli), return_index=True,
-                                          return_inverse=True)  # fmt: skip
+            first, inverse = first_and_inverse(rows.classes(stale, request.cpu_milli))
             if first.size < stale.size:
                 unique = stale[first]
         chosen = stale if unique is None else unique

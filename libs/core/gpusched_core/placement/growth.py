@@ -15,7 +15,7 @@ order and may differ in their last bits; ``frag_growth`` rounds for the same rea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +36,7 @@ class GrowthTables:
     group_ok: np.ndarray  # (models + 1, H) GPUs of model z may host the group (z = models: no GPU there)
     gpu_model: np.ndarray  # (nodes, gpus) model id of each GPU, len(models) where there is none
     cpu_breaks: dict[str, np.ndarray]  # per measure: free CPU values where some shape's result may change
+    _class_tables: dict[tuple[str, ...], tuple[np.ndarray, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, workload: WorkloadDistribution, layout: ClusterLayout) -> GrowthTables:
@@ -84,9 +85,39 @@ class GrowthTables:
 
     def usable(self, count: np.ndarray, usable: np.ndarray, cpu: np.ndarray,
                measures: tuple[str, ...]) -> tuple[np.ndarray, ...]:  # fmt: skip
-        """sum_t p_t * usable_t per measure, from per-group statistics (..., H) and free CPU (...)."""
+        """sum_t p_t * usable_t per measure, from per-group statistics (..., H) and free CPU (...).
+
+        What free CPU decides (whether a shape's CPU fits, its cap) is the same for every free CPU
+        between two ``cpu_breaks``: it is read from a table per CPU class instead of dividing per
+        shape and node; the sums then run on the same numbers as ``usable_by_measure``'s."""
         group = self.shape_group
-        return usable_by_measure(count[..., group], usable[..., group], cpu, self.shapes, measures)
+        if self.shapes.weight.size == 0 or any(m not in MEASURES for m in measures):
+            return usable_by_measure(count[..., group], usable[..., group], cpu, self.shapes, measures)
+        breaks, cpu_fits, cap = self.cpu_class_tables(measures)
+        cpu_class = breaks.searchsorted(cpu, side="right")
+        count, usable = count[..., group], usable[..., group]
+        placeable = cpu_fits[cpu_class] & (count >= self.shapes.count)
+        weight = self.shapes.weight
+        return tuple((placeable * (np.minimum(usable, cap[cpu_class]) if m == "capped" else usable)) @ weight
+                     for m in measures)  # fmt: skip
+
+    def cpu_class_tables(self, measures: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(breaks, fits, cap): free CPU ``c`` is in class ``searchsorted(breaks, c, "right")``; per class
+        and shape, whether its CPU fits and the most GPU milli ``capped`` lets it use (``cap_per_request``
+        times the requests the CPU admits, no more than a node's most free milli, which no ``usable``
+        exceeds: so the minimum with it is ``usable_by_measure``'s). Negative free CPU (class 0) fits
+        nothing: its cap is never read. Built once per set of measures."""
+        key = tuple(sorted(set(measures)))
+        tables = self._class_tables.get(key)
+        if tables is None:
+            breaks = self.cpu_breaks_for(key)
+            shapes = self.shapes
+            low = np.concatenate([[-1], breaks])[:, None]  # a free CPU of each class
+            fits = low >= shapes.cpu
+            requests = np.maximum(low, 0) // np.maximum(shapes.cpu, 1) + shapes.cpu_free_request
+            cap = np.minimum(requests * shapes.cap_per_request, self.layout.max_gpus * MILLI_PER_GPU)
+            tables = self._class_tables[key] = (breaks, fits, cap)
+        return tables
 
     def fragmentation(self, total: np.ndarray, count: np.ndarray, usable: np.ndarray, cpu: np.ndarray,
                       measures: tuple[str, ...]) -> tuple[np.ndarray, ...]:  # fmt: skip
@@ -130,11 +161,11 @@ def growth_rows(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodReq
     if isinstance(gpu, WholeGpus):
         allowed = free if not request.allowed_models else np.where(_allowed(tables, request)[rows], free, 0)
         full = allowed == MILLI_PER_GPU
-        taken = full & (np.cumsum(full, axis=1) <= gpu.count)
+        taken = full & (full.cumsum(axis=1) <= gpu.count)
         count, usable = tables.row_stats(np.where(taken, 0, free), tables.gpu_model[rows])
         total = total - MILLI_PER_GPU * taken.sum(axis=1)
     afters = tables.usable(count, usable, cpu_after, measures)
-    return tuple(_rounded(total - np.stack(afters) - np.stack(before)))
+    return tuple(_rounded(total - np.array(afters) - np.array(before)))
 
 
 def _allowed(tables: GrowthTables, request: PodRequest) -> np.ndarray:
@@ -152,14 +183,13 @@ def _share_growth(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodR
     fits = allowed >= gpu.milli
     if gpu.memory_mib:
         fits &= snapshot.gpu_memory_free[rows] >= gpu.memory_mib
-    where = np.flatnonzero(fits)  # (node, GPU) pairs, flattened
+    where = fits.ravel().nonzero()[0]  # (node, GPU) pairs, flattened
     row = where // free.shape[1]
     milli, model = free.ravel()[where], tables.gpu_model[rows].ravel()[where]
     inverse = None
     if where.size >= _DEDUPE_PAIRS_FROM:
         kinds = len(tables.group_ok)
-        _, first, inverse = np.unique((row * (MILLI_PER_GPU + 1) + milli) * kinds + model, return_index=True,
-                                      return_inverse=True)  # fmt: skip
+        first, inverse = first_and_inverse((row * (MILLI_PER_GPU + 1) + milli) * kinds + model)
         row, milli, model = row[first], milli[first], model[first]
     left = milli - gpu.milli
     ok = tables.group_ok[model]
@@ -168,12 +198,28 @@ def _share_growth(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodR
     usable = stats[1][row] - milli[:, None] * was + left[:, None] * now
     total = snapshot.share_free_total[rows[row]] - gpu.milli
     afters = tables.usable(count, usable, cpu_after[row], measures)
-    values = _rounded(total - np.stack(afters) - np.stack(before)[:, row])  # (measures, P)
+    values = _rounded(total - np.array(afters) - np.array(before)[:, row])  # (measures, P)
     growth = np.full((len(measures), free.size), np.inf)
     growth[:, where] = values if inverse is None else values[:, inverse]
     return tuple(growth.reshape(len(measures), *free.shape))
 
 
+def first_and_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_index=True, return_inverse=True)[1:]`` for 1-d ``keys``, the same way
+    (a stable sort: each distinct key's first position, in key order), without its call overhead,
+    which is most of its cost on the few dozen keys of a decision."""
+    order = keys.argsort(kind="stable")
+    ordered = keys[order]
+    new = np.empty(ordered.size, dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    inverse = np.empty(ordered.size, dtype=np.intp)
+    inverse[order] = new.cumsum() - 1
+    return order[new], inverse
+
+
 def _rounded(growth: np.ndarray) -> np.ndarray:
-    """To a millionth of a milli, as ``fgd.frag_growth`` (a zero as +0.0)."""
-    return np.round(growth, 6) + 0.0
+    """To a millionth of a milli, as ``fgd.frag_growth`` (a zero as +0.0). (``np.array`` stacks the
+    measures above and the method rounds: the same numbers as ``np.stack`` and ``np.round``, with less
+    call overhead on the few rows of a decision.)"""
+    return growth.round(6) + 0.0

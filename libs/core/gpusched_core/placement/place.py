@@ -39,7 +39,7 @@ def _choose(
     mask = feasible_mask(snapshot, request)
     if allowed is not None:
         mask &= allowed
-    nodes = np.flatnonzero(mask)
+    nodes = mask.nonzero()[0]
     if nodes.size == 0:
         return None
     candidates = Candidates(snapshot, request, nodes)

@@ -25,7 +25,7 @@ def changed_rows(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np
     mark[_rows_differing(old.share_free, new.share_free)] = True
     if memory:
         mark[_rows_differing(old.gpu_memory_free, new.gpu_memory_free)] = True
-    return np.flatnonzero(mark)
+    return mark.nonzero()[0]
 
 
 def _rows_differing(old: np.ndarray, new: np.ndarray) -> np.ndarray:
@@ -34,7 +34,7 @@ def _rows_differing(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     row_bytes = old.shape[1] * old.itemsize
     if row_bytes % 8 == 0 and old.dtype == new.dtype and old.flags.c_contiguous and new.flags.c_contiguous:
         old, new = old.view(np.int64), new.view(np.int64)
-    return np.flatnonzero(old != new) // old.shape[1]
+    return (old != new).ravel().nonzero()[0] // old.shape[1]
 
 
 class RowState:
@@ -55,6 +55,9 @@ class RowState:
         self.memory = False  # GPU memory compared too (from the first request that asks for some)
         self._ids: dict[bytes, int] = {}
         self._model_free: np.ndarray | None = None  # (models + 1,) free share-usable milli per GPU model
+        # (previous snapshot, nodes that differ from it) of the last step in step: what a caller keeping
+        # sums over nodes adds up instead of summing again; (None, None) after starting over
+        self.last_change: tuple[ClusterSnapshot | None, np.ndarray | None] = (None, None)
 
     def sync(self, snapshot: ClusterSnapshot, measures: tuple[str, ...], memory: bool = False) -> GrowthTables:
         """Bring every node up to ``snapshot``, keeping ``measures`` too; returns the layout's tables."""
@@ -67,8 +70,10 @@ class RowState:
             return self.tables
         if self.tables is None or self.snapshot is None or not self.tables.serves(snapshot.layout):
             self._reset(snapshot, snapshot.layout)
+            self.last_change = (None, None)
         else:
             rows = changed_rows(self.snapshot, snapshot, self.memory)
+            self.last_change = (self.snapshot, rows)
             if rows.size:
                 if self._model_free is not None:
                     self._model_free += self._free_by_model(snapshot, rows, self.snapshot)
@@ -103,7 +108,7 @@ class RowState:
             fragmentation = tables.fragmentation(snapshot.share_free_total[rows], count, usable, cpu, self.measures)
             for measure, values in zip(self.measures, fragmentation, strict=True):
                 self.before[measure][rows] = values
-        self.cpu_class[rows] = np.searchsorted(self.breaks, cpu, side="right")
+        self.cpu_class[rows] = self.breaks.searchsorted(cpu, side="right")
         if len(self._ids) > 4 * len(self.version) + 1024:  # forget states no node has had for long
             self._ids, rows = {}, np.arange(len(self.version))
             free, models = snapshot.share_free.astype(np.int64), tables.gpu_model
@@ -116,7 +121,7 @@ class RowState:
         class, before and after)."""
         assert self.snapshot is not None
         width = len(self.breaks) + 1
-        after = np.searchsorted(self.breaks, self.snapshot.cpu_free[rows] - cpu_milli, side="right")
+        after = self.breaks.searchsorted(self.snapshot.cpu_free[rows] - cpu_milli, side="right")
         return (self.state[rows] * width + self.cpu_class[rows]) * width + after
 
     def _free_by_model(self, snapshot: ClusterSnapshot, rows: np.ndarray | None = None,

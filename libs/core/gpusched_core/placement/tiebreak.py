@@ -42,7 +42,7 @@ def pick_best(values: np.ndarray, node_indices: np.ndarray, salt: int | None) ->
     if np.isnan(best):  # a NaN score never wins
         values = np.where(np.isnan(values), -np.inf, values)
         best = values.max()
-    tied = np.flatnonzero(values == best)
+    tied = (values == best).nonzero()[0]
     if tied.size == 1 or salt is None:
         return int(tied[0]), int(tied.size)
     winner = tied[np.argmin(keys(node_indices[tied], salt))]
