@@ -19,6 +19,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future], *, what: str = "tasks
                           again_after_s: float = 1.0) -> None:
     """Cancel every task and wait until all have ended, cancelling again those still running after each
     ``again_after_s`` (named in a warning: they took a cancel and went on)."""
+    tasks = list(tasks)
     pending = {task for task in tasks if not task.done()}
     while pending:
         for task in pending:
@@ -27,3 +28,6 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future], *, what: str = "tasks
         if pending:
             names = ", ".join(sorted(t.get_name() if isinstance(t, asyncio.Task) else repr(t) for t in pending))
             log.warning("%s: %s still running after a cancel; cancelling again", what, names)
+    for task in tasks:  # what each ended with is taken, as gather(return_exceptions=True) did: never logged
+        if not task.cancelled():  # as "never retrieved" when the task is collected
+            task.exception()

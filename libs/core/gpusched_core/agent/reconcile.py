@@ -87,13 +87,13 @@ def plan_reconcile(observed: Iterable[ObservedJob], wanted: frozenset[str] | Non
     """``attempts``: the run the store wants of each wanted job, where it says (None or absent: any run)."""
     actions: list[Action] = []
     known = set()
-    if wanted is not None and attempts:  # a run of another attempt than the wanted one is not it
-        other = {j.job_id for j in observed if j.job_id in wanted and _other_run(j, attempts)}
-        wanted = wanted - other
-        missing = other
-    else:
-        missing = set()
-    for job in sorted(observed, key=lambda j: j.job_id):
+    observed = sorted(observed, key=lambda j: j.job_id)
+    # a run of another attempt than the wanted one is not it: the wanted run is missing
+    missing = {j.job_id for j in observed if j.job_id in wanted and _other_run(j, attempts)} \
+        if wanted is not None and attempts else set()
+    if missing:
+        wanted = wanted - missing
+    for job in observed:
         if job.job_id not in missing:
             known.add(job.job_id)
         if job.reported and not job.alive:
