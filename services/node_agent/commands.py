@@ -101,7 +101,9 @@ class Commands:
         if not runner.known(job_id):
             return None
         record = runner.record(job_id)
-        return PreviousRun(record.attempt if record is not None else None, runner.reported(job_id))
+        if record is None:
+            return PreviousRun(None, runner.reported(job_id))
+        return PreviousRun(record.attempt, runner.reported(job_id), runner.is_alive(record))
 
     async def _launch(self, command: ev.StartJob) -> None:
         ctx = self._ctx

@@ -66,7 +66,10 @@ class JobExits:
 
     def report_exit(self, payload: ev.JobExitReported) -> None:
         report = payload.model_dump_json()
-        self._ctx.reporter.in_order(payload, lambda: self._ctx.runner.mark_reported(payload.job_id, report))
+        # marked once the broker took it, and only on the run it is about: a report of an earlier run taken
+        # late (after the job was placed here again and started) must not mark the new run reported
+        self._ctx.reporter.in_order(payload, lambda: self._ctx.runner.mark_reported(payload.job_id, report,
+                                                                                    payload.attempt))
 
     def apply(self, actions: tuple[rc.Action, ...]) -> None:
         """Carry out a reconcile plan."""
@@ -130,7 +133,7 @@ class JobExits:
         self._checkpoints.forget(record.job_id)
         reason = self._stop_reasons.pop(record.job_id, None) or ctx.runner.stop_reason(record.job_id)
         if reason == ev.ExitReason.NOT_ASSIGNED:
-            ctx.runner.mark_reported(record.job_id)
+            ctx.runner.mark_reported(record.job_id, attempt=record.attempt)
             return
         with tracer().start_as_current_span(f"{SERVICE} job exited", context=context_from_traceparent(traceparent),
                                             attributes={"gpusched.job_id": record.job_id,

@@ -35,7 +35,7 @@ from gpusched_common.ids import is_valid_id
 from gpusched_core.agent.retention import KeptLog
 from services.node_agent.cgroups import CPU_PERIOD_US, NO_CGROUPS, JobCgroups, Limits
 from gpusched_common.job_records import (
-    JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job,
+    BAD_RECORD, JobRecord, alive, read_record, read_records, record_path, signal_group, start_ticks, terminate_job,
     write_record,
 )
 from gpusched_core.agent.reconcile import ObservedJob
@@ -190,10 +190,24 @@ class JobRunner:
     def reported(self, job_id: str) -> bool:
         return (self._dir / f"{job_id}.reported").exists()
 
-    def mark_reported(self, job_id: str, report: str = "") -> None:
-        """The job's end was reported (``report``: the exit report as sent, kept to send again should the
-        store still expect the job here: the report was lost after the broker took it)."""
+    def mark_reported(self, job_id: str, report: str = "", attempt: int | None = None) -> bool:
+        """The end of the job's recorded run was reported (``report``: the exit report as sent, kept to send
+        again should the store still expect the job here: the report was lost after the broker took it).
+
+        ``attempt``: the run the report was about. The mark is the run's own: where the recorded run is
+        another (a report of an earlier run taken by the broker late, after the job was placed here again
+        and started) or none (set aside), nothing is marked, and False is returned: a mark left for a run
+        it is not about would let a later StartJob replace that run while it still runs."""
+        try:
+            record = self.record(job_id)
+        except BAD_RECORD:
+            record = None
+        if record is None or (attempt is not None and record.attempt != attempt):
+            log.info("job %s: the report of run %s was taken; the run recorded here is %s: not marked", job_id,
+                     attempt, "none" if record is None else record.attempt)
+            return False
         write_private(self._dir / f"{job_id}.reported", report)
+        return True
 
     def note_stop(self, job_id: str, reason_code: str) -> None:
         """The agent is stopping the run for ``reason_code`` (an ExitReason): kept beside the record, so an
@@ -279,6 +293,11 @@ class JobRunner:
         directory.mkdir(mode=0o700, exist_ok=True)
         if user is not None:
             os.chown(directory, user.pw_uid, user.pw_gid)
+        # marks and exit codes left by no recorded run (set aside, or written late) are not this run's: a
+        # stale exit code would make it look ended at once, a stale mark reported
+        for stale in [*(self._dir / f"{job_id}.{suffix}" for suffix in (*RUN_FILES[1:], *LEGACY_RUN_FILES)),
+                      *(directory / name for name in JOB_RUN_FILES)]:
+            stale.unlink(missing_ok=True)
         exit_path = self._exit_path(job_id)
         job_env = job_environment(os.environ, self._passthrough, env, {
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices), **(owned or {}),

@@ -40,6 +40,8 @@ def ran(attempt: int | None, reported: bool = True) -> PreviousRun:
                  id="a later attempt waits for the recorded run's exit to be reported"),
     pytest.param(2, (0,), ran(None), a_node(), Ignore(RECORD_GONE),
                  id="a record that vanished while read starts nothing"),
+    pytest.param(2, (0,), PreviousRun(1, reported=True, alive=True), a_node(), Ignore(RUN_NOT_OVER),
+                 id="a later attempt waits for a run marked reported whose process still runs"),
     pytest.param(2, (0,), ran(1), a_node(), Start(rerun=True),
                  id="a later attempt after a reported run starts again and sets the old run aside"),
     pytest.param(1, (0,), None, a_node(lease_valid=False),
@@ -62,7 +64,8 @@ def test_start_table(attempt, gpus, previous, node, expected):
     assert decide_start(attempt=attempt, gpu_indices=gpus, previous=previous, node=node) == expected
 
 
-previous_runs = st.one_of(st.none(), st.builds(PreviousRun, st.one_of(st.none(), st.integers(1, 4)), st.booleans()))
+previous_runs = st.one_of(st.none(), st.builds(PreviousRun, st.one_of(st.none(), st.integers(1, 4)), st.booleans(),
+                                                st.booleans()))
 nodes = st.builds(NodeFacts, st.just("n1"), st.booleans(), st.frozensets(st.integers(0, 7)))
 
 
@@ -72,7 +75,8 @@ def test_a_job_never_runs_twice_and_nothing_starts_on_a_fenced_node_or_a_cordone
     assert decision == decide_start(attempt=attempt, gpu_indices=gpus, previous=previous, node=node)
     acts = not isinstance(decision, Ignore)
     # a run recorded here that is not over, or not older, is never replaced nor reported on
-    new_run = previous is None or (previous.attempt is not None and attempt > previous.attempt and previous.reported)
+    new_run = previous is None or (previous.attempt is not None and attempt > previous.attempt and previous.reported
+                                   and not previous.alive)
     assert acts == new_run
     if isinstance(decision, Start):
         assert node.lease_valid and not set(gpus) & node.unhealthy_gpus

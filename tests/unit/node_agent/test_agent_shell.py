@@ -310,3 +310,37 @@ async def test_a_start_sent_again_for_the_run_the_node_has_is_answered_with_its_
     assert len(starts) == 2 and starts[0]["pid"] == starts[1]["pid"]  # the same run, not a second one
     assert agent.runner.running_job_ids() == ["j1"]
     await agent.close()
+
+
+async def test_a_late_report_of_an_earlier_run_does_not_mark_the_run_started_since(tmp_path):
+    """Found by the fault campaign on Apache Kafka (a gang's run 4 and run 5 alive on one node together): a
+    run's exit was reported twice (its watcher's report and a reconcile's, queued while the broker was
+    away); the first was taken, the job was placed here again and its next run started, and then the second
+    was taken, and its mark fell on the new run: that run counted as ended and reported while it ran, and
+    the next StartJob started beside it. A report marks only the run it is about, and a run whose process
+    still runs is never replaced."""
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+
+    def start_run(attempt: int, *cmd: str) -> Incoming:
+        return command(ev.StartJob(job_id="j", node_id="n1", tenant="t", gpu_indices=[0], gpu_uuids=["GPU-0"],
+                                   command=list(cmd), attempt=attempt))
+
+    await agent.on_command(start_run(1, "true"))
+    await eventually(lambda: agent.runner.reported("j"))
+    await agent.on_command(start_run(2, "sleep", "30"))
+    await eventually(lambda: [s for s in sent.of("JobStartReported") if s["attempt"] == 2])
+    agent.exits.report_exit(ev.JobExitReported(job_id="j", node_id="n1", exit_code=0, runtime_s=0.0, attempt=1))
+    await agent.flush()  # the late report of run 1 is taken now
+    assert not agent.runner.reported("j")
+    await agent.on_command(start_run(3, "sleep", "30"))
+    await agent.flush()
+    assert [s["attempt"] for s in sent.of("JobStartReported")] == [1, 2]
+    assert agent.runner.record("j").attempt == 2 and agent.runner.running_job_ids() == ["j"]
+    # even a run marked reported by mistake is not replaced while its process runs
+    agent.runner.mark_reported("j", attempt=2)
+    await agent.on_command(start_run(3, "sleep", "30"))
+    await agent.flush()
+    assert [s["attempt"] for s in sent.of("JobStartReported")] == [1, 2]
+    await agent.close()

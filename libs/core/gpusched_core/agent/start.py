@@ -3,9 +3,10 @@
 Rules, in this order:
 
 1. The node recorded a run of this job before (`previous`). The command starts a new run only when it is
-   a later attempt than that run and that run is over and reported; anything else is a redelivered or
-   stale command and is ignored (the run it names already ran, or runs): a job never runs twice here.
-   A new run sets the previous, reported one aside first (`rerun`).
+   a later attempt than that run and that run is over: its exit reported and its process gone (a run
+   marked reported whose process still runs is not over, whatever the mark says); anything else is a
+   redelivered or stale command and is ignored (the run it names already ran, or runs): a job never runs
+   twice here. A new run sets the previous, reported one aside first (`rerun`).
 2. The command names another lease epoch than the node's (its fencing token: placed before the agent
    restarted or regained its lease): ignore it; the node's ReconcileJobs settles the job.
 3. The node's lease is fenced (lost, not yet re-acquired): refuse, `lease_lost`; placement may already
@@ -37,7 +38,8 @@ class PreviousRun:
     """The run of the job this node recorded (None where it recorded none)."""
 
     attempt: int | None  # None: the record disappeared between finding and reading it
-    reported: bool  # its exit was reported: the run is over
+    reported: bool  # its exit was reported
+    alive: bool = False  # its process still runs (then the run is not over, reported or not)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,6 @@ def _ignored(attempt: int, previous: PreviousRun) -> str | None:
         return STALE
     if attempt == previous.attempt:
         return DUPLICATE
-    if not previous.reported:
+    if not previous.reported or previous.alive:
         return RUN_NOT_OVER
     return None
