@@ -1,8 +1,14 @@
 """The commands placement and preemption send a node (StartJob, StopJob, PreemptJob, ReconcileJobs),
-decided by gpusched_core.agent and carried out here."""
+decided by gpusched_core.agent and carried out here, one at a time.
+
+A StartJob of a job's next run that arrives while this node's earlier run of it still stops (a gang
+requeued, or a job preempted, and placed here again at once) waits for that run's end to be reported and
+then starts; a StopJob or PreemptJob meanwhile reports it never started, and a ReconcileJobs settles it
+(the store's list reports a wanted run that does not run as missing)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
@@ -13,7 +19,9 @@ from gpusched_common.runtime import utcnow
 from gpusched_common.tracing import current_traceparent
 from gpusched_core.agent import reconcile as rc
 from gpusched_common.events import ExitReason
-from gpusched_core.agent.start import DUPLICATE, OTHER_EPOCH, Ignore, NodeFacts, PreviousRun, Refuse, decide_start
+from gpusched_core.agent.start import (
+    DUPLICATE, OTHER_EPOCH, RUN_NOT_OVER, Ignore, NodeFacts, PreviousRun, Refuse, decide_start,
+)
 from gpusched_core.agent.seen import SeenCommands
 from gpusched_core.agent.stops import Preempt, decide_preempt
 
@@ -40,6 +48,14 @@ class Commands:
         # directory was wiped counts from 1 again, and old commands of that epoch must not run (issue 15)
         self._confirmed_epoch: int | None = None
         self._seen = SeenCommands()  # a command published again (the broker lost its data) is not run twice
+        # StartJobs of a later run of a job whose earlier run here is not over yet (a gang requeued, or a job
+        # preempted, and placed on this node again while its run here still stops): started once that run's
+        # end is reported, instead of waiting for placement's re-send
+        self._after_run: dict[str, ev.StartJob] = {}
+        # commands and the starts that waited for a run's end are carried out one at a time: a start must
+        # not interleave with a StopJob or a ReconcileJobs of the same node
+        self._lock = asyncio.Lock()
+        exits.on_run_over = self._run_over
 
     async def on_command(self, message: Incoming) -> None:
         if message.key != self._ctx.node_id:
@@ -49,17 +65,38 @@ class Commands:
             log.info("%s: %s %s seen before (published again): not carried out twice", self._ctx.node_id,
                      envelope.type, envelope.event_id)
             return
-        if isinstance(payload, ev.StartJob):
-            await self.start_job(payload)
-        elif isinstance(payload, ev.StopJob):
-            if self._ctx.runner.known(payload.job_id):
-                self._exits.stop(payload.job_id, ExitReason.STOPPED)
-        elif isinstance(payload, ev.PreemptJob):
-            self.preempt(payload)
-        elif isinstance(payload, ev.ReconcileJobs):
-            await self.reconcile(payload)
+        async with self._lock:
+            if isinstance(payload, ev.StartJob):
+                await self._start_job(payload)
+            elif isinstance(payload, ev.StopJob):
+                self._drop_waiting(payload.job_id, ExitReason.STOPPED, f"stopped before it started: {payload.reason}")
+                if self._ctx.runner.known(payload.job_id):
+                    self._exits.stop(payload.job_id, ExitReason.STOPPED)
+            elif isinstance(payload, ev.PreemptJob):
+                self._drop_waiting(payload.job_id, ExitReason.PREEMPTED,
+                                   f"preempted before it started: {payload.reason}")
+                self.preempt(payload)
+            elif isinstance(payload, ev.ReconcileJobs):
+                await self._reconcile(payload)
 
     async def start_job(self, command: ev.StartJob) -> None:
+        async with self._lock:
+            await self._start_job(command)
+
+    def _run_over(self, job_id: str) -> None:
+        """The end of the job's run here was reported: a StartJob of its next run that waited for it starts."""
+        waiting = self._after_run.pop(job_id, None)
+        if waiting is not None:
+            log.info("%s: %s's earlier run ended: starting run %d", self._ctx.node_id, job_id, waiting.attempt)
+            self._ctx.spawn(self.start_job(waiting), f"start-after-{job_id}")
+
+    def _drop_waiting(self, job_id: str, reason_code: str, error: str) -> None:
+        """A stop or preemption of a run that waits for the earlier one: it never starts, and says so."""
+        waiting = self._after_run.pop(job_id, None)
+        if waiting is not None:
+            self._report_not_started(job_id, f"{error[:300]} (on {self._ctx.node_id})", reason_code, waiting.attempt)
+
+    async def _start_job(self, command: ev.StartJob) -> None:
         ctx = self._ctx
         if command.lease_epoch is not None and command.lease_epoch == ctx.lease.epoch \
                 and self._confirmed_epoch != ctx.lease.epoch and len(self._held) < MAX_HELD_STARTS:
@@ -77,6 +114,10 @@ class Commands:
                       decision.reason)
             if decision.reason == DUPLICATE:
                 self._acknowledge(command)
+            elif decision.reason == RUN_NOT_OVER and len(self._after_run) < MAX_HELD_STARTS:
+                waiting = self._after_run.get(command.job_id)
+                if waiting is None or waiting.attempt <= command.attempt:
+                    self._after_run[command.job_id] = command  # starts when the run here is over and reported
             return
         if decision.rerun:
             ctx.runner.finish_run(command.job_id)  # a new run of a job that ran here before
@@ -168,6 +209,10 @@ class Commands:
         self._exits.stop(command.job_id, ExitReason.PREEMPTED, grace_s=decision.grace_s)
 
     async def reconcile(self, command: ev.ReconcileJobs) -> None:
+        async with self._lock:
+            await self._reconcile(command)
+
+    async def _reconcile(self, command: ev.ReconcileJobs) -> None:
         """The store's list of this node's jobs for the current epoch: a held StartJob it lists runs now
         (placed before the agent's new epoch was known, still meant for this node), the others are dropped
         (their node was declared lost, they run elsewhere); then what runs is reconciled with the list."""
@@ -175,6 +220,9 @@ class Commands:
         if not rc.answers_epoch(command.lease_epoch, ctx.lease.epoch):
             return
         self._confirmed_epoch = ctx.lease.epoch
+        # the list settles the starts that waited for an earlier run too: a wanted run not started is
+        # reported missing (and queued again), so it must not start later
+        self._after_run.clear()
         held, self._held = self._held, {}
         starting = [held[job_id] for job_id in command.job_ids if job_id in held
                     and (command.attempts is None or command.attempts.get(job_id) in (None, held[job_id].attempt))]
@@ -184,7 +232,7 @@ class Commands:
                                             frozenset(command.job_ids) - {s.job_id for s in starting},
                                             lease_valid=ctx.lease.valid, attempts=command.attempts))
         for start in starting:
-            await self.start_job(start.model_copy(update={"lease_epoch": ctx.lease.epoch}))
+            await self._start_job(start.model_copy(update={"lease_epoch": ctx.lease.epoch}))
 
 
 def mig_env(command: ev.StartJob) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from gpusched_common import events as ev
 from gpusched_common.tracing import context_from_traceparent, tracer
@@ -32,6 +33,7 @@ class JobExits:
         self._checkpoints = checkpoints
         self.running: dict[str, JobRecord] = {}  # watched jobs
         self._stop_reasons: dict[str, str] = {}
+        self.on_run_over: Callable[[str], None] | None = None  # told when a run's end was reported (job id)
 
     def stopping(self, job_id: str) -> bool:
         return job_id in self._stop_reasons
@@ -68,8 +70,11 @@ class JobExits:
         report = payload.model_dump_json()
         # marked once the broker took it, and only on the run it is about: a report of an earlier run taken
         # late (after the job was placed here again and started) must not mark the new run reported
-        self._ctx.reporter.in_order(payload, lambda: self._ctx.runner.mark_reported(payload.job_id, report,
-                                                                                    payload.attempt))
+        self._ctx.reporter.in_order(payload, lambda: self._mark_reported(payload.job_id, report, payload.attempt))
+
+    def _mark_reported(self, job_id: str, report: str = "", attempt: int | None = None) -> None:
+        if self._ctx.runner.mark_reported(job_id, report, attempt) and self.on_run_over is not None:
+            self.on_run_over(job_id)
 
     def apply(self, actions: tuple[rc.Action, ...]) -> None:
         """Carry out a reconcile plan."""
@@ -94,7 +99,7 @@ class JobExits:
                 case rc.ResendExit(job_id=job_id):
                     self._resend_exit(job_id)
                 case rc.Forget(job_id=job_id):
-                    ctx.runner.mark_reported(job_id)
+                    self._mark_reported(job_id)
                 case rc.ReportMissing(job_id=job_id):
                     ctx.reporter.in_order(ev.JobExitReported(
                         job_id=job_id, node_id=ctx.node_id, exit_code=137, runtime_s=0.0,
@@ -133,7 +138,7 @@ class JobExits:
         self._checkpoints.forget(record.job_id)
         reason = self._stop_reasons.pop(record.job_id, None) or ctx.runner.stop_reason(record.job_id)
         if reason == ev.ExitReason.NOT_ASSIGNED:
-            ctx.runner.mark_reported(record.job_id, attempt=record.attempt)
+            self._mark_reported(record.job_id, attempt=record.attempt)
             return
         with tracer().start_as_current_span(f"{SERVICE} job exited", context=context_from_traceparent(traceparent),
                                             attributes={"gpusched.job_id": record.job_id,

@@ -344,3 +344,60 @@ async def test_a_late_report_of_an_earlier_run_does_not_mark_the_run_started_sin
     await agent.flush()
     assert [s["attempt"] for s in sent.of("JobStartReported")] == [1, 2]
     await agent.close()
+
+
+def run_of(job_id: str, attempt: int, *cmd: str) -> Incoming:
+    return command(ev.StartJob(job_id=job_id, node_id="n1", tenant="t", gpu_indices=[0], gpu_uuids=["GPU-0"],
+                               command=list(cmd), attempt=attempt))
+
+
+async def test_a_run_placed_here_while_the_earlier_one_still_stops_starts_when_that_one_s_end_is_reported(tmp_path):
+    """A gang requeued (or a job preempted) and placed on this node again: its StopJob and the next run's
+    StartJob come one after the other, while the earlier run is still in its grace. The next run starts once
+    the earlier one's end is reported (not at placement's re-send 30 s later), and never beside it."""
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    # run 1 takes a moment to stop: it checkpoints on SIGTERM
+    await agent.on_command(run_of("g", 1, "sh", "-c", "trap 'sleep 0.5; exit 143' TERM; sleep 30 & wait"))
+    await eventually(lambda: sent.of("JobStartReported"))
+    await agent.on_command(command(ev.StopJob(job_id="g", node_id="n1", reason="gang member on n2 ended the job")))
+    await agent.on_command(run_of("g", 2, "sleep", "30"))
+    assert [s["attempt"] for s in sent.of("JobStartReported")] == [1]  # not beside the run that stops
+    await eventually(lambda: [s for s in sent.of("JobStartReported") if s["attempt"] == 2], timeout_s=10)
+    ends = [e for e in sent.of("JobExitReported") if e["job_id"] == "g"]
+    assert [(e["attempt"], e["reason_code"]) for e in ends] == [(1, "stopped")]
+    order = [(m["type"], m["payload"].get("attempt")) for _, m in agent_reports(sent)]
+    assert order.index(("JobExitReported", 1)) < order.index(("JobStartReported", 2))
+    assert agent.runner.record("g").attempt == 2 and agent.runner.running_job_ids() == ["g"]
+    await agent.close()
+
+
+def agent_reports(sent: Recorder) -> list[tuple[str, dict]]:
+    return [(t, m) for t, m in sent.sent if m["type"] in ("JobStartReported", "JobExitReported")]
+
+
+async def test_a_run_waiting_for_the_earlier_one_that_is_stopped_or_unlisted_never_starts(tmp_path):
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    epoch = agent.lease.epoch
+    await agent.on_command(command(ev.ReconcileJobs(node_id="n1", job_ids=[], lease_epoch=epoch)))
+    for job_id in ("stopped", "preempted", "unlisted"):
+        await agent.on_command(run_of(job_id, 1, "sh", "-c", "trap 'sleep 1; exit 143' TERM; sleep 30 & wait"))
+    await eventually(lambda: len(sent.of("JobStartReported")) == 3)
+    for job_id in ("stopped", "preempted", "unlisted"):
+        await agent.on_command(command(ev.StopJob(job_id=job_id, node_id="n1", reason="requeued")))
+        await agent.on_command(run_of(job_id, 2, "sleep", "30"))  # waits for run 1's end
+    await agent.on_command(command(ev.StopJob(job_id="stopped", node_id="n1", reason="cancelled by alice")))
+    await agent.on_command(command(ev.PreemptJob(job_id="preempted", node_id="n1", reason="reclaim", grace_s=1.0,
+                                                 deadline_at=datetime.now(timezone.utc))))
+    await agent.on_command(command(ev.ReconcileJobs(node_id="n1", job_ids=["stopped", "preempted", "unlisted"],
+                                                    lease_epoch=epoch, attempts={"stopped": 2, "preempted": 2,
+                                                                                 "unlisted": 3})))
+    await eventually(lambda: not agent.runner.running_job_ids(), timeout_s=10)
+    await agent.flush()
+    never = {(e["job_id"], e["attempt"], e["reason_code"]) for e in sent.of("JobExitReported") if e["attempt"] == 2}
+    assert never == {("stopped", 2, "stopped"), ("preempted", 2, "preempted")}
+    assert [s["attempt"] for s in sent.of("JobStartReported")] == [1, 1, 1]
+    await agent.close()
