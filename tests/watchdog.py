@@ -4,8 +4,9 @@ Each phase of a test (setup, call, teardown) gets GPUSCHED_TEST_PHASE_LIMIT_S se
 slowest phase today, an end-to-end module's stack starting, takes about a minute). Past that the watchdog
 prints every thread's stack and every asyncio task's stack of the suite's event loop (which shows the await
 a hung coroutine waits on; a thread dump alone shows only the loop's select), then interrupts the run: pytest
-reports the interrupted test and its summary, and the run fails. If the interrupt cannot end the run (the main
-thread stuck outside Python), the process exits after a grace period.
+reports the interrupted test and its summary, and the run fails. The interrupt goes to the main thread, again
+every 10 s while the run goes on; if it cannot end the run (the main thread stuck outside Python), the process
+exits after GPUSCHED_TEST_INTERRUPT_GRACE_S seconds (default 120).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 LIMIT_S = float(os.environ.get("GPUSCHED_TEST_PHASE_LIMIT_S", "900"))
-GRACE_S = 120.0
+GRACE_S = float(os.environ.get("GPUSCHED_TEST_INTERRUPT_GRACE_S", "120"))
+AGAIN_S = 10.0  # the interrupt is sent again this often until the run ends
 
 _loop: asyncio.AbstractEventLoop | None = None
 _config: pytest.Config | None = None
@@ -77,10 +80,15 @@ def _awaiting(awaitable: object) -> list[str]:
 
 def _fire(nodeid: str, phase: str, done: threading.Event) -> None:
     _report(nodeid, phase)
-    os.kill(os.getpid(), signal.SIGINT)  # a signal wakes the loop's select; pytest stops on KeyboardInterrupt
-    if not done.wait(GRACE_S):
-        print("=== watchdog: the interrupt did not end the run; exiting ===", file=sys.stderr, flush=True)
-        os._exit(3)
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        # to the main thread itself: its select wakes up and pytest stops on the KeyboardInterrupt (a signal
+        # sent to the process may be taken by another thread, and the main thread sleeps on)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        if done.wait(min(AGAIN_S, max(0.0, deadline - time.monotonic()))):
+            return
+    print("=== watchdog: the interrupt did not end the run; exiting ===", file=sys.stderr, flush=True)
+    os._exit(3)
 
 
 def _watch(item: pytest.Item, phase: str) -> Iterator[None]:

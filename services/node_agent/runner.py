@@ -193,11 +193,9 @@ class JobRunner:
     def mark_reported(self, job_id: str, report: str = "", attempt: int | None = None) -> bool:
         """The end of the job's recorded run was reported (``report``: the exit report as sent, kept to send
         again should the store still expect the job here: the report was lost after the broker took it).
-
-        ``attempt``: the run the report was about. The mark is the run's own: where the recorded run is
-        another (a report of an earlier run taken by the broker late, after the job was placed here again
-        and started) or none (set aside), nothing is marked, and False is returned: a mark left for a run
-        it is not about would let a later StartJob replace that run while it still runs."""
+        ``attempt``: the run the report was about. Where the recorded run is another (an earlier run's report
+        taken late, after the next run started here) or none, nothing is marked (False): a mark on a run it is
+        not about would let a later StartJob replace that run while it still runs."""
         try:
             record = self.record(job_id)
         except BAD_RECORD:
@@ -293,8 +291,7 @@ class JobRunner:
         directory.mkdir(mode=0o700, exist_ok=True)
         if user is not None:
             os.chown(directory, user.pw_uid, user.pw_gid)
-        # marks and exit codes left by no recorded run (set aside, or written late) are not this run's: a
-        # stale exit code would make it look ended at once, a stale mark reported
+        # marks and exit codes of no recorded run are not this run's (it would look ended, or reported, at once)
         for stale in [*(self._dir / f"{job_id}.{suffix}" for suffix in (*RUN_FILES[1:], *LEGACY_RUN_FILES)),
                       *(directory / name for name in JOB_RUN_FILES)]:
             stale.unlink(missing_ok=True)
