@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpusched_common import events as ev
 from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.job_records import BAD_RECORD
 from gpusched_common.runtime import utcnow
 from gpusched_common.tracing import current_traceparent
 from gpusched_core.agent import reconcile as rc
@@ -69,11 +70,12 @@ class Commands:
             if isinstance(payload, ev.StartJob):
                 await self._start_job(payload)
             elif isinstance(payload, ev.StopJob):
-                self._drop_waiting(payload.job_id, ExitReason.STOPPED, f"stopped before it started: {payload.reason}")
-                if self._ctx.runner.known(payload.job_id):
+                self._drop_waiting(payload.job_id, payload.attempt, ExitReason.STOPPED,
+                                   f"stopped before it started: {payload.reason}")
+                if self._names_recorded_run(payload.job_id, payload.attempt):
                     self._exits.stop(payload.job_id, ExitReason.STOPPED)
             elif isinstance(payload, ev.PreemptJob):
-                self._drop_waiting(payload.job_id, ExitReason.PREEMPTED,
+                self._drop_waiting(payload.job_id, payload.attempt, ExitReason.PREEMPTED,
                                    f"preempted before it started: {payload.reason}")
                 self.preempt(payload)
             elif isinstance(payload, ev.ReconcileJobs):
@@ -90,11 +92,29 @@ class Commands:
             log.info("%s: %s's earlier run ended: starting run %d", self._ctx.node_id, job_id, waiting.attempt)
             self._ctx.spawn(self.start_job(waiting), f"start-after-{job_id}")
 
-    def _drop_waiting(self, job_id: str, reason_code: str, error: str) -> None:
-        """A stop or preemption of a run that waits for the earlier one: it never starts, and says so."""
-        waiting = self._after_run.pop(job_id, None)
-        if waiting is not None:
+    def _drop_waiting(self, job_id: str, attempt: int | None, reason_code: str, error: str) -> None:
+        """A stop or preemption of the run (``attempt``; None: any) that waits for the earlier one: it never
+        starts, and says so."""
+        waiting = self._after_run.get(job_id)
+        if waiting is not None and attempt in (None, waiting.attempt):
+            del self._after_run[job_id]
             self._report_not_started(job_id, f"{error[:300]} (on {self._ctx.node_id})", reason_code, waiting.attempt)
+
+    def _names_recorded_run(self, job_id: str, attempt: int | None) -> bool:
+        """Whether a stop or preemption of the job's run ``attempt`` (None: whichever) concerns the run this
+        node recorded: that run, or an earlier one (not wanted either); a command about an earlier run than
+        the recorded one (sent again, or late: preemption's commands are not ordered with placement's) is
+        stale and leaves it be."""
+        runner = self._ctx.runner
+        if not runner.known(job_id):
+            return False
+        if attempt is None:
+            return True
+        try:
+            record = runner.record(job_id)
+        except BAD_RECORD:
+            return True
+        return record is None or record.attempt <= attempt
 
     async def _start_job(self, command: ev.StartJob) -> None:
         ctx = self._ctx
@@ -197,7 +217,7 @@ class Commands:
     def preempt(self, command: ev.PreemptJob) -> None:
         """Tell the job (SIGTERM and a notice file naming the deadline), SIGKILL it at the deadline."""
         runner = self._ctx.runner
-        known = runner.known(command.job_id)
+        known = self._names_recorded_run(command.job_id, command.attempt)
         decision = decide_preempt(known=known, reported=known and runner.reported(command.job_id),
                                   stopping=self._exits.stopping(command.job_id), deadline_at=command.deadline_at,
                                   now=utcnow())

@@ -80,4 +80,4 @@ async def stop_members(conn: asyncpg.Connection, state: lifecycle.JobState, exce
                        now: datetime) -> None:
     """Stop the job's gang members still running on nodes other than ``except_node``."""
     running = [n for n in state.node_ids if n != except_node and n not in state.exited_nodes]
-    await store.stop_on(conn, state.job_id, running, reason, now)
+    await store.stop_on(conn, state.job_id, running, reason, now, attempt=state.runs or None)

@@ -80,7 +80,8 @@ async def recover(conn: asyncpg.Connection, now: datetime, *, resend_s: float, s
             " WHERE NOT (j.status = ANY($1::text[])) AND j.updated_at < $2 LIMIT $3", _HOLDING, settled, limit):
         state = await load_job(conn, row["job_id"])
         await store.stop_on(conn, state.job_id, await store.release_gpus(conn, state.job_id),
-                            f"the job is {state.status.value if state.status else 'gone'}", now)
+                            f"the job is {state.status.value if state.status else 'gone'}", now,
+                            attempt=state.runs or None)
         done.released.append(state.job_id)
     await _stop_cancelled(conn, now, resend_s, limit, done, {} if stops_sent is None else stops_sent)
     await _reconcile_drifted(conn, now, resend_s, done)

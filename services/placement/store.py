@@ -272,7 +272,9 @@ async def send_commands(conn: asyncpg.Connection, commands: list[tuple[ev.Payloa
     await enqueue_keyed(conn, producer=SERVICE, topic=NODES_COMMANDS.name, messages=envelopes)
 
 
-async def stop_on(conn: asyncpg.Connection, job_id: str, node_ids, reason: str, now: datetime) -> None:
-    """A StopJob of ``job_id`` to each of ``node_ids``."""
+async def stop_on(conn: asyncpg.Connection, job_id: str, node_ids, reason: str, now: datetime,
+                  attempt: int | None = None) -> None:
+    """A StopJob of ``job_id``'s run ``attempt`` (the job's current run, from its state) to each of ``node_ids``."""
     for node_id in node_ids:
-        await send_command(conn, ev.StopJob(job_id=job_id, node_id=node_id, reason=reason), node_id, now)
+        await send_command(conn, ev.StopJob(job_id=job_id, node_id=node_id, reason=reason, attempt=attempt),
+                           node_id, now)

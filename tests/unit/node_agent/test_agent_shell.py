@@ -401,3 +401,32 @@ async def test_a_run_waiting_for_the_earlier_one_that_is_stopped_or_unlisted_nev
     assert never == {("stopped", 2, "stopped"), ("preempted", 2, "preempted")}
     assert [s["attempt"] for s in sent.of("JobStartReported")] == [1, 1, 1]
     await agent.close()
+
+
+async def test_a_stop_or_preemption_of_an_earlier_run_leaves_the_later_run_be(tmp_path):
+    """StopJob and PreemptJob name the run they are about: one of an earlier run, sent again or late (the
+    preemption service's commands are not ordered with placement's StartJobs), neither stops the job's later
+    run on the node nor drops a run that waits for the earlier one; one of the run, or of none, does."""
+    sent = Recorder()
+    agent = an_agent(tmp_path, sent)
+    await agent.start()
+    await agent.on_command(run_of("j", 1, "true"))
+    await eventually(lambda: agent.runner.reported("j"))
+    await agent.on_command(run_of("j", 2, "sleep", "30"))
+    await eventually(lambda: [s for s in sent.of("JobStartReported") if s["attempt"] == 2])
+    await agent.on_command(command(ev.StopJob(job_id="j", node_id="n1", reason="gang requeued", attempt=1)))
+    await agent.on_command(command(ev.PreemptJob(job_id="j", node_id="n1", reason="reclaim", grace_s=1.0,
+                                                 deadline_at=datetime.now(timezone.utc), attempt=1)))
+    await agent.flush()
+    assert agent.runner.running_job_ids() == ["j"] and not agent.exits.stopping("j")
+    # run 3 placed here while run 2 stops: a late StopJob of run 2 leaves run 3 waiting; run 3's own stops it
+    await agent.on_command(command(ev.StopJob(job_id="j", node_id="n1", reason="requeued", attempt=2)))
+    await agent.on_command(run_of("j", 3, "sleep", "30"))
+    await agent.on_command(command(ev.StopJob(job_id="j", node_id="n1", reason="requeued", attempt=2)))
+    await eventually(lambda: [s for s in sent.of("JobStartReported") if s["attempt"] == 3], timeout_s=10)
+    await agent.on_command(command(ev.StopJob(job_id="j", node_id="n1", reason="cancelled", attempt=3)))
+    await eventually(lambda: not agent.runner.running_job_ids(), timeout_s=10)
+    await agent.flush()
+    assert [(e["attempt"], e["reason_code"]) for e in sent.of("JobExitReported")] == [
+        (1, None), (2, "stopped"), (3, "stopped")]
+    await agent.close()

@@ -53,6 +53,8 @@ class PreemptJob(Payload):
     grace_s: float
     deadline_at: datetime
     reason: str
+    # the run to preempt (StartJob.attempt): another run of the job on the node is not touched (None: any)
+    attempt: int | None = None
 
 
 class JobCheckpointReported(Payload):
@@ -72,6 +74,9 @@ class StopJob(Payload):
     job_id: str
     node_id: str
     reason: str
+    # the run to stop (StartJob.attempt): an earlier run's StopJob, sent again or late, leaves a later run be
+    # (None: whichever run the node has)
+    attempt: int | None = None
 
 
 class MigDeviceInventory(Frozen):

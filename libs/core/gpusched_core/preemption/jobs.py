@@ -49,7 +49,7 @@ def preempt_commands(state: lifecycle.JobState, grace_s: float, deadline_at: dat
                      reason: str) -> tuple[ev.PreemptJob, ...]:
     """One ``PreemptJob`` per node of the victim's run, so that every member of a gang stops."""
     return tuple(ev.PreemptJob(job_id=state.job_id, node_id=node, grace_s=grace_s, deadline_at=deadline_at,
-                               reason=reason) for node in member_nodes(state))
+                               reason=reason, attempt=state.runs or None) for node in member_nodes(state))
 
 
 def quota_charge(tenant: str, held_gpus: int, models: tuple[str, ...], *, reserved_tenant: str | None = None,
