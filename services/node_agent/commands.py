@@ -228,10 +228,6 @@ class Commands:
                  decision.grace_s)
         self._exits.stop(command.job_id, ExitReason.PREEMPTED, grace_s=decision.grace_s)
 
-    async def reconcile(self, command: ev.ReconcileJobs) -> None:
-        async with self._lock:
-            await self._reconcile(command)
-
     async def _reconcile(self, command: ev.ReconcileJobs) -> None:
         """The store's list of this node's jobs for the current epoch: a held StartJob it lists runs now
         (placed before the agent's new epoch was known, still meant for this node), the others are dropped

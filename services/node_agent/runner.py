@@ -47,7 +47,8 @@ from services.node_agent.spawn import exit_of, spawn_gated
 
 __all__ = ["JobExit", "JobRecord", "JobRunner"]
 log = logging.getLogger(__name__)
-RUN_FILES = ("json", "reported", "stopped")  # a run's own files beside the job directories, set aside when it ended
+RUN_MARKS = ("reported", "stopped")  # what the agent notes of a run beside its record
+RUN_FILES = ("json", *RUN_MARKS)  # a run's own files beside the job directories, set aside when it ended
 JOB_RUN_FILES = ("exit", "preempt-notice")  # and in the job's directory
 LEGACY_RUN_FILES = ("exit", "preempt")  # where an agent before job directories kept them (``<job>.exit``)
 
@@ -292,7 +293,7 @@ class JobRunner:
         if user is not None:
             os.chown(directory, user.pw_uid, user.pw_gid)
         # marks and exit codes of no recorded run are not this run's (it would look ended, or reported, at once)
-        for stale in [*(self._dir / f"{job_id}.{suffix}" for suffix in (*RUN_FILES[1:], *LEGACY_RUN_FILES)),
+        for stale in [*(self._dir / f"{job_id}.{suffix}" for suffix in (*RUN_MARKS, *LEGACY_RUN_FILES)),
                       *(directory / name for name in JOB_RUN_FILES)]:
             stale.unlink(missing_ok=True)
         exit_path = self._exit_path(job_id)
