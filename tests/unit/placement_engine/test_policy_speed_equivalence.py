@@ -119,10 +119,26 @@ class ReferencePolicy:
         pressure = class_pressure(self.workload, classes)
         if pressure.any():
             grow = grow + 2.0 * scarcity_cost(pressure, classes, snapshot, request, nodes)
+        grow = grow + 2.0 * memory_growth(snapshot, request, self.workload.memory_per_milli, nodes)[:, None]
         capped = reference_growth(snapshot, request, self.typical, "capped", nodes)
         secondary = np.floor(np.clip(np.where(np.isinf(capped), 0.0, capped), -1e5, 1e5) / 250.0)
         per_gpu = np.where(np.isinf(grow), -np.inf, sigmoid_score(grow) - 1e-6 * secondary)
         return _best(per_gpu, request, "FGD score - 1e-6 x CPU-capped fragmentation growth (quarter GPUs)")
+
+
+def memory_growth(snapshot: ClusterSnapshot, request: PodRequest, ratio: float | None, nodes: np.ndarray) -> np.ndarray:
+    """Per node: how much more of its free GPU milli its free memory could not serve at ``ratio`` MiB per
+    milli once ``request`` is there, node by node."""
+    out = np.zeros(len(nodes))
+    if ratio is None:
+        return out
+    for i, row in enumerate(nodes):
+        gpu = float(snapshot.share_free_total[row])
+        memory = float(snapshot.memory_free[row])
+        before = max(gpu - memory / ratio, 0.0)
+        after = max(gpu - request.gpu_milli_total - (memory - request.memory_mib) / ratio, 0.0)
+        out[i] = after - before
+    return out
 
 
 def _best(per_gpu: np.ndarray, request: PodRequest, meaning: str) -> NodeScores:
@@ -156,11 +172,13 @@ def a_mixed_stream(rng: np.random.Generator, count: int) -> list[PodRequest | Ga
         rid = RequestId(f"r{i}")
         if kind < 0.35:
             share = GpuShare(int(rng.choice([100, 250, 500, 700])), int(rng.choice([0, 0, 8_000, 30_000])))
-            requests.append(PodRequest(rid, share, cpu, 1024, models))
+            requests.append(PodRequest(rid, share, cpu, int(rng.choice([1024, 1024, 40_000])), models))
         elif kind < 0.65:
-            requests.append(PodRequest(rid, WholeGpus(int(rng.choice([1, 1, 2, 4, 8]))), cpu, 2048, models))
+            count = int(rng.choice([1, 1, 2, 4, 8]))
+            memory = count * int(rng.choice([2048, 30_000, 30_000, 60_000]))  # up to 60 GiB a GPU: memory binds
+            requests.append(PodRequest(rid, WholeGpus(count), cpu, memory, models))
         elif kind < 0.75:
-            requests.append(PodRequest(rid, None, cpu, 512))
+            requests.append(PodRequest(rid, None, cpu, int(rng.choice([512, 512, 20_000]))))
         elif kind < 0.87:
             requests.append(PodRequest(rid, MigSlice(str(rng.choice(["1g.10gb", "3g.40gb"]))), cpu, 512))
         else:
@@ -200,6 +218,16 @@ def test_the_mixed_stream_presses_on_node_classes_by_size_as_well_as_by_model() 
     pods = [p for p in _pods(a_mixed_stream(rng, 260)) if p.gpu is not None and not p.allowed_models]
     classes = NodeClasses.of(snapshot.layout)
     assert class_pressure(workload_from_requests(pods), classes).any()  # no pinned pod among them
+
+
+def test_the_mixed_stream_asks_memory_that_strands_gpus() -> None:
+    """So that the comparison below covers the memory cost too."""
+    rng = np.random.default_rng(3)
+    snapshot = a_mixed_cluster(rng, 36)
+    pods = [p for p in _pods(a_mixed_stream(rng, 260)) if p.gpu is not None]
+    ratio = workload_from_requests(pods).memory_per_milli
+    nodes = np.arange(len(snapshot.nodes))
+    assert any(memory_growth(snapshot, pod, ratio, nodes).any() for pod in pods)
 
 
 @pytest.fixture(params=["default thresholds", "dedupe always"])

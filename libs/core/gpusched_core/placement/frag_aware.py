@@ -16,6 +16,15 @@ constrained demand will need (``scarcity``: the pressure of the constrained shap
 workload on each node class; the typical 95% drops most of them, which are spread over many specs or
 rare by count though large in GPUs). Without constrained shapes the pressure is 0 and nothing changes.
 
+Memory, which FGD's measure and our capped one leave out, strands GPUs too: on openb's 8-GPU G2 nodes
+(48 GiB of memory per GPU) the common one-GPU pods ask 47-49 GiB, and a node whose memory went to pods
+that asked more per GPU keeps GPUs no pod can use. So the FGD growth also pays for the growth of the GPU
+milli a node's free memory can no longer serve at the workload's own memory per GPU milli
+(``WorkloadDistribution.memory_per_milli``: the memory its GPU requests ask over the GPU milli they ask),
+``max(free milli - free memory / ratio, 0)`` after the pod minus before, weighted 2 (``memory_weight``).
+A pod that asks memory in the workload's proportion on a node whose memory keeps pace with its GPUs pays
+nothing; without a known ratio (the live default workload) nothing changes.
+
 One configuration for every trace: FGD's typical shapes (95% most popular), no per-trace tuning.
 """
 
@@ -52,6 +61,7 @@ class FragAwarePolicy:
     secondary_step_milli: float = 250.0
     scarcity_weight: float = 2.0
     scarcity_slack: float = 0.8
+    memory_weight: float = 2.0
     memo: FragmentationMemo = field(init=False)
     _pressure: tuple[ClusterLayout, np.ndarray | None, NodeClasses] | None = field(init=False, default=None)
     _class_free: tuple[NodeClasses, ClusterSnapshot, np.ndarray] | None = field(init=False, default=None)
@@ -74,6 +84,9 @@ class FragAwarePolicy:
             return mig_packing_scores(candidates)
         entry = self.memo.refresh(candidates.snapshot, request, nodes)
         cost = self._scarcity(candidates.snapshot, request, nodes)
+        memory = self._memory_cost(candidates.snapshot, request, nodes)
+        if memory is not None:
+            cost = memory if cost is None else cost + memory
         if cost is None:
             values, best_gpu = (derived[nodes] for derived in entry.derived)
         else:
@@ -107,6 +120,21 @@ class FragAwarePolicy:
             return None
         excess = np.minimum(per_class[classes.node_class[nodes]], _MAX_PRESSURE)
         return self.scarcity_weight * (excess * request.gpu_milli_total)
+
+    def _memory_cost(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray) -> np.ndarray | None:
+        """(len(nodes),) weighted growth of the GPU milli each node's free memory can no longer serve at
+        the workload's memory per GPU milli, or None where it does not grow on any node."""
+        ratio = self.workload.memory_per_milli
+        if not self.memory_weight or ratio is None or request.memory_mib == 0:
+            return None
+        gpu = snapshot.share_free_total[nodes].astype(np.float64)
+        memory = snapshot.memory_free[nodes] / ratio
+        before = np.maximum(gpu - memory, 0.0)
+        after = np.maximum(gpu - request.gpu_milli_total - (memory - request.memory_mib / ratio), 0.0)
+        growth = after - before
+        if not growth.any():
+            return None
+        return self.memory_weight * growth
 
     def _free_per_class(self, snapshot: ClusterSnapshot, classes: NodeClasses, size: int) -> np.ndarray:
         """(K,) free share-usable GPU milli per class. A decision changes a node or two: the last sums

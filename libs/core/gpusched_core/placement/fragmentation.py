@@ -61,12 +61,16 @@ class WorkloadDistribution:
 
     shapes: tuple[RequestShape, ...]
     weights: tuple[float, ...]
+    # Memory (MiB) the workload's GPU requests ask per GPU milli, all together (None: not known).
+    memory_per_milli: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.shapes) != len(self.weights) or not self.shapes:
             raise ValueError("a workload needs one weight per shape and at least one shape")
         if abs(sum(self.weights) - 1.0) > 1e-6 or min(self.weights) < 0:
             raise ValueError("workload weights must be >= 0 and sum to 1")
+        if self.memory_per_milli is not None and not self.memory_per_milli > 0:
+            raise ValueError("memory_per_milli must be > 0 when given")
 
     def most_popular(self, popularity: float) -> WorkloadDistribution:
         """The most probable shapes that together cover ``popularity``, renormalised (FGD's "typical
@@ -79,18 +83,26 @@ class WorkloadDistribution:
                 break
             kept.append((shape, weight))
             covered += weight
-        return WorkloadDistribution(tuple(s for s, _ in kept), tuple(w / covered for _, w in kept))
+        return WorkloadDistribution(tuple(s for s, _ in kept), tuple(w / covered for _, w in kept),
+                                    self.memory_per_milli)  # fmt: skip
 
 
 def workload_from_requests(requests: Iterable[PodRequest], popularity: float = 1.0) -> WorkloadDistribution:
     """The shapes of ``requests`` with their frequencies, most frequent first (ties by shape);
     ``popularity`` < 1 keeps only the most popular shapes covering that share."""
-    counts = Counter(shape_of(request) for request in requests)
+    counts: Counter[RequestShape] = Counter()
+    gpu_memory = gpu_milli = 0
+    for request in requests:
+        counts[shape_of(request)] += 1
+        if request.gpu_milli_total > 0:
+            gpu_memory += request.memory_mib
+            gpu_milli += request.gpu_milli_total
     if not counts:
         raise ValueError("no requests to build a workload from")
     ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0].sort_key()))
     total = sum(counts.values())
-    full = WorkloadDistribution(tuple(s for s, _ in ordered), tuple(c / total for _, c in ordered))
+    ratio = gpu_memory / gpu_milli if gpu_memory > 0 else None
+    full = WorkloadDistribution(tuple(s for s, _ in ordered), tuple(c / total for _, c in ordered), ratio)
     return full if popularity >= 1.0 else full.most_popular(popularity)
 
 
