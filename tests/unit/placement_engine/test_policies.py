@@ -11,6 +11,7 @@ from gpusched_core.placement import (
     RequestShape,
     WorkloadDistribution,
     apply,
+    default_workload,
     make_policy,
     node_fragmentation,
     place,
@@ -95,3 +96,11 @@ def test_the_memo_gives_what_a_fresh_computation_gives_as_the_cluster_changes() 
         decision = place(snapshot, request, policy)
         if decision.placed:
             snapshot = apply(snapshot, decision)
+
+
+def test_ours_cuts_a_real_workload_at_90_percent_and_the_generic_mix_at_fgds_95() -> None:
+    """A trace's long tail of rare shapes is cut at 90% (see ``frag_aware``); the generic mix the live
+    service uses when it knows no workload is a handful of typical shapes and keeps FGD's cut-off."""
+    generic = make_policy("ours")
+    assert generic.popularity == 0.95  # type: ignore[attr-defined]
+    assert make_policy("ours", workload=default_workload()).popularity == 0.9  # type: ignore[attr-defined]
