@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 
 import asyncpg
 
@@ -198,7 +199,7 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     await _reserve(conn, tenancy, plan.reservations, held, now)
     # reasons only (unordered): a reader ranks the queue itself (``gpusched_common.stores.quota.quota_queue``)
     changed = []
-    for job_id, reason in [(job.job_id, reason) for job, _, reason in plan.reasons()] + unchargeable:
+    for job_id, reason in chain(((job.job_id, reason) for job, _, reason in plan.reasons()), unchargeable):
         reason = as_guest(tenancy, jobs[job_id], reason)
         if _worth_recording(jobs[job_id], reason, now):
             changed.append((job_id, reason))

@@ -289,3 +289,44 @@ async def test_a_dead_lettered_message_copied_back_from_the_dead_letter_topic_is
     # the copy came before "after" on the same partition: had it been handled, it would be dead-lettered by now
     dead = [r for r in await read_to_end(settings.kafka_bootstrap, DEADLETTER.name) if r.value == bad]
     assert len(dead) == 1  # not dead-lettered twice: the copy was never handled
+
+
+async def test_a_message_larger_than_a_fetch_still_comes_whole_in_order_with_those_around_it(settings):
+    """Consumers fetch at most ``kafka_fetch_max_bytes`` of a partition at once (what a lagging consumer holds
+    is bounded by it, not by its lag); a message far larger than that still comes, whole and in order, on
+    both brokers."""
+    from aiokafka import AIOKafkaProducer
+
+    from gpusched_common import events as ev
+    from gpusched_common.messaging import consumer_options
+
+    small = settings.model_copy(update={"kafka_fetch_max_bytes": 16 * 1024})
+    options = consumer_options(small, "fetch-group")
+    assert options["fetch_max_bytes"] == options["max_partition_fetch_bytes"] == 16 * 1024
+    seen: list[tuple[str, int]] = []
+
+    def message(job_id: str, reason: str) -> bytes:
+        return ev.make_envelope(ev.JobCancelled(job_id=job_id, reason=reason), event_id=f"e-{job_id}",
+                                stream_id=f"job-{job_id}", occurred_at=now(), producer="test").model_dump_json().encode()
+
+    async def setup(runtime: Runtime) -> None:
+        async def handle(conn, incoming: Incoming, batch) -> None:
+            seen.append((incoming.key or "", len(incoming.value)))
+
+        runtime.subscribe_transactional(JOBS_EVENTS.name, "fetch-group", handle)
+
+    big = message("big", "x" * (1024 * 1024))  # 64 fetches' worth, in one record batch
+    values = [message(f"s{i}", "small") for i in range(300)] + [big] + [message(f"t{i}", "small") for i in range(300)]
+    producer = AIOKafkaProducer(bootstrap_servers=small.kafka_bootstrap, linger_ms=5,
+                                max_request_size=small.kafka_max_request_bytes)
+    await producer.start()
+    try:
+        for i, value in enumerate(values):  # one partition: one order to keep
+            await producer.send(JOBS_EVENTS.name, value, key=str(i).encode(), partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    async with running("fetch", small, setup):
+        await _until(lambda: len(seen) >= len(values))
+    assert [key for key, _ in seen] == [str(i) for i in range(len(values))]
+    assert max(size for _, size in seen) == len(big)

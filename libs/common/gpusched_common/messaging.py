@@ -124,8 +124,8 @@ def to_incoming(record) -> Incoming:  # noqa: ANN001 - an aiokafka ConsumerRecor
 def consumer_options(settings: Settings, group_id: str) -> dict:
     return dict(
         group_id=group_id, ack_policy=AckPolicy.MANUAL, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=settings.kafka_max_request_bytes, fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms,
-        session_timeout_ms=settings.kafka_session_timeout_ms,
+        max_partition_fetch_bytes=settings.kafka_fetch_max_bytes, fetch_max_bytes=settings.kafka_fetch_max_bytes,
+        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms, session_timeout_ms=settings.kafka_session_timeout_ms,
         heartbeat_interval_ms=max(100, settings.kafka_session_timeout_ms // 4),
         rebalance_timeout_ms=settings.kafka_session_timeout_ms, decoder=_message_itself,
     )

@@ -26,6 +26,12 @@ class Settings(BaseSettings):
     # the node command topic's own partition count for `create-topics` (topics.NODE_COMMAND_PARTITIONS says why)
     node_command_partitions: int = NODE_COMMAND_PARTITIONS
     kafka_max_request_bytes: int = 2 * 1024 * 1024
+    # the most a consumer's fetch brings back of each partition, and of all of them at once (Tansu reads the
+    # latter per partition too); a larger first record batch still comes whole, on Apache Kafka as on Tansu.
+    # aiokafka buffers a fetch per partition, so what a lagging consumer holds is bounded by partitions x this,
+    # not by its lag: with aiokafka's 50 MiB and the 2 MiB per partition it had, quota held 10-25 MiB of
+    # fetched and decoded records while it took in a backlog of 10,000 jobs
+    kafka_fetch_max_bytes: int = 256 * 1024
     # how long a consumer's fetch may wait at the broker for data. Apache Kafka answers as soon as a record
     # arrives, so the wait costs no latency there (aiokafka's 500 ms). Tansu answers a waiting fetch only when
     # it runs out (measured: a 202 ms round trip with 500, 2 ms with 50): the local stack on Tansu sets 50

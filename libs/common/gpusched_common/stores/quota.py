@@ -7,6 +7,7 @@ reader never delays a decision.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
@@ -40,16 +41,38 @@ async def load_history(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> di
     return {r["tenant"]: UsageHistory(r["as_of_s"], MappingProxyType(r["geq_s"])) for r in rows}
 
 
+QUEUE_READ_ROWS = 2000  # rows a transaction's read of a queue holds at once (the rest are its jobs already read)
+
+
 async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...],
                       all_known: tuple[str, ...] | None = None) -> list[QueuedJob]:
-    """Jobs waiting for quota of ``tenants``, and, given ``all_known``, of every tenant not in it (guests)."""
-    rows = await conn.fetch(
-        "SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason, nodes, share_milli, mig_profile,"
-        " last_reason_at_s"
-        " FROM quota_policy_pending WHERE tenant = ANY($1::text[])"
-        " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))",
-        list(tenants), list(all_known) if all_known is not None else None)
-    return [QueuedJob(**dict(r)) for r in rows]
+    """Jobs waiting for quota of ``tenants``, and, given ``all_known``, of every tenant not in it (guests).
+
+    A cycle reads its cohort's whole queue: inside a transaction (every cycle) the rows come through a
+    cursor, ``QUEUE_READ_ROWS`` at a time (one round trip for a queue that size or smaller), so a backlog
+    of tens of thousands is never held twice over, as rows and as jobs; and the strings a queue repeats
+    (tenants, models, the reasons thousands of waiting jobs share) and the times a batch recorded reasons
+    at are kept once each."""
+    query = ("SELECT job_id, tenant, gpus, gpu_model, priority, queued_at_s, last_reason, nodes, share_milli,"
+             " mig_profile, last_reason_at_s"  # QueuedJob's fields, in order
+             " FROM quota_policy_pending WHERE tenant = ANY($1::text[])"
+             " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))")
+    args = (list(tenants), list(all_known) if all_known is not None else None)
+    same: dict = {}
+    once = same.setdefault
+    jobs: list[QueuedJob] = []
+    if not conn.is_in_transaction():  # a reader's one-off listing
+        rows = await conn.fetch(query, *args)
+        return [_queued(row, once) for row in rows]
+    async for row in conn.cursor(query, *args, prefetch=QUEUE_READ_ROWS):
+        jobs.append(_queued(row, once))
+    return jobs
+
+
+def _queued(row: asyncpg.Record, once: Callable) -> QueuedJob:
+    job_id, tenant, gpus, model, priority, queued_at_s, reason, nodes, share_milli, mig, reason_at = row
+    return QueuedJob(job_id, once(tenant, tenant), gpus, once(model, model), priority, queued_at_s,
+                     once(reason, reason), nodes, share_milli, once(mig, mig), once(reason_at, reason_at))
 
 
 async def load_cohort_queue(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str) -> list[QueuedJob]:

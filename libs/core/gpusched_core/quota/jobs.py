@@ -10,10 +10,11 @@ from gpusched_common import events as ev
 from gpusched_core.quota import GpuAsk, PendingJob, QuotaBook, Tenancy, UnitError, pending_job
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueuedJob:
     """A row of ``quota_policy_pending``: what a job asks for, as its spec says it. ``tenant`` is the
-    spec's tenant; the tenancy decides which leaf it is charged to (``Tenancy.charged_tenant``)."""
+    spec's tenant; the tenancy decides which leaf it is charged to (``Tenancy.charged_tenant``). Slotted:
+    every cycle reads its cohort's whole queue (tens of thousands of jobs in a backlog)."""
 
     job_id: str
     tenant: str
