@@ -30,8 +30,10 @@ from services.quota.handlers import (
     make_tenancy_update_handler,
     reconcile,
     reserve_everywhere,
+    reserve_for_cohort,
 )
 from services.quota import recovery
+from services.quota.pacing import CyclePacer, run_due
 from services.quota.settings import QuotaSettings
 from services.quota.store import install, lock_revisions
 
@@ -84,6 +86,22 @@ async def reconcile_loop(runtime: Runtime, tenancies: TenancyStore, options: Cyc
             runtime.wake_relay()
 
 
+async def due_cycles(runtime: Runtime, tenancies: TenancyStore, options: CycleOptions, pacer: CyclePacer) -> None:
+    """The cycles batches left due (``pacing``), each in a transaction of its own, from the store alone."""
+    assert runtime.pool is not None
+    pool = runtime.pool
+
+    async def cycle(cohort: str) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await reserve_for_cohort(conn, await tenancies.current(conn), cohort, utcnow(), options)
+        runtime.wake_relay()
+
+    def failed(cohort: str, exc: BaseException) -> None:
+        log.warning("quota: the due cycle of cohort %s failed (%s); it is due again shortly", cohort, exc)
+
+    await run_due(pacer, cycle, failed)
+
+
 def quota_setup(settings: QuotaSettings) -> Callable[[Runtime], Awaitable[None]]:
     """Everything the quota service runs, built from settings (the runtime starts it)."""
     settings = QuotaSettings.of(settings)
@@ -95,8 +113,10 @@ def quota_setup(settings: QuotaSettings) -> Callable[[Runtime], Awaitable[None]]
         assert runtime.pool is not None
         await start_tenancy(runtime.pool, settings.tenants_file, tenancies, options)
         runtime.wake_relay()
+        pacer = CyclePacer(settings.quota_cycle_share)
         runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_QUOTA,
-                                        make_job_event_handler(tenancies, utcnow, options))
+                                        make_job_event_handler(tenancies, utcnow, options, pacer))
+        runtime.background.append(lambda: due_cycles(runtime, tenancies, options, pacer))
         runtime.subscribe_transactional(TENANCY_UPDATES.name, GROUP_QUOTA_ADMIN,
                                         make_tenancy_update_handler(keys, utcnow, options))
         runtime.background.append(lambda: reconcile_loop(runtime, tenancies, options, settings.reconcile_interval_s))

@@ -38,6 +38,7 @@ from gpusched_common.topics import QUOTA_RECLAIMS
 from gpusched_common.tracing import current_traceparent
 
 from services.quota import store, waits
+from services.quota.pacing import CyclePacer
 from services.quota.charges import advance_histories, release_many
 from gpusched_core.quota import (
     UNITS_PER_GPU,
@@ -78,7 +79,9 @@ class CycleOptions:
 
 
 def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime],
-                                  options: CycleOptions = CycleOptions()) -> TxHandler:
+                                  options: CycleOptions = CycleOptions(), pacer: CyclePacer | None = None) -> TxHandler:
+    """``pacer``: when a batch runs its cohorts' cycles itself and when it leaves them due later (``pacing``);
+    None: every batch runs them."""
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, CLAIMED_JOB_EVENTS):
@@ -88,7 +91,7 @@ def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime
             return
         tenancy = await _tenancy_of(batch, conn, tenancies)
         now = clock()
-        cycles = _Cycles(batch, tenancies, clock, options)
+        cycles = _Cycles(batch, tenancies, clock, options, pacer)
         if not isinstance(payload, ev.JobAdmitted | ev.JobReleased):
             cycles.release_later(payload.job_id, requeue=isinstance(payload, ev.JobPreempted),
                                  ended=isinstance(payload, _ENDED))
@@ -117,14 +120,22 @@ class _Cycles:
     tenancies: TenancyStore
     clock: Callable[[], datetime]
     options: CycleOptions
+    pacer: CyclePacer | None = None
 
     def reserve_later(self, tenancy: Tenancy, tenant: str) -> None:
         cohort = cohort_of(tenancy, tenant)
 
         async def reserve(conn: asyncpg.Connection) -> None:
             await flush_queue(conn, self.batch)
+            pacer = self.pacer
+            if pacer is not None and not pacer.may_run(cohort):  # its jobs queued: one cycle later takes them all
+                self.batch.after_commit(f"cycle:{cohort}", lambda: pacer.defer(cohort))
+                return
+            started = pacer.clock() if pacer is not None else 0.0
             await reserve_for_cohort(conn, await _tenancy_of(self.batch, conn, self.tenancies), cohort, self.clock(),
                                      self.options)
+            if pacer is not None:
+                pacer.ran(cohort, started, pacer.clock())
 
         self.batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
 

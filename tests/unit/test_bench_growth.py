@@ -50,6 +50,18 @@ def test_growth_is_each_cell_s_cpu_per_job_over_the_first_cell_s():
     assert rows[0]["quota_cpu_ms_per_job"] == 20.0 and rows[0]["backlog_per_s"] == 100.0
 
 
+def test_memory_per_added_job_compares_a_cell_with_the_last_smaller_backlog_on_as_many_nodes():
+    def backlog(mib: float | None) -> dict:
+        return {**BACKLOG_FIGURES, "quota_backlog_mib": mib}
+
+    rows = with_growth([cell_row(100, 1000, backlog(12.0), probe(300, 20.0)),
+                        cell_row(100, 10000, backlog(21.0), probe(300, 20.0)),
+                        cell_row(1000, 1000, backlog(30.0), probe(300, 20.0)),
+                        cell_row(100, 50000, backlog(46.0), probe(300, 20.0)),
+                        cell_row(1000, 10000, backlog(None), probe(300, 20.0))])
+    assert [r["quota_kib_per_added_job"] for r in rows] == [None, 1.02, None, 0.64, None]
+
+
 async def test_a_failed_cell_is_reported_and_the_rest_still_run_each_kept_as_it_ends(monkeypatch):
     from gpusched_cli import bench_growth
 

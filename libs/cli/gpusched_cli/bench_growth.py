@@ -13,7 +13,8 @@ every service its own process, as in ``bench_scale``):
    job summed over the services and net of the idle cluster, per service too.
 
 Beside them: how fast the backlog went in, the idle cluster's cores with the backlog waiting, and the quota
-service's memory per waiting job. ``cpu_growth`` divides a cell's CPU per placed job by the first cell's. A
+service's memory per waiting job (and, from one cell to the next of as many nodes, per job added: what a
+backlog costs once, a batch's working set and the fetched records, left out). ``cpu_growth`` divides a cell's CPU per placed job by the first cell's. A
 table, and ``bench-results/growth.json``.
 """
 
@@ -42,7 +43,7 @@ from gpusched_cli.workload import submit_through_gateway
 BACKLOG = "backlog"
 COLUMNS = ("nodes", "pending", "backlog_judged", "backlog_per_s", "placed", "placed_per_s", "submit_to_placed_p50_ms",
            "cpu_ms_per_job_total", "quota_cpu_ms_per_job", "placement_cpu_ms_per_job", "idle_cores_total",
-           "quota_kib_per_pending_job", "cpu_growth")
+           "quota_kib_per_pending_job", "quota_kib_per_added_job", "cpu_growth")
 # the backlog is one tenant's: the submission and admission rate limits would turn most of it away
 UNLIMITED = {"GPUSCHED_ADMISSION_RATE_PER_S": "1000000", "GPUSCHED_ADMISSION_RATE_BURST": "1000000",
              "GPUSCHED_GATEWAY_SUBMIT_RATE_PER_S": "1000000", "GPUSCHED_GATEWAY_SUBMIT_BURST": "1000000"}
@@ -102,10 +103,24 @@ def cell_row(nodes: int, pending: int, backlog: dict, probe: dict) -> dict:
 
 
 def with_growth(rows: list[dict]) -> list[dict]:
-    """Each row with ``cpu_growth``: its CPU per placed job over the first row's (None where either is unknown)."""
+    """Each row with ``cpu_growth``: its CPU per placed job over the first row's (None where either is unknown);
+    and ``quota_kib_per_added_job``: how much more memory quota took for each job more waiting than in the
+    row before it with as many nodes and a smaller backlog (None for the first of its nodes). Memory per
+    waiting job also carries what any backlog costs once (the working set of a batch, the fetched records);
+    this is what each further job costs."""
     base = rows[0].get("cpu_ms_per_job_total") if rows else None
-    return [{**row, "cpu_growth": round(row["cpu_ms_per_job_total"] / base, 2)
-             if base and row.get("cpu_ms_per_job_total") is not None else None} for row in rows]
+    out = []
+    for i, row in enumerate(rows):
+        smaller = [r for r in rows[:i] if r["nodes"] == row["nodes"] and r["pending"] < row["pending"]
+                   and r.get("quota_backlog_mib") is not None]
+        added = None
+        if smaller and row.get("quota_backlog_mib") is not None:
+            last = max(smaller, key=lambda r: r["pending"])
+            added = round(1024 * (row["quota_backlog_mib"] - last["quota_backlog_mib"]) / (row["pending"] - last["pending"]), 2)
+        out.append({**row, "cpu_growth": round(row["cpu_ms_per_job_total"] / base, 2)
+                    if base and row.get("cpu_ms_per_job_total") is not None else None,
+                    "quota_kib_per_added_job": added})
+    return out
 
 
 async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
@@ -129,6 +144,7 @@ async def fill_backlog(state: stack.StackState, pending: int, timeout_s: float,
     took = time.monotonic() - started
     after = per_service({n: u.rss_mib for n, u in usage(pids).items()}, max)
     return {"backlog_judged": judged, "backlog_s": round(took, 1), "backlog_per_s": round(judged / took, 1),
+            "quota_backlog_mib": round(after["quota"] - before["quota"], 2),
             "quota_kib_per_pending_job": round(1024 * (after["quota"] - before["quota"]) / max(judged, 1), 2)}
 
 

@@ -46,9 +46,15 @@ class Batch:
         self._after: dict[str, AfterBatch] = {}
         self.memo: dict[str, object] = {}  # what a handler keeps for the batch's later messages (its transaction's)
         self.messages = messages  # the whole batch, for a handler that reads ahead (e.g. every sender's key at once)
+        self.committed: dict[str, Callable[[], None]] = {}  # what to do once its transaction committed, per key
 
     def after(self, key: str, work: AfterBatch) -> None:
         self._after.setdefault(key, work)
+
+    def after_commit(self, key: str, done: Callable[[], None]) -> None:
+        """``done`` once, after the batch's transaction committed (never if it rolled back): what another
+        transaction must see the batch's writes for (e.g. a cycle due later over the jobs it queued)."""
+        self.committed.setdefault(key, done)
 
     async def finish(self, conn: asyncpg.Connection) -> None:
         """Each key's work once, in key order (so concurrent replicas take locks alike); work may defer more
@@ -70,6 +76,7 @@ async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming]
     """Apply messages in one transaction; raises (after rollback) if any of them fails. A batch of several
     reads its claims and its jobs' streams in two queries first, and writes its claims in one before it
     commits (``store.BatchReads``)."""
+    batch = Batch(tuple(messages))
     async with pool.acquire() as conn, conn.transaction():
         token = None
         if len(messages) > 1:
@@ -79,7 +86,6 @@ async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming]
             reads = await store.read_for_batch(conn, service, [e for e in event_ids if e is not None], streams)
             token = store.BATCH_READS.set(reads)
         try:
-            batch = Batch(tuple(messages))
             for message in messages:
                 with message_span(service, message):
                     await handler(conn, message, batch)
@@ -89,6 +95,8 @@ async def apply_batch(pool: asyncpg.Pool, service: str, messages: list[Incoming]
         finally:
             if token is not None:
                 store.BATCH_READS.reset(token)
+    for done in batch.committed.values():
+        done()
 
 
 def _job_stream_of(message: Incoming) -> str | None:
