@@ -280,11 +280,18 @@ async def _reserve(conn: asyncpg.Connection, tenancy: Tenancy, reservations: tup
     await store.record_reservations(conn, [(r.job_id, r.tenant, r.flavor, r.units) for r in taken])
 
 
+DEFER_CHUNK = 500  # jobs whose reasons are recorded together: their streams are read and held at once
+
+
 async def _defer(conn: asyncpg.Connection, reasons: list[tuple[str, str]], now: datetime) -> None:
     """Record why each of these jobs still waits (``JobQuotaDeferred`` with the reason), in a few statements
-    for all of them; a job no longer Admitted leaves the queue instead."""
-    if not reasons:
-        return
+    per ``DEFER_CHUNK`` of them (a cycle after a paced pause may have thousands to record); a job no longer
+    Admitted leaves the queue instead."""
+    for start in range(0, len(reasons), DEFER_CHUNK):
+        await _defer_some(conn, reasons[start:start + DEFER_CHUNK], now)
+
+
+async def _defer_some(conn: asyncpg.Connection, reasons: list[tuple[str, str]], now: datetime) -> None:
     states = await load_jobs(conn, [job_id for job_id, _ in reasons])
     waiting = [(job_id, reason) for job_id, reason in reasons if states[job_id].status is JobStatus.ADMITTED]
     await store.unqueue_jobs(conn, [job_id for job_id, _ in reasons if states[job_id].status is not JobStatus.ADMITTED])

@@ -94,3 +94,31 @@ async def test_a_batch_after_the_pause_runs_its_cycle_itself(db):
     await apply_batch(pool, "quota", [await admitted(conn, "j3")], make_job_event_handler(TenancyStore(), lambda: T0,
                                                                                            pacer=pacer))
     assert len(await events_of(conn, "j3", "QuotaReserved")) == 1 and pacer.wait_s() is None
+
+
+async def test_a_cycle_after_a_pause_records_every_queued_job_s_reason_once_a_chunk_at_a_time(db, monkeypatch):
+    from services.quota import handlers
+
+    conn, pool = db
+    monkeypatch.setattr(handlers, "DEFER_CHUNK", 2)
+    pacer = paced_after_a_long_cycle()
+    handler = make_job_event_handler(TenancyStore(), lambda: T0, pacer=pacer)
+    jobs = [f"w{i}" for i in range(7)]  # team-a: nominal 2, borrowing 2: 4 reserved, 3 wait
+    for job_id in jobs:
+        async with conn.transaction():
+            await submit(conn, job_id, "team-a", 1)
+    await apply_batch(pool, "quota", [await admitted(conn, job_id) for job_id in jobs], handler)
+    assert all([not await events_of(conn, job_id, "QuotaDeferred") for job_id in jobs])  # no cycle yet
+    runtime = SimpleNamespace(pool=pool, wake_relay=lambda: None)
+    task = asyncio.create_task(due_cycles(runtime, TenancyStore(), CycleOptions(), pacer))
+    try:
+        deadline = time.monotonic() + 15
+        while await conn.fetchval("SELECT count(*) FROM quota_policy_pending WHERE last_reason IS NOT NULL") < 3:
+            assert time.monotonic() < deadline, "the due cycle never recorded the reasons"
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+    reserved = [j for j in jobs if await events_of(conn, j, "QuotaReserved")]
+    deferred = {j: await events_of(conn, j, "QuotaDeferred") for j in jobs if j not in reserved}
+    assert len(reserved) == 4 and len(deferred) == 3
+    assert all(len(events) == 1 and "team-a" in events[0]["reason"] for events in deferred.values())
