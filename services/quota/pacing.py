@@ -74,8 +74,9 @@ class CyclePacer:
         while (wait := self.wait_s()) is None or wait > 0:
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout=wait)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(wait):  # None: until something is deferred
+                    await self._changed.wait()
+            except TimeoutError:
                 pass
 
 
