@@ -81,7 +81,9 @@ class CycleOptions:
 def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime],
                                   options: CycleOptions = CycleOptions(), pacer: CyclePacer | None = None) -> TxHandler:
     """``pacer``: when a batch runs its cohorts' cycles itself and when it leaves them due later (``pacing``);
-    None: every batch runs them."""
+    None: every batch runs them (a pacer whose cycles may take all the time)."""
+    pacer = pacer or CyclePacer(share=1.0)
+
     async def on_job_event(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, CLAIMED_JOB_EVENTS):
@@ -120,7 +122,7 @@ class _Cycles:
     tenancies: TenancyStore
     clock: Callable[[], datetime]
     options: CycleOptions
-    pacer: CyclePacer | None = None
+    pacer: CyclePacer
 
     def reserve_later(self, tenancy: Tenancy, tenant: str) -> None:
         cohort = cohort_of(tenancy, tenant)
@@ -128,14 +130,13 @@ class _Cycles:
         async def reserve(conn: asyncpg.Connection) -> None:
             await flush_queue(conn, self.batch)
             pacer = self.pacer
-            if pacer is not None and not pacer.may_run(cohort):  # its jobs queued: one cycle later takes them all
+            if not pacer.may_run(cohort):  # its jobs queued: one cycle later takes them all
                 self.batch.after_commit(f"cycle:{cohort}", lambda: pacer.defer(cohort))
                 return
-            started = pacer.clock() if pacer is not None else 0.0
+            started = pacer.clock()
             await reserve_for_cohort(conn, await _tenancy_of(self.batch, conn, self.tenancies), cohort, self.clock(),
                                      self.options)
-            if pacer is not None:
-                pacer.ran(cohort, started, pacer.clock())
+            pacer.ran(cohort, started, pacer.clock())
 
         self.batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
 

@@ -14,8 +14,8 @@ every service its own process, as in ``bench_scale``):
 
 Beside them: how fast the backlog went in, the idle cluster's cores with the backlog waiting, and the quota
 service's memory per waiting job (and, from one cell to the next of as many nodes, per job added: what a
-backlog costs once, a batch's working set and the fetched records, left out). ``cpu_growth`` divides a cell's CPU per placed job by the first cell's. A
-table, and ``bench-results/growth.json``.
+backlog costs once, a batch's working set and the fetched records, left out). ``cpu_growth`` divides a
+cell's CPU per placed job by the first cell's. A table, and ``bench-results/growth.json``.
 """
 
 from __future__ import annotations

@@ -58,15 +58,10 @@ async def load_queued(conn: asyncpg.Connection, tenants: tuple[str, ...],
              " FROM quota_policy_pending WHERE tenant = ANY($1::text[])"
              " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))")
     args = (list(tenants), list(all_known) if all_known is not None else None)
-    same: dict = {}
-    once = same.setdefault
-    jobs: list[QueuedJob] = []
+    once = {}.setdefault
     if not conn.is_in_transaction():  # a reader's one-off listing
-        rows = await conn.fetch(query, *args)
-        return [_queued(row, once) for row in rows]
-    async for row in conn.cursor(query, *args, prefetch=QUEUE_READ_ROWS):
-        jobs.append(_queued(row, once))
-    return jobs
+        return [_queued(row, once) for row in await conn.fetch(query, *args)]
+    return [_queued(row, once) async for row in conn.cursor(query, *args, prefetch=QUEUE_READ_ROWS)]
 
 
 def _queued(row: asyncpg.Record, once: Callable) -> QueuedJob:
