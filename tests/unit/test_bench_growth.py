@@ -5,12 +5,20 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
+from gpusched_cli.bench_growth import (
+    BACKLOG,
+    backlog_specs,
+    cell_row,
+    growth_tenancy,
+    memory_rows,
+    parse_counts,
+    with_growth,
+)
 from gpusched_core.quota.jobs import cohort_of
 from gpusched_core.quota.loader import parse_tenancy
 from gpusched_core.quota.units import UNITS_PER_GPU
 
-from gpusched_cli.bench_growth import BACKLOG, backlog_specs, cell_row, growth_tenancy, parse_counts, with_growth
+from services.node_agent.simulated import SimulatedNvml
 
 BACKLOG_FIGURES = {"backlog_s": 10.0, "backlog_per_s": 100.0, "quota_kib_per_pending_job": 0.9}
 
@@ -52,7 +60,7 @@ def test_growth_is_each_cell_s_cpu_per_job_over_the_first_cell_s():
 
 def test_memory_per_added_job_compares_a_cell_with_the_last_smaller_backlog_on_as_many_nodes():
     def backlog(mib: float | None) -> dict:
-        return {**BACKLOG_FIGURES, "quota_backlog_mib": mib}
+        return {**BACKLOG_FIGURES, "backlog_mib": {} if mib is None else {"quota": mib, "metrics": mib / 2}}
 
     rows = with_growth([cell_row(100, 1000, backlog(12.0), probe(300, 20.0)),
                         cell_row(100, 10000, backlog(21.0), probe(300, 20.0)),
@@ -60,6 +68,30 @@ def test_memory_per_added_job_compares_a_cell_with_the_last_smaller_backlog_on_a
                         cell_row(100, 50000, backlog(46.0), probe(300, 20.0)),
                         cell_row(1000, 10000, backlog(None), probe(300, 20.0))])
     assert [r["quota_kib_per_added_job"] for r in rows] == [None, 1.02, None, 0.64, None]
+    assert rows[3]["kib_per_added_job"] == {"quota": 0.64, "metrics": 0.32}
+    assert memory_rows(rows) == [(100, 10000, "quota", None, None, 1.02, None, None, 0.51, "no"),
+                                 (100, 50000, "quota", None, None, 0.64, None, None, 0.32, "yes")]
+
+
+def test_memory_per_added_job_compares_only_cells_whose_backlog_waits_in_the_same_place():
+    quota = {**BACKLOG_FIGURES, "backlog_mib": {"placement": 1.0}}
+    placement = {**BACKLOG_FIGURES, "backlog_mib": {"placement": 11.0}}
+    rows = with_growth([cell_row(100, 1000, quota, probe(300, 20.0)),
+                        cell_row(100, 10000, placement, probe(300, 20.0), "placement"),
+                        cell_row(100, 20000, {**placement, "backlog_mib": {"placement": 16.0}}, probe(300, 20.0),
+                                 "placement")])
+    assert [r["kib_per_added_job"] for r in rows] == [{}, {}, {"placement": 0.51}]
+    assert [r["backlog_waits"] for r in rows] == ["quota", "placement", "placement"]
+
+
+def test_a_backlog_waiting_in_placement_has_quota_for_every_job_in_a_cohort_of_its_own_and_fits_no_node():
+    tenancy = parse_tenancy(growth_tenancy(100, "placement", 5000))
+    assert cohort_of(tenancy, BACKLOG) != cohort_of(tenancy, "research")
+    assert tenancy.tenants[BACKLOG].quota["H100-80GB"].nominal == 5000 * UNITS_PER_GPU
+    node_cpu = SimulatedNvml("n1", "H100-80GB:8").node_info().cpu_milli  # what a bench's simulated node has
+    specs = backlog_specs(3, "placement")
+    assert all(s.cpu_milli > node_cpu and s.gpus == 1 for s in specs) and len(specs) == 3
+    assert all(s.cpu_milli == 0 for s in backlog_specs(3))
 
 
 async def test_a_failed_cell_is_reported_and_the_rest_still_run_each_kept_as_it_ends(monkeypatch):
@@ -72,7 +104,7 @@ async def test_a_failed_cell_is_reported_and_the_rest_still_run_each_kept_as_it_
 
     monkeypatch.setattr(bench_growth, "measure_cell", measure)
     kept: list[list[dict]] = []
-    args = argparse.Namespace(nodes="100,5000,1000", pending="1000")
+    args = argparse.Namespace(nodes="100,5000,1000", pending="1000", backlog_waits="quota")
     rows = await bench_growth.run_growth(args, progress=lambda line: None, done=kept.append)
     assert [len(k) for k in kept] == [1, 2, 3] and kept[-1] == rows
     assert "did not register" in rows[1]["error"] and rows[1]["cpu_growth"] is None
