@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from datetime import datetime
 
 import asyncpg
 
 from gpusched_common import kafka_admin
 from gpusched_common.db import DATABASE_AWAY, yielding_to_live_work
 from gpusched_common.kafka_client import client_options
+from gpusched_common.pacing import CyclePacer, run_due
 from gpusched_common.runtime import Runtime, StoreClock, run_service
 from gpusched_common.stores.cluster import ClusterCache
 from gpusched_common.topics import (
@@ -33,6 +36,24 @@ log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0
 
 
+async def due_cycles(runtime: Runtime, clock: Callable[[], datetime], policy: engine.PlacementPolicy,
+                     cache: ClusterCache, pacer: CyclePacer) -> None:
+    """The cycles batches left due (``gpusched_common.pacing``), each in a transaction of its own, from the
+    store alone."""
+    assert runtime.pool is not None
+    pool = runtime.pool
+
+    async def cycle(_key: str) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await run_cycle(conn, clock(), policy, cache)
+        runtime.wake_relay()
+
+    def failed(_key: str, exc: BaseException) -> None:
+        log.warning("placement: a due cycle failed (%s); it is due again shortly", exc)
+
+    await run_due(pacer, cycle, failed)
+
+
 async def setup(runtime: Runtime) -> None:
     settings: PlacementSettings = runtime.settings
     policy = engine.make_policy(settings.placement_policy)
@@ -44,14 +65,17 @@ async def setup(runtime: Runtime) -> None:
     if settings.accept_unsigned_node_reports:
         log.warning("GPUSCHED_ACCEPT_UNSIGNED_NODE_REPORTS=true: anyone who can write to the broker speaks for any "
                     "node (development only)")
-    handler = make_handler(utcnow, policy, cache, accept_unsigned=settings.accept_unsigned_node_reports)
+    pacer = CyclePacer(settings.placement_cycle_share)
+    handler = make_handler(utcnow, policy, cache, accept_unsigned=settings.accept_unsigned_node_reports, pacer=pacer)
     if runtime.relay is not None:  # after a broker lost its data, only the commands with work left go again
         runtime.relay.done_with = republish.commands_done
     # one group per topic: each subscription is its own consumer
     runtime.subscribe_transactional(JOBS_EVENTS.name, GROUP_PLACEMENT_JOBS, handler)
     runtime.subscribe_transactional(NODES_REPORTS.name, GROUP_PLACEMENT_NODES, handler)
     runtime.subscribe_transactional(JOBS_CONTROL.name, GROUP_PLACEMENT_CONTROL,
-                                    make_node_control_handler(utcnow, policy, cache))
+                                    make_node_control_handler(utcnow, policy, cache, pacer))
+
+    runtime.background.append(lambda: due_cycles(runtime, utcnow, policy, cache, pacer))
 
     barrier: dict[int, int] = {}  # the reports topic's end offsets when leases were first seen to lapse
     asked = [0.0]  # when listening() was last asked (a barrier older than a few checks is from another lapse)

@@ -18,6 +18,7 @@ from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.jobs import append_job_events, append_many_job_events, load_job, load_jobs, stored_payload
 from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.pacing import CyclePacer
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import ClusterCache, lock_cycle, pending_jobs
 from gpusched_common.senders import RefusalCounts
@@ -37,18 +38,21 @@ from services.placement.store import SERVICE
 CLAIMED_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
 # messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
 log = logging.getLogger(__name__)
+CYCLE_KEY = "cluster"  # placement's one cycle over the whole cluster, as its pacer knows it
 REFUSED = RefusalCounts(SERVICE)  # node reports no enrolled node signed
 _WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
 
 
 def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache, *,
                  keys: node_keys.NodeKeys | None = None, accept_unsigned: bool = False,
-                 refusals: RefusalCounts | None = None) -> TxHandler:
-    """One handler for job events and node reports: record the effect; cycle once per batch if needed. A
-    node report is believed only when the node it names signed it (``node_keys``; ``accept_unsigned``:
-    unsigned ones too, development only); an enrolment is decided from the store and answered."""
+                 refusals: RefusalCounts | None = None, pacer: CyclePacer | None = None) -> TxHandler:
+    """One handler for job events and node reports: record the effect; cycle once per batch if needed, or,
+    when ``pacer`` says the last cycle ended too recently, leave the cycle due (``cycle_after``). A node
+    report is believed only when the node it names signed it (``node_keys``; ``accept_unsigned``: unsigned
+    ones too, development only); an enrolment is decided from the store and answered."""
     keys = keys if keys is not None else node_keys.NodeKeys()
     refused = refusals if refusals is not None else REFUSED
+    pacer = pacer or CyclePacer(share=1.0)
 
     async def on_message(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
@@ -80,13 +84,30 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
         if isinstance(payload, ev.JobExitReported) and not _out_of_range(payload):
             await _lock_cycle_once(conn, batch)  # it gives GPUs back
             if await record_exit(conn, payload, batch, clock()):
-                batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
+                cycle_after(batch, clock, policy, cache, pacer)
             return
         await flush_reports(conn, batch)  # what follows may read a job whose start or end is still to be written
         if await apply(conn, payload, clock()):
-            batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
+            cycle_after(batch, clock, policy, cache, pacer)
 
     return on_message
+
+
+def cycle_after(batch: Batch, clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache,
+                pacer: CyclePacer) -> None:
+    """The batch's placement cycle: at the batch's end, timed for ``pacer``; or, when the last cycle ended
+    too recently for the pacing, due once the batch committed (``pacing.run_due`` runs it from the store,
+    over everything batches queued meanwhile)."""
+    if not pacer.may_run(CYCLE_KEY):
+        batch.after_commit(CYCLE_KEY, lambda: pacer.defer(CYCLE_KEY))
+        return
+
+    async def cycle(conn: asyncpg.Connection) -> None:
+        started = pacer.clock()
+        await run_cycle(conn, clock(), policy, cache)
+        pacer.ran(CYCLE_KEY, started, pacer.clock())
+
+    batch.after("placement-cycle", cycle)
 
 
 async def _lock_cycle_once(conn: asyncpg.Connection, batch: Batch) -> None:

@@ -16,6 +16,7 @@ from gpusched_common import producers
 from gpusched_common.batching import Batch, TxHandler
 from gpusched_common.identity import OPERATOR
 from gpusched_common.messaging import Incoming, parse_event
+from gpusched_common.pacing import CyclePacer
 from gpusched_common.store import claim
 from gpusched_common.stores.cluster import ClusterCache, lock_cycle
 from gpusched_common.jobs import append_job_events, load_job
@@ -24,14 +25,16 @@ from gpusched_core import placement as engine
 from gpusched_core.preemption.jobs import preempt_commands
 
 from services.placement import store
-from services.placement.handlers import run_cycle
+from services.placement.handlers import cycle_after
 from services.placement.store import SERVICE
 
 log = logging.getLogger(__name__)
 
 
 def make_node_control_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy,
-                              cache: ClusterCache) -> TxHandler:
+                              cache: ClusterCache, pacer: CyclePacer | None = None) -> TxHandler:
+    pacer = pacer or CyclePacer(share=1.0)
+
     async def on_control(conn: asyncpg.Connection, message: Incoming, batch: Batch) -> None:
         envelope, payload = parse_event(message)
         if not isinstance(payload, ev.CordonNode):
@@ -49,7 +52,7 @@ def make_node_control_handler(clock: Callable[[], datetime], policy: engine.Plac
         now = clock()
         await lock_cycle(conn)  # nodes are the cycle's input: their writers hold its lock
         if await cordon(conn, payload, now) and not payload.cordon:
-            batch.after("placement-cycle", lambda c: run_cycle(c, clock(), policy, cache))
+            cycle_after(batch, clock, policy, cache, pacer)
 
     return on_control
 

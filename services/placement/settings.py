@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from gpusched_common.settings import Settings
 
 
@@ -10,6 +12,10 @@ class PlacementSettings(Settings):
     placement_policy: str = "ours"
     # a cycle from the store alone this often, whatever the bus says (it places what a lost message left)
     reconcile_interval_s: float = 5.0
+    # the most of its time placement's cycles take while jobs keep coming (``gpusched_common.pacing``): a
+    # batch that comes sooner after the last cycle queues its jobs and leaves the cycle due; 1 runs a cycle in
+    # every batch that needs one
+    placement_cycle_share: float = Field(default=0.5, gt=0.0, le=1.0)
     # GPUs held for a preemptor go back to everyone when it has not been placed on them this long (a job
     # still waiting for quota, say); its victims have stopped long before (preemption_grace_s)
     nomination_ttl_s: float = 300.0

@@ -33,7 +33,7 @@ from services.quota.handlers import (
     reserve_for_cohort,
 )
 from services.quota import recovery
-from services.quota.pacing import CyclePacer, run_due
+from gpusched_common.pacing import CyclePacer, run_due
 from services.quota.settings import QuotaSettings
 from services.quota.store import install, lock_revisions
 

@@ -38,7 +38,7 @@ from gpusched_common.topics import QUOTA_RECLAIMS
 from gpusched_common.tracing import current_traceparent
 
 from services.quota import store, waits
-from services.quota.pacing import CyclePacer
+from gpusched_common.pacing import CyclePacer
 from services.quota.charges import advance_histories, release_many
 from gpusched_core.quota import (
     UNITS_PER_GPU,

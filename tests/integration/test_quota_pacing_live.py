@@ -1,4 +1,4 @@
-"""Paced reservation cycles on real PostgreSQL (``services.quota.pacing``): a batch that comes too soon after
+"""Paced reservation cycles on real PostgreSQL (``gpusched_common.pacing``): a batch that comes too soon after
 its cohort's last cycle queues its jobs, and once it committed the cycle is due; the service's loop runs it
 and reserves them. A batch that rolls back leaves nothing due."""
 
@@ -18,7 +18,7 @@ from gpusched_common.store import load
 from gpusched_common.stores.tenancy import TenancyStore
 from services.quota.app import due_cycles
 from services.quota.handlers import CycleOptions, make_job_event_handler
-from services.quota.pacing import CyclePacer
+from gpusched_common.pacing import CyclePacer
 from tests.builders import T0
 from tests.integration.test_quota_policy_live import events_of, put_in_force, submit
 

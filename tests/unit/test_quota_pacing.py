@@ -1,4 +1,4 @@
-"""Pacing a cohort's reservation cycles (``services.quota.pacing``): when a batch runs the cycle itself, when it
+"""Pacing a cohort's reservation cycles (``gpusched_common.pacing``): when a batch runs the cycle itself, when it
 leaves it due, and the loop that runs what is due."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.quota.pacing import RETRY_S, CyclePacer, next_cycle_at, run_due
+from gpusched_common.pacing import RETRY_S, CyclePacer, next_cycle_at, run_due
 
 
 class Clock:

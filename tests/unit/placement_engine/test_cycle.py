@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched_core import placement as engine
-from gpusched_core.placement.cycle import PendingPlacement
+from gpusched_core.placement.cycle import PendingPlacement, request_for, shape_of
 from gpusched_core.placement.cycle import GpuRow, Held, NodeRow, build_cluster, plan_cycle
 
 
@@ -191,3 +193,22 @@ def test_waiting_jobs_of_a_shape_that_found_no_room_get_the_same_answer_without_
                for i, (gpus, priority, model, members) in enumerate(jobs)]
     expected = reference_plan(snapshot, pending, engine.make_policy("ours" if ours else "bestfit"), nodes)
     assert plan_cycle(snapshot, pending, policy, nodes) == expected
+
+
+_FIELDS = st.fixed_dictionaries({
+    "gpus": st.integers(1, 8), "gpu_model": st.sampled_from([None, "H100-80GB"]), "nodes": st.integers(1, 3),
+    "share_milli": st.sampled_from([None, 250, 500, 1000]), "share_memory_mib": st.sampled_from([0, 4096]),
+    "mig_profile": st.sampled_from([None, "1g.10gb"]), "cpu_milli": st.sampled_from([0, 4000]),
+    "memory_mib": st.sampled_from([0, 8192]), "node_selector": st.sampled_from([(), (("rack", "r1"),)])})
+
+
+@given(_FIELDS, _FIELDS)
+def test_jobs_of_one_shape_make_the_same_request_but_for_its_id(a, b):
+    """The cycle's memo of shapes that found no room is keyed by ``shape_of``: two single-node jobs with
+    equal shapes ask for the same thing; a gang has no shape (its members are placed one by one)."""
+    first, second = PendingPlacement("a", priority=0, seq=1, **a), PendingPlacement("b", priority=5, seq=2, **b)
+    for job_ in (first, second):
+        assert (shape_of(job_) is None) == isinstance(request_for(job_), engine.GangRequest)
+    if shape_of(first) is not None and shape_of(first) == shape_of(second):
+        assert replace(request_for(first), id=engine.RequestId("x")) == replace(request_for(second),
+                                                                               id=engine.RequestId("x"))

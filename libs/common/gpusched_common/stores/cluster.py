@@ -12,6 +12,7 @@ Every writer of nodes, GPUs, allocations or nominations holds ``lock_cycle`` unt
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -110,15 +111,43 @@ async def gpu_slots(conn: asyncpg.Connection, pool_label: str) -> list[GpuSlotRo
     return [GpuSlotRow(**dict(r)) for r in rows]
 
 
+PENDING_READ_ROWS = 2000  # rows a cycle's read of placement's queue holds at once
+
+
 async def pending_jobs(conn: asyncpg.Connection) -> tuple[list[PendingPlacement], dict[str, list[str] | None]]:
-    """The jobs waiting for placement and the reasons each was last deferred with."""
-    rows = await conn.fetch(
-        "SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons, nodes, share_milli,"
-        " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector FROM placement_pending")
-    pending = [PendingPlacement(r["job_id"], r["gpus"], r["gpu_model"], r["priority"], r["seq"], r["submitted_at"],
-                          r["nodes"], r["share_milli"], r["share_memory_mib"] or 0, r["mig_profile"], r["cpu_milli"],
-                          r["memory_mib"], tuple(sorted((r["node_selector"] or {}).items()))) for r in rows]
-    return pending, {r["job_id"]: r["last_reasons"] for r in rows}
+    """The jobs waiting for placement and the reasons each was last deferred with.
+
+    Inside a transaction (every cycle) the rows come through a cursor, ``PENDING_READ_ROWS`` at a time, so a
+    queue of tens of thousands is never held twice over, as rows and as jobs; the values a queue repeats
+    (models, selectors, and the reasons that jobs of one shape share) are kept once each, the reasons decoded
+    once per distinct list. The lists are shared: read them, never change them."""
+    query = ("SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons::text, nodes, share_milli,"
+             " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector::text FROM placement_pending")
+    once: dict[Any, Any] = {}
+    selectors: dict[str, tuple[tuple[str, str], ...]] = {}
+    reasons_by_text: dict[str | None, list[str] | None] = {None: None}
+    pending: list[PendingPlacement] = []
+    last_reasons: dict[str, list[str] | None] = {}
+
+    def take(row: asyncpg.Record) -> None:
+        (job_id, gpus, model, priority, seq, submitted_at, reasons, nodes, share_milli, share_memory_mib, mig, cpu,
+         memory, selector) = row
+        if selector not in selectors:
+            selectors[selector] = tuple(sorted(json.loads(selector).items()))
+        if reasons not in reasons_by_text:
+            reasons_by_text[reasons] = json.loads(reasons)
+        pending.append(PendingPlacement(job_id, gpus, once.setdefault(model, model), priority, seq, submitted_at,
+                                        nodes, share_milli, share_memory_mib or 0, once.setdefault(mig, mig), cpu,
+                                        memory, selectors[selector]))
+        last_reasons[job_id] = reasons_by_text[reasons]
+
+    if conn.is_in_transaction():
+        async for row in conn.cursor(query, prefetch=PENDING_READ_ROWS):
+            take(row)
+    else:  # a reader's one-off listing
+        for row in await conn.fetch(query):
+            take(row)
+    return pending, last_reasons
 
 
 async def counts(conn: asyncpg.Connection) -> tuple[int, int]:

@@ -10,7 +10,7 @@ its placement requests and cluster view with the same functions, so both judge a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from gpusched_common.events import JobSpec
@@ -23,7 +23,7 @@ from gpusched_core.placement.model import CONTAINERS_LABEL
 _NEVER = datetime.max.replace(tzinfo=timezone.utc)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PendingPlacement:
     """A job waiting for placement: ``gpus`` whole GPUs on each of ``nodes`` nodes (a gang when > 1), or a
     share of one GPU (``share_milli`` and ``share_memory_mib``), or one MIG slice of ``mig_profile``."""
@@ -238,6 +238,15 @@ def request_for(job: PendingPlacement) -> engine.PodRequest | engine.GangRequest
     return engine.PodRequest(id=request_id, gpu=engine.WholeGpus(job.gpus), allowed_models=models, **host)
 
 
+def shape_of(job: PendingPlacement) -> tuple | None:
+    """What a single-node job's request is made of besides its id (``request_for`` of two jobs with equal
+    shapes differs only in the id); None for a gang, whose members are placed one by one."""
+    if job.nodes > 1 and job.share_milli is None and job.mig_profile is None:
+        return None
+    return (job.gpus, job.gpu_model, job.share_milli, job.share_memory_mib, job.mig_profile, job.cpu_milli,
+            job.memory_mib, job.node_selector)
+
+
 def plan_cycle(snapshot: engine.ClusterSnapshot, pending: list[PendingPlacement], policy: engine.PlacementPolicy,
                nodes: list[NodeRow]) -> tuple[list[Placement], list[Deferral]]:
     """Place pending jobs in order (priority, arrival, id); one that does not fit does not stop smaller
@@ -257,17 +266,16 @@ def run_plan(snapshot: engine.ClusterSnapshot, pending: list[PendingPlacement], 
     # the same decision): the jobs of the same shape behind it are deferred with its reasons, without the
     # search and the per-class explanation (thousands of waiting jobs of a few shapes in a full cluster).
     # Any placement makes a new snapshot, and with it forgets these.
-    no_room: dict[engine.PodRequest, tuple[str, ...]] = {}
+    no_room: dict[tuple, tuple[str, ...]] = {}
     no_room_on: engine.ClusterSnapshot | None = None
     for job in order_pending(pending):
         held = engine.RequestId(nomination_id(job.job_id))
         view = engine.release(snapshot, held) if held in snapshot.allocations else snapshot
-        request = request_for(job)
-        shape = replace(request, id=engine.RequestId("")) if isinstance(request, engine.PodRequest) else None
+        shape = shape_of(job)
         if shape is not None and view is snapshot and no_room_on is snapshot and shape in no_room:
             deferrals.append(Deferral(job.job_id, no_room[shape]))
             continue
-        decision = engine.place(view, request, policy)
+        decision = engine.place(view, request_for(job), policy)
         if not decision.placed:
             reasons = tuple(str(r) for r in decision.unplaced_by_class) or decision.reasons
             if decision.unplaced_by_class and decision.reasons and decision.reasons[0].startswith("gang"):
