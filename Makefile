@@ -79,11 +79,12 @@ bench-scale: install
 	$(BIN)/gpusched bench-scale --nodes $${NODES:-1000} --jobs $${JOBS:-20000} --broker $${BENCH_BROKER:-tansu}
 
 ## bench-growth: per cell of NODES (100,1000,5000) x PENDING (1000,10000,50000), a fresh stack with PENDING jobs
-## waiting on quota, then the same burst of PROBE (300) jobs: how CPU per placed job, placed jobs/s and memory
-## per waiting job grow with the cluster and the queue (bench-results/growth.json; about an hour)
+## waiting on quota (BACKLOG_WAITS=placement: in placement's queue), then the same burst of PROBE (300) jobs:
+## how CPU per placed job, placed jobs/s and each service's memory per waiting job grow with the cluster and
+## the queue (bench-results/growth.json; about an hour)
 bench-growth: install
 	$(BIN)/gpusched bench-growth --nodes $${NODES:-100,1000,5000} --pending $${PENDING:-1000,10000,50000} \
-		--probe-jobs $${PROBE:-300} --broker $${BENCH_BROKER:-tansu}
+		--probe-jobs $${PROBE:-300} --backlog-waits $${BACKLOG_WAITS:-quota} --broker $${BENCH_BROKER:-tansu}
 
 ## bench-gateway: jobs/s the gateway accepts (single and batch) and read p50/p99 under load, beside a bare
 ## uvicorn floor; starts its own broker, PostgreSQL and gateway; writes bench-results/gateway.json
