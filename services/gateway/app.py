@@ -22,6 +22,7 @@ from gpusched_common.producers import read_key_file
 from gpusched_common.gpu_catalogue import read_catalogue
 from gpusched_common.stores.gpu_models import ModelReader
 from gpusched_common.stores.tenancy import TenancyReader
+from gpusched_common.tasks import cancel_and_wait
 from gpusched_core.rates import RateLimit
 
 from services.gateway import control, estimates, handlers, logs, store, stream, submissions, views
@@ -68,10 +69,13 @@ async def open_resources(app: FastAPI) -> None:
     app.state.pool = await create_pool(settings.gateway_database_url or settings.database_url, min_size=0,
                                        max_size=settings.gateway_pool_max_size)
     app.state.publisher.recorded = lambda job_ids: store.recorded_job_ids(app.state.pool, job_ids)
+    app.state.forgetting = asyncio.get_running_loop().create_task(app.state.publisher.forget_recorded_forever(),
+                                                                  name="gateway-forget-recorded")
     app.state.change_feed = stream.ChangeFeed(app.state.pool, poll_s=settings.gateway_stream_poll_s)
 
 
 async def close_resources(app: FastAPI) -> None:
+    await cancel_and_wait([app.state.forgetting], what="the gateway's forgetting of recorded submissions")
     await app.state.change_feed.close()
     await app.state.publisher.stop()
     if app.state.oidc is not None:

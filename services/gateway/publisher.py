@@ -8,11 +8,15 @@ restarted; a Kafka log wiped) would lose what admission had not read yet: the ga
 published for ``republish_s`` (at most ``REPUBLISH_MAX`` records) and, when an acknowledgement comes at an
 offset below one before on that partition (``gpusched_common.ack_offsets``), publishes them again;
 admission takes a submission it has as a duplicate. (Kept in memory: a gateway that dies with the broker's
-data loses that window; production runs Apache Kafka with replication, which keeps what it acknowledged.)"""
+data loses that window; production runs Apache Kafka with replication, which keeps what it acknowledged.)
+What the store has recorded needs no keeping (a republish leaves it out): ``forget_recorded`` drops those
+every few seconds, so a gateway keeps what admission has not read yet, not every job of the window (with
+tens of thousands of jobs waiting that was about 1.5 KiB each)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -30,6 +34,8 @@ from gpusched_common.topics import JOBS_SUBMITTED
 
 log = logging.getLogger(__name__)
 REPUBLISH_MAX = 100_000  # records kept to publish again after a broker lost its data
+FORGET_CHUNK = 5_000  # kept submissions ``forget_recorded`` asks the store about at once
+FORGET_INTERVAL_S = 2.0  # how often a gateway forgets the kept submissions the store has recorded
 
 
 class NotPublished(RuntimeError):
@@ -91,6 +97,38 @@ class SubmissionPublisher:
         self._recent.extend((now, topic, key, value, headers) for topic, key, value, headers in outgoing)
         while self._recent and self._recent[0][0] < now - self._republish_s:
             self._recent.popleft()
+
+    def kept(self) -> int:
+        """How many records are kept to publish again."""
+        return len(self._recent)
+
+    async def forget_recorded(self) -> int:
+        """Drop the kept submissions the store has recorded, of the oldest ``FORGET_CHUNK`` kept (the rest wait
+        for a later call); how many were dropped. Raises when the store cannot be read."""
+        if self.recorded is None:
+            return 0
+        ids = [key.decode() for _, topic, key, *_ in itertools.islice(self._recent, FORGET_CHUNK)
+               if topic == JOBS_SUBMITTED.name]
+        known = await self.recorded(ids) if ids else set()
+        if not known:
+            return 0
+        before = len(self._recent)
+        # no await from here on: a publish that ends meanwhile appends to the new deque, never to a dropped one
+        self._recent = deque((r for r in self._recent if not (r[1] == JOBS_SUBMITTED.name and r[2].decode() in known)),
+                             maxlen=REPUBLISH_MAX)
+        return before - len(self._recent)
+
+    async def forget_recorded_forever(self, interval_s: float = FORGET_INTERVAL_S) -> None:
+        """``forget_recorded`` every ``interval_s`` (at once again after a full chunk); a store that cannot be
+        read keeps everything until it can (the window still ends after ``republish_s``)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                while await self.forget_recorded() >= FORGET_CHUNK // 2:
+                    pass
+            except Exception as exc:  # noqa: BLE001 - the store away: keep the records, ask again later
+                log.info("could not read which kept submissions the store has recorded (%s); keeping them",
+                         type(exc).__name__)
 
     @staticmethod
     async def _send(producer: AIOKafkaProducer, outgoing: list) -> list:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from itertools import chain, repeat
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -30,20 +31,18 @@ async def load_snapshot(conn: asyncpg.Connection, pool_label: str) -> ClusterSna
     """The cluster (placement's), the jobs waiting or running (the jobs read model) with the model each
     runs on, and the tenants' quota (quota's), read through their owners' store functions."""
     gpus = await cluster.gpu_slots(conn, pool_label)
-    jobs = await conn.fetch("SELECT job_id, tenant, status, gpus, gpu_model FROM jobs"
-                            " WHERE status IN ('Admitted', 'Queued', 'Placed', 'Running')")
-    waiting = [r for r in jobs if r["status"] in ("Admitted", "Queued")]
+    running = await conn.fetch("SELECT job_id, tenant FROM jobs WHERE status IN ('Placed', 'Running')")
+    # the waiting jobs counted in the store, by shape (tens of thousands waiting are a handful of rows here);
     # a job that names no model runs on the one its quota was charged for, also when it is requeued
-    flavors = await quota.reserved_flavors(conn, [r["job_id"] for r in waiting])
+    shapes = [(BacklogJob(s.tenant, s.gpus, charged_model(s.gpu_model, s.flavor), quota_reserved=s.reserved), s.jobs)
+              for s in await quota.waiting_shapes(conn)]
     return ClusterSnapshot(
         gpus=tuple(GpuSlot(g.node_id, g.gpu_index, g.model, g.pool or "default", g.healthy, g.job_id,
                            g.allocated_at) for g in gpus),
-        pending=tuple(BacklogJob(r["job_id"], r["tenant"] or "", r["gpus"] or 0,
-                                 charged_model(r["gpu_model"], flavors.get(r["job_id"])),
-                                 quota_reserved=r["status"] == "Queued") for r in waiting),
+        pending=tuple(chain.from_iterable(repeat(job, count) for job, count in shapes)),
         quotas=tuple(TenantQuota(q.tenant, units_to_gpus(q.nominal_units), units_to_gpus(q.reserved_units))
                      for q in await quota.tenant_totals(conn)),
-        job_tenants={r["job_id"]: r["tenant"] for r in jobs if r["status"] in ("Placed", "Running")},
+        job_tenants={r["job_id"]: r["tenant"] for r in running},
     )
 
 

@@ -39,6 +39,7 @@ CLAIMED_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, 
 # messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
 log = logging.getLogger(__name__)
 CYCLE_KEY = "cluster"  # placement's one cycle over the whole cluster, as its pacer knows it
+DEFER_CHUNK = 500  # deferrals a cycle records at once (their job streams read and written together)
 REFUSED = RefusalCounts(SERVICE)  # node reports no enrolled node signed
 _WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
 
@@ -319,14 +320,16 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
 
 
 async def record_deferrals(conn: asyncpg.Connection, deferrals: list[Deferral], now: datetime) -> None:
-    """Tell each job why it still waits (reasons new since the last time), a few statements for all."""
-    if not deferrals:
-        return
-    states = await load_jobs(conn, [d.job_id for d in deferrals])
-    await append_many_job_events(
-        conn, [(states[d.job_id], lifecycle.decide(states[d.job_id], lifecycle.DeferPlacement(d.reasons), now))
-               for d in deferrals], producer=SERVICE, now=now)
-    await store.set_last_reasons_many(conn, [(d.job_id, d.reasons) for d in deferrals])
+    """Tell each job why it still waits (reasons new since the last time), a few statements for every
+    ``DEFER_CHUNK`` jobs: a paced cycle over a backlog may have thousands to tell, whose streams are not read
+    and held all at once."""
+    for start in range(0, len(deferrals), DEFER_CHUNK):
+        chunk = deferrals[start:start + DEFER_CHUNK]
+        states = await load_jobs(conn, [d.job_id for d in chunk])
+        await append_many_job_events(
+            conn, [(states[d.job_id], lifecycle.decide(states[d.job_id], lifecycle.DeferPlacement(d.reasons), now))
+                   for d in chunk], producer=SERVICE, now=now)
+        await store.set_last_reasons_many(conn, [(d.job_id, d.reasons) for d in chunk])
 
 
 async def commit_placements(conn: asyncpg.Connection, placements: list[Placement], now: datetime,

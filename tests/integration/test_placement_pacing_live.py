@@ -113,3 +113,32 @@ async def test_a_batch_that_rolls_back_leaves_no_cycle_due(db):
         await apply_batch(pool, "placement", [await reserved(conn, "j3")], then_fail)
     assert pacer.wait_s() is None
     assert await conn.fetchval("SELECT count(*) FROM placement_pending WHERE job_id = 'j3'") == 0  # rolled back
+
+
+async def test_a_cycle_records_every_deferral_a_chunk_at_a_time(db, monkeypatch):
+    """A paced cycle over a backlog may have thousands of jobs to tell why they wait: it reads and writes their
+    streams ``DEFER_CHUNK`` at a time, and every one is told, once."""
+    from services.placement import handlers
+
+    conn, pool = db
+    monkeypatch.setattr(handlers, "DEFER_CHUNK", 3)
+    async with conn.transaction():
+        for i in range(7):
+            await queue_job(conn, f"big{i}", 8)  # n1 has 4 GPUs: none fits
+    pacer = paced_after_a_long_cycle()  # the batch queues them; the due cycle weighs all seven
+    await apply_batch(pool, "placement", [await reserved(conn, f"big{i}") for i in range(7)],
+                      make_handler(lambda: T0, POLICY, ClusterCache(), pacer=pacer))
+    assert await conn.fetchval("SELECT count(*) FROM placement_pending") == 7
+    runtime = SimpleNamespace(pool=pool, wake_relay=lambda: None)
+    task = asyncio.create_task(due_cycles(runtime, lambda: T0, POLICY, ClusterCache(), pacer))
+    try:
+        deadline = time.monotonic() + 15
+        while await conn.fetchval("SELECT count(*) FROM events WHERE type = 'PlacementDeferred'") < 7:
+            assert time.monotonic() < deadline, "the cycle did not tell every job why it waits"
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+    told = await conn.fetch("SELECT stream_id, count(*) AS n FROM events WHERE type = 'PlacementDeferred'"
+                            " GROUP BY stream_id")
+    assert sorted(r["stream_id"] for r in told) == [f"job-big{i}" for i in range(7)] and {r["n"] for r in told} == {1}
+    assert await conn.fetchval("SELECT count(*) FROM placement_pending WHERE last_reasons IS NOT NULL") == 7

@@ -284,6 +284,45 @@ async def test_after_the_broker_lost_its_data_the_gateway_publishes_again_what_i
         await pool.close()
 
 
+async def test_the_gateway_forgets_the_submissions_the_store_has_recorded_and_keeps_the_rest(settings):
+    """What the gateway keeps to publish again after a broker lost its data is only what admission has not
+    recorded yet: with tens of thousands of jobs waiting it kept every one of the last 15 minutes (about
+    1.5 KiB each, the gateway's memory per waiting job in bench-growth). A store that cannot be read keeps
+    everything until it can."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from gpusched_common.db import create_pool
+    from gpusched_common.producers import ProducerKey
+    from services.gateway.publisher import SubmissionPublisher
+    from services.gateway.store import recorded_job_ids
+
+    publisher = SubmissionPublisher(settings, ProducerKey("0123456789abcdef", Ed25519PrivateKey.generate()),
+                                    timeout_s=10.0)
+    pool = await create_pool(settings.database_url, min_size=0, max_size=2)
+    try:
+        await publisher.publish([("f-1", b"one", None), ("f-2", b"two", None), ("f-3", b"three", None)])
+        await publisher.publish([("f-1", b"cancel f-1", None)], topic="gpusched.jobs.control", event_type="JobCancelRequested")
+        assert await publisher.forget_recorded() == 0 and publisher.kept() == 4  # no store to ask yet
+
+        async def away(job_ids):
+            raise ConnectionRefusedError("the store is away")
+
+        publisher.recorded = away
+        with pytest.raises(ConnectionRefusedError):
+            await publisher.forget_recorded()
+        assert publisher.kept() == 4
+        publisher.recorded = lambda job_ids: recorded_job_ids(pool, job_ids)
+        await pool.execute("INSERT INTO jobs (job_id, status, version, updated_at) VALUES"
+                           " ('f-1', 'Admitted', 2, now()), ('f-3', 'Rejected', 2, now())")
+        assert await publisher.forget_recorded() == 2
+        assert publisher.kept() == 2  # f-2's submission, and the control request (not a submission)
+        await publisher.publish([("f-4", b"four", None)])  # a publish after the forgetting is kept too
+        assert publisher.kept() == 3 and await publisher.forget_recorded() == 0
+    finally:
+        await publisher.stop()
+        await pool.close()
+
+
 async def test_a_consumer_whose_position_outlived_the_broker_s_data_reads_the_new_log_from_its_start(
         settings, running_broker):
     """Its group is gone with the broker's data, but the offset of a batch in flight at the restart reaches

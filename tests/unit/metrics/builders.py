@@ -44,7 +44,7 @@ class ClusterBuilder:
         return self
 
     def pending(self, job_id: str, gpus: int, model: str | None, tenant: str = "t1", reserved: bool = True):
-        self._pending.append(BacklogJob(job_id, tenant, gpus, model, reserved))
+        self._pending.append(BacklogJob(tenant, gpus, model, reserved))  # ``job_id`` names the line only
         return self
 
     def quota(self, tenant: str, cap: int, reserved: int):

@@ -112,11 +112,27 @@ async def quota_queue(conn: asyncpg.Connection, now: datetime,
     return out
 
 
-async def reserved_flavors(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, str]:
-    """The flavor each of these jobs' reservations was charged to (jobs without one are left out)."""
-    rows = await conn.fetch("SELECT job_id, flavor FROM quota_policy_reservations WHERE job_id = ANY($1::text[])",
-                            job_ids)
-    return {r["job_id"]: r["flavor"] for r in rows}
+@dataclass(frozen=True)
+class WaitingShape:
+    """Jobs waiting for quota or placement alike in what a backlog counts (``waiting_shapes``)."""
+
+    tenant: str
+    gpus: int
+    gpu_model: str | None  # the model the jobs name
+    flavor: str | None  # the flavor quota charged them to (None while they wait for quota)
+    reserved: bool  # quota reserved their GPUs: they wait for placement
+    jobs: int
+
+
+async def waiting_shapes(conn: asyncpg.Connection) -> list[WaitingShape]:
+    """The jobs waiting for quota or placement (the jobs read model) and the flavors their reservations were
+    charged to, counted by shape in the store: a reader of the backlog's sums holds none of its jobs."""
+    rows = await conn.fetch(
+        "SELECT coalesce(j.tenant, '') AS tenant, coalesce(j.gpus, 0) AS gpus, j.gpu_model, r.flavor,"
+        " j.status = 'Queued' AS reserved, count(*) AS jobs"
+        " FROM jobs j LEFT JOIN quota_policy_reservations r ON r.job_id = j.job_id"
+        " WHERE j.status IN ('Admitted', 'Queued') GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5")
+    return [WaitingShape(r["tenant"], r["gpus"], r["gpu_model"], r["flavor"], r["reserved"], r["jobs"]) for r in rows]
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,11 @@ class GpuSlot:
     allocated_at: datetime | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BacklogJob:
-    """A job waiting (for quota or for GPUs): the backlog the scaler and the views count."""
+    """A job waiting (for quota or for GPUs), by what the backlog the scaler and the views count is made of:
+    jobs alike are one object, repeated (``ClusterSnapshot.pending`` holds a reference per waiting job)."""
 
-    job_id: str
     tenant: str
     gpus: int
     gpu_model: str | None

@@ -115,7 +115,7 @@ class Placement:
                                mig_start=self.mig_start)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Deferral:
     job_id: str
     reasons: tuple[str, ...]
