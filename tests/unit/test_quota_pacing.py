@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched_common.pacing import RETRY_S, CyclePacer, next_cycle_at, run_due
+from gpusched_common.pacing import PACED_FROM_S, RETRY_S, CyclePacer, next_cycle_at, run_due
 
 
 class Clock:
@@ -30,11 +30,29 @@ def test_the_next_cycle_waits_in_proportion_to_the_last_one(ended, took, share, 
     assert next_cycle_at(ended, took, share) == pytest.approx(expected)
 
 
-@given(took=st.floats(0, 10), share=st.floats(0.05, 1.0))
-def test_cycles_back_to_back_take_at_most_their_share_of_the_time(took, share):
+@given(took=st.floats(0, 10), share=st.floats(0.05, 1.0), paced_from=st.sampled_from([0.0, 0.05, 1.0]))
+def test_cycles_back_to_back_take_at_most_their_share_of_the_time(took, share, paced_from):
+    """...once they take long enough to be paced at all; a shorter one holds nothing back."""
     start, ended = 0.0, took
-    following = next_cycle_at(ended, took, share)
-    assert took <= share * (following - start) + 1e-9
+    following = next_cycle_at(ended, took, share, paced_from)
+    if took >= paced_from:
+        assert took <= share * (following - start) + 1e-9
+    else:
+        assert following == ended
+
+
+def test_a_cycle_of_milliseconds_holds_no_batch_back():
+    """A short queue (a GPU that frees, the next job reserved): every batch runs its own cycle at once, rather
+    than leave it to the due loop's transaction."""
+    clock = Clock()
+    pacer = CyclePacer(0.5, clock)
+    pacer.ran("cluster", 100.0, 100.03)  # shorter than PACED_FROM_S
+    clock.now = 100.03
+    assert pacer.may_run("cluster")
+    pacer.ran("cluster", 100.0, 100.0 + 2 * PACED_FROM_S)  # longer: paced
+    clock.now = 100.0 + 2 * PACED_FROM_S + 0.01
+    assert not pacer.may_run("cluster")
+    assert CyclePacer(0.5, clock, paced_from_s=0.0).may_run("never-ran")
 
 
 def test_a_cohort_runs_at_once_until_its_last_cycle_says_to_wait_and_a_deferred_cycle_is_due_then():

@@ -20,12 +20,17 @@ import time
 from collections.abc import Awaitable, Callable
 
 CYCLE_SHARE = 0.5  # at most this share of the time in one key's cycles while its jobs keep coming
+PACED_FROM_S = 0.05  # a cycle shorter than this never holds the next one back (a short queue: every batch cycles)
 RETRY_S = 1.0  # a due cycle that failed (the database away, a deadlock with a replica) is due again after this
 
 
-def next_cycle_at(ended_at: float, took_s: float, share: float = CYCLE_SHARE) -> float:
+def next_cycle_at(ended_at: float, took_s: float, share: float = CYCLE_SHARE, paced_from_s: float = 0.0) -> float:
     """When a key's next cycle may start, its last one having taken ``took_s`` up to ``ended_at``: cycles
-    back to back take at most ``share`` of the time (pure)."""
+    back to back take at most ``share`` of the time; one shorter than ``paced_from_s`` holds nothing back
+    (pausing after a cycle of milliseconds saves nothing a backlog would feel, and costs the next batch its
+    cycle: a GPU that frees waits for the due loop's transaction) (pure)."""
+    if took_s < paced_from_s:
+        return ended_at
     return ended_at + took_s * (1.0 - share) / share
 
 
@@ -33,8 +38,9 @@ class CyclePacer:
     """When each key's cycles (a quota key's, placement's) ran and which are due; ``clock``: seconds,
     monotonic."""
 
-    def __init__(self, share: float = CYCLE_SHARE, clock: Callable[[], float] = time.monotonic) -> None:
-        self.share, self.clock = share, clock
+    def __init__(self, share: float = CYCLE_SHARE, clock: Callable[[], float] = time.monotonic,
+                 paced_from_s: float = PACED_FROM_S) -> None:
+        self.share, self.clock, self.paced_from_s = share, clock, paced_from_s
         self._last: dict[str, tuple[float, float]] = {}  # key -> (when its last cycle ended, how long it took)
         self._due: dict[str, float] = {}  # key -> when its deferred cycle runs
         self._changed = asyncio.Event()
@@ -42,7 +48,7 @@ class CyclePacer:
     def may_run(self, key: str) -> bool:
         """Whether a batch runs the key's cycle itself now (else it defers it)."""
         last = self._last.get(key)
-        return last is None or self.clock() >= next_cycle_at(*last, self.share)
+        return last is None or self.clock() >= next_cycle_at(*last, self.share, self.paced_from_s)
 
     def ran(self, key: str, started: float, ended: float) -> None:
         self._last[key] = (ended, max(ended - started, 0.0))
@@ -51,7 +57,7 @@ class CyclePacer:
         """The key's cycle is due when pacing lets it run (call once the batch that queued its jobs committed,
         so that the cycle sees them); a cycle already due keeps its earlier time."""
         last = self._last.get(key)
-        at = next_cycle_at(*last, self.share) if last is not None else self.clock()
+        at = next_cycle_at(*last, self.share, self.paced_from_s) if last is not None else self.clock()
         if at < self._due.get(key, float("inf")):
             self._due[key] = at
             self._changed.set()
