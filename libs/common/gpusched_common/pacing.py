@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 CYCLE_SHARE = 0.5  # at most this share of the time in one key's cycles while its jobs keep coming
-PACED_FROM_S = 0.05  # a cycle shorter than this never holds the next one back (a short queue: every batch cycles)
+PACED_FROM_S = 0.1  # a cycle shorter than this never holds the next one back (a short queue: every batch cycles)
 RETRY_S = 1.0  # a due cycle that failed (the database away, a deadlock with a replica) is due again after this
 
 
