@@ -22,6 +22,7 @@ from services.placement.app import due_cycles
 from services.placement.handlers import CYCLE_KEY, make_handler
 from tests.builders import T0
 from tests.integration.test_placement_leases import POLICY, apply, heartbeat, history, queue_job, registered
+from tests.integration.test_quota_pacing_live import paced_after_a_long_cycle
 
 
 async def reserved(conn, job_id: str) -> Incoming:
@@ -43,20 +44,26 @@ async def db(database_url):
     await conn.close()
 
 
-def paced_after_a_long_cycle() -> CyclePacer:
-    pacer = CyclePacer(0.5)
-    now = pacer.clock()
-    pacer.ran(CYCLE_KEY, now - 1.0, now)  # a cycle of 1 s just ended: the next one in 1 s
-    return pacer
-
-
 async def placed(conn, job_id: str) -> bool:
     return ("JobPlaced", "n1") in await history(conn, job_id)
 
 
+async def run_due_until(pool, pacer: CyclePacer, done, what: str) -> None:
+    """Placement's due-cycle loop, until ``done()`` (a positive signal from the store) or 15 s."""
+    runtime = SimpleNamespace(pool=pool, wake_relay=lambda: None)
+    task = asyncio.create_task(due_cycles(runtime, lambda: T0, POLICY, ClusterCache(), pacer))
+    try:
+        deadline = time.monotonic() + 15
+        while not await done():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+
+
 async def test_a_batch_too_soon_queues_its_job_and_the_due_cycle_places_it(db):
     conn, pool = db
-    pacer = paced_after_a_long_cycle()
+    pacer = paced_after_a_long_cycle(CYCLE_KEY)
     async with conn.transaction():
         await queue_job(conn, "j1", 2)
     await apply_batch(pool, "placement", [await reserved(conn, "j1")],
@@ -64,15 +71,7 @@ async def test_a_batch_too_soon_queues_its_job_and_the_due_cycle_places_it(db):
     assert await conn.fetchval("SELECT count(*) FROM placement_pending WHERE job_id = 'j1'") == 1  # in line
     assert not await placed(conn, "j1")  # no cycle in the batch
     assert pacer.wait_s() is not None  # due, once the pause is over
-    runtime = SimpleNamespace(pool=pool, wake_relay=lambda: None)
-    task = asyncio.create_task(due_cycles(runtime, lambda: T0, POLICY, ClusterCache(), pacer))
-    try:
-        deadline = time.monotonic() + 15
-        while not await placed(conn, "j1"):
-            assert time.monotonic() < deadline, "the due cycle never placed the job"
-            await asyncio.sleep(0.05)
-    finally:
-        task.cancel()
+    await run_due_until(pool, pacer, lambda: placed(conn, "j1"), "the due cycle never placed the job")
     assert await conn.fetchval("SELECT count(*) FROM placement_pending WHERE job_id = 'j1'") == 0
     assert pacer.wait_s() is None
 
@@ -100,7 +99,7 @@ async def test_a_batch_after_the_pause_places_in_its_own_cycle_and_times_it(db):
 
 async def test_a_batch_that_rolls_back_leaves_no_cycle_due(db):
     conn, pool = db
-    pacer = paced_after_a_long_cycle()
+    pacer = paced_after_a_long_cycle(CYCLE_KEY)
     async with conn.transaction():
         await queue_job(conn, "j3", 2)
     handler = make_handler(lambda: T0, POLICY, ClusterCache(), pacer=pacer)
@@ -125,19 +124,14 @@ async def test_a_cycle_records_every_deferral_a_chunk_at_a_time(db, monkeypatch)
     async with conn.transaction():
         for i in range(7):
             await queue_job(conn, f"big{i}", 8)  # n1 has 4 GPUs: none fits
-    pacer = paced_after_a_long_cycle()  # the batch queues them; the due cycle weighs all seven
+    pacer = paced_after_a_long_cycle(CYCLE_KEY)  # the batch queues them; the due cycle weighs all seven
     await apply_batch(pool, "placement", [await reserved(conn, f"big{i}") for i in range(7)],
                       make_handler(lambda: T0, POLICY, ClusterCache(), pacer=pacer))
     assert await conn.fetchval("SELECT count(*) FROM placement_pending") == 7
-    runtime = SimpleNamespace(pool=pool, wake_relay=lambda: None)
-    task = asyncio.create_task(due_cycles(runtime, lambda: T0, POLICY, ClusterCache(), pacer))
-    try:
-        deadline = time.monotonic() + 15
-        while await conn.fetchval("SELECT count(*) FROM events WHERE type = 'PlacementDeferred'") < 7:
-            assert time.monotonic() < deadline, "the cycle did not tell every job why it waits"
-            await asyncio.sleep(0.05)
-    finally:
-        task.cancel()
+    async def all_told() -> bool:
+        return await conn.fetchval("SELECT count(*) FROM events WHERE type = 'PlacementDeferred'") >= 7
+
+    await run_due_until(pool, pacer, all_told, "the cycle did not tell every job why it waits")
     told = await conn.fetch("SELECT stream_id, count(*) AS n FROM events WHERE type = 'PlacementDeferred'"
                             " GROUP BY stream_id")
     assert sorted(r["stream_id"] for r in told) == [f"job-big{i}" for i in range(7)] and {r["n"] for r in told} == {1}

@@ -38,10 +38,10 @@ async def db(database_url):
     await conn.close()
 
 
-def paced_after_a_long_cycle() -> CyclePacer:
+def paced_after_a_long_cycle(key: str = "acme") -> CyclePacer:
     pacer = CyclePacer(0.5)
     now = pacer.clock()
-    pacer.ran("acme", now - 1.0, now)  # a cycle of 1 s just ended: the cohort's next one in 1 s
+    pacer.ran(key, now - 1.0, now)  # a cycle of 1 s just ended: the key's (a cohort's) next one in 1 s
     return pacer
 
 
