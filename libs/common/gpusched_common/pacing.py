@@ -6,8 +6,8 @@ a backlog of N jobs arriving b at a time cost N^2 / b row reads: 50,000 jobs wen
 a second, and into placement's at about 100. Paced, a key's (a cohort's, the cluster's) next cycle starts
 no sooner than ``next_cycle_at`` its last one: a batch in between queues its jobs and, once it committed,
 leaves the cycle due then, to one cycle that takes in all of them (``run_due``: a transaction of its own,
-from the store alone, as a reconcile pass runs). A cycle over a short queue takes milliseconds, so pacing
-delays nothing one could see there.
+from the store alone, as a reconcile pass runs). A cycle shorter than ``PACED_FROM_S`` (a short queue)
+holds nothing back: every batch runs its own, as a GPU that frees wants.
 
 Pacing is per process and only about when; what a cycle decides is unchanged (the same cycle, over the same
 store, a little later), and each service's reconcile pass still runs its cycles every few seconds.
@@ -27,15 +27,15 @@ RETRY_S = 1.0  # a due cycle that failed (the database away, a deadlock with a r
 def next_cycle_at(ended_at: float, took_s: float, share: float = CYCLE_SHARE, paced_from_s: float = 0.0) -> float:
     """When a key's next cycle may start, its last one having taken ``took_s`` up to ``ended_at``: cycles
     back to back take at most ``share`` of the time; one shorter than ``paced_from_s`` holds nothing back
-    (pausing after a cycle of milliseconds saves nothing a backlog would feel, and costs the next batch its
-    cycle: a GPU that frees waits for the due loop's transaction) (pure)."""
+    (a pause after a cycle of milliseconds saves nothing a backlog would feel, and would leave a freed GPU's
+    next placement to the due loop's transaction). Pure."""
     if took_s < paced_from_s:
         return ended_at
     return ended_at + took_s * (1.0 - share) / share
 
 
 class CyclePacer:
-    """When each key's cycles (a quota key's, placement's) ran and which are due; ``clock``: seconds,
+    """When each key's cycles (a quota cohort's, placement's) ran and which are due; ``clock``: seconds,
     monotonic."""
 
     def __init__(self, share: float = CYCLE_SHARE, clock: Callable[[], float] = time.monotonic,
