@@ -96,19 +96,10 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
 
 def cycle_after(batch: Batch, clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache,
                 pacer: CyclePacer) -> None:
-    """The batch's placement cycle: at the batch's end, timed for ``pacer``; or, when the last cycle ended
-    too recently for the pacing, due once the batch committed (``pacing.run_due`` runs it from the store,
-    over everything batches queued meanwhile)."""
-    if not pacer.may_run(CYCLE_KEY):
-        batch.after_commit(CYCLE_KEY, lambda: pacer.defer(CYCLE_KEY))
-        return
-
-    async def cycle(conn: asyncpg.Connection) -> None:
-        started = pacer.clock()
-        await run_cycle(conn, clock(), policy, cache)
-        pacer.ran(CYCLE_KEY, started, pacer.clock())
-
-    batch.after("placement-cycle", cycle)
+    """The batch's placement cycle at its end, or, when the last cycle ended too recently for ``pacer``, due
+    once the batch committed (``pacing.run_due`` runs it from the store, over everything queued meanwhile)."""
+    batch.after("placement-cycle", lambda conn: pacer.run_or_defer(
+        CYCLE_KEY, batch, lambda: run_cycle(conn, clock(), policy, cache)))
 
 
 async def _lock_cycle_once(conn: asyncpg.Connection, batch: Batch) -> None:

@@ -129,14 +129,12 @@ class _Cycles:
 
         async def reserve(conn: asyncpg.Connection) -> None:
             await flush_queue(conn, self.batch)
-            pacer = self.pacer
-            if not pacer.may_run(cohort):  # its jobs queued: one cycle later takes them all
-                self.batch.after_commit(f"cycle:{cohort}", lambda: pacer.defer(cohort))
-                return
-            started = pacer.clock()
-            await reserve_for_cohort(conn, await _tenancy_of(self.batch, conn, self.tenancies), cohort, self.clock(),
-                                     self.options)
-            pacer.ran(cohort, started, pacer.clock())
+
+            async def cycle() -> None:
+                tenancy_now = await _tenancy_of(self.batch, conn, self.tenancies)
+                await reserve_for_cohort(conn, tenancy_now, cohort, self.clock(), self.options)
+
+            await self.pacer.run_or_defer(cohort, self.batch, cycle)  # paced: one cycle later takes them all
 
         self.batch.after(f"reserve:{cohort}", reserve)  # one cycle per cohort per batch
 

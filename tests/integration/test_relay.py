@@ -301,7 +301,8 @@ async def test_the_gateway_forgets_the_submissions_the_store_has_recorded_and_ke
     pool = await create_pool(settings.database_url, min_size=0, max_size=2)
     try:
         await publisher.publish([("f-1", b"one", None), ("f-2", b"two", None), ("f-3", b"three", None)])
-        await publisher.publish([("f-1", b"cancel f-1", None)], topic="gpusched.jobs.control", event_type="JobCancelRequested")
+        await publisher.publish([("f-1", b"cancel f-1", None)], topic="gpusched.jobs.control",
+                                event_type="JobCancelRequested")
         assert await publisher.forget_recorded() == 0 and publisher.kept() == 4  # no store to ask yet
 
         async def away(job_ids):

@@ -5,20 +5,13 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from gpusched_cli.bench_growth import (
-    BACKLOG,
-    backlog_specs,
-    cell_row,
-    growth_tenancy,
-    memory_rows,
-    parse_counts,
-    with_growth,
-)
+
 from gpusched_core.quota.jobs import cohort_of
 from gpusched_core.quota.loader import parse_tenancy
 from gpusched_core.quota.units import UNITS_PER_GPU
-
 from services.node_agent.simulated import SimulatedNvml
+
+from gpusched_cli.bench_growth import BACKLOG, backlog_specs, cell_row, growth_tenancy, memory_rows, parse_counts, with_growth
 
 BACKLOG_FIGURES = {"backlog_s": 10.0, "backlog_per_s": 100.0, "quota_kib_per_pending_job": 0.9}
 

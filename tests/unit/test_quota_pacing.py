@@ -101,3 +101,25 @@ async def test_the_loop_runs_each_due_cycle_times_it_and_retries_one_that_failed
         task.cancel()
     assert ran == ["bad", "good", "bad"] and failures == ["bad"]
     assert "good" in pacer._last and "bad" in pacer._last
+
+
+async def test_a_batch_runs_its_cycle_timed_when_pacing_lets_it_and_else_leaves_it_due_after_its_commit():
+    from gpusched_common.batching import Batch
+
+    clock = Clock()
+    pacer = CyclePacer(0.5, clock)
+    ran: list[str] = []
+
+    async def cycle() -> None:
+        ran.append("cycle")
+        clock.now += 0.4  # over a long queue
+
+    batch = Batch()
+    await pacer.run_or_defer("cluster", batch, cycle)
+    assert ran == ["cycle"] and batch.committed == {} and not pacer.may_run("cluster")  # timed: 0.4 s
+    later = Batch()
+    await pacer.run_or_defer("cluster", later, cycle)
+    assert ran == ["cycle"] and pacer.wait_s() is None  # not run; due only once the batch committed
+    for done in later.committed.values():
+        done()
+    assert pacer.wait_s() == pytest.approx(0.4)

@@ -37,21 +37,13 @@ from pathlib import Path
 
 import asyncpg
 import yaml
+
 from gpusched_common import events as ev
 from gpusched_common.stores.quota import judged_jobs
 from gpusched_common.table import render
 
 from gpusched_cli import stack
-from gpusched_cli.bench_scale import (
-    RUN,
-    add_stack_arguments,
-    burst,
-    counts,
-    per_service,
-    stack_pids,
-    up_for,
-    usage,
-)
+from gpusched_cli.bench_scale import RUN, add_stack_arguments, burst, counts, per_service, stack_pids, up_for, usage
 from gpusched_cli.workload import submit_through_gateway
 
 BACKLOG = "backlog"

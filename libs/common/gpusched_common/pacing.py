@@ -18,6 +18,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpusched_common.batching import Batch
 
 CYCLE_SHARE = 0.5  # at most this share of the time in one key's cycles while its jobs keep coming
 PACED_FROM_S = 0.1  # a cycle shorter than this never holds the next one back (a short queue: every batch cycles)
@@ -61,6 +65,16 @@ class CyclePacer:
         if at < self._due.get(key, float("inf")):
             self._due[key] = at
             self._changed.set()
+
+    async def run_or_defer(self, key: str, batch: Batch, cycle: Callable[[], Awaitable[None]]) -> None:
+        """In a batch's end work: the key's ``cycle`` now, timed, when pacing lets it run; else the cycle is due
+        once the batch committed (so that it sees the jobs the batch queued), for ``run_due``."""
+        if not self.may_run(key):
+            batch.after_commit(f"cycle:{key}", lambda: self.defer(key))
+            return
+        started = self.clock()
+        await cycle()
+        self.ran(key, started, self.clock())
 
     def retry(self, key: str) -> None:
         self._due[key] = min(self._due.get(key, float("inf")), self.clock() + RETRY_S)
