@@ -105,7 +105,8 @@ async def due_cycles(runtime: Runtime, tenancies: TenancyStore, options: CycleOp
 def quota_setup(settings: QuotaSettings) -> Callable[[Runtime], Awaitable[None]]:
     """Everything the quota service runs, built from settings (the runtime starts it)."""
     settings = QuotaSettings.of(settings)
-    options = CycleOptions(reclaim_cooldown_s=settings.quota_reclaim_cooldown_s)
+    options = CycleOptions(reclaim_cooldown_s=settings.quota_reclaim_cooldown_s,
+                           fair_margin=settings.quota_fair_margin if settings.quota_fair_backfill else None)
     keys = load_keys(settings.tenant_keys_file) if settings.tenant_keys_file else None
     tenancies = TenancyStore()
 

@@ -42,6 +42,7 @@ from gpusched_common.pacing import CyclePacer
 from services.quota.charges import advance_histories, release_many
 from gpusched_core.quota import (
     UNITS_PER_GPU,
+    BlockedWork,
     QuotaPlan,
     QuotaSnapshot,
     Reservation,
@@ -54,6 +55,7 @@ from gpusched_common.stores import quota as reads
 from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_common.senders import RefusalCounts
 from services.quota.core import Accepted, review_update
+from gpusched_core.quota.fairness import DEFAULT_FAIR_PREEMPTION_MARGIN
 from gpusched_core.quota.reasons import worth_recording
 from gpusched_core.quota.jobs import (
     QueuedJob,
@@ -62,6 +64,7 @@ from gpusched_core.quota.jobs import (
     chargeable,
     cohort_members,
     cohort_of,
+    priority_class_for,
     queued_job,
 )
 
@@ -76,6 +79,9 @@ CLAIMED_JOB_EVENTS = (ev.JobAdmitted, ev.JobPreempted, ev.JobHeld, ev.JobRelease
 @dataclass(frozen=True)
 class CycleOptions:
     reclaim_cooldown_s: float = 300.0  # a reclaim still needed is asked for again after this long
+    # fair backfill (``gpusched_core.quota.backfill``): while a reserved job waits for room on the nodes, no
+    # other tenant of its cohort is reserved past (1 + margin) x its tenant's share; None: off
+    fair_margin: float | None = DEFAULT_FAIR_PREEMPTION_MARGIN
 
 
 def make_job_event_handler(tenancies: TenancyStore, clock: Callable[[], datetime],
@@ -204,7 +210,9 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
         return None
     pending, unchargeable = chargeable(tenancy, offered)
     history = await reads.load_history(conn, members)
-    plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending)
+    blocked = await _blocked_work(conn, tenancy, members) if options.fair_margin is not None else ()
+    plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending, blocked=blocked,
+                      fair_margin=options.fair_margin)
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
     await _reserve(conn, tenancy, plan.reservations, held, now)
     # reasons only (unordered): a reader ranks the queue itself (``gpusched_common.stores.quota.quota_queue``)
@@ -216,6 +224,14 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     await _defer(conn, changed, now)
     await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
     return plan
+
+
+async def _blocked_work(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[str, ...]) -> list[BlockedWork]:
+    """The cohort's reserved work that waits for room on the nodes (fair backfill holds others back for it),
+    its priority as its class's value (as the cycle compares a job's)."""
+    return [BlockedWork(row["tenant"], row["flavor"],
+                        tenancy.priority_classes[priority_class_for(tenancy, row["priority"])])
+            for row in await store.blocked_shapes(conn, members)]
 
 
 def _worth_recording(job: QueuedJob, reason: str, now: datetime) -> bool:

@@ -22,7 +22,7 @@ from .ledger import QuotaBook
 from .loader import SUPPORTED_VERSIONS, TenancyError, load_tenancy, parse_tenancy
 from .model import FlavorQuota, QuotaTree, Tenancy, Tenant
 from .ordering import ORDERS, FairShareOrder, FifoOrder, JobOrder, PendingJob, order_by_name
-from .planner import Candidate, QuotaCycle, QuotaPlan, ReclaimRequest, Reservation, order_pending, plan_cycle
+from .planner import BlockedWork, Candidate, QuotaCycle, QuotaPlan, ReclaimRequest, Reservation, order_pending, plan_cycle
 from .queues import PendingQueue, build_queues, priority_value
 from .reasons import WAITING_FOR_CAPACITY, WaitCategory, WaitingJob
 from .snapshot import QuotaSnapshot, dominant_share, dominant_shares, history_now, rate_geq
@@ -52,7 +52,7 @@ def pending_job(tenancy: Tenancy, job_id: str, tenant: str, ask: GpuAsk, submitt
 
 __all__ = [
     "ORDERS", "SUPPORTED_VERSIONS", "UNITS_PER_GPU",
-    "Candidate", "FairShareOrder", "FifoOrder", "FlavorQuota", "GpuAsk", "JobOrder", "PendingJob",
+    "BlockedWork", "Candidate", "FairShareOrder", "FifoOrder", "FlavorQuota", "GpuAsk", "JobOrder", "PendingJob",
     "PendingQueue", "QuotaAsk", "QuotaBook", "QuotaCycle", "QuotaPlan", "QuotaSnapshot", "QuotaTree",
     "ReclaimRequest", "Reservation", "Tenancy", "TenancyError", "Tenant", "UnitError", "UsageHistory",
     "WAITING_FOR_CAPACITY", "WaitCategory", "WaitingJob",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 
+from .backfill import FairBackfill
 from .fairness import fair_shares, queue_demand
 from .ledger import QuotaBook
 from .ordering import FairShareOrder, JobOrder, PendingJob, SortKey
@@ -178,10 +179,12 @@ class QuotaCycle:
         self._open = None
         return reservation
 
-    def defer(self, candidate: Candidate, reason: str = WAITING_FOR_CAPACITY) -> None:
-        """The caller could not use a candidate that fits quota (e.g. no node has room)."""
+    def defer(self, candidate: Candidate, reason: str = WAITING_FOR_CAPACITY,
+              category: WaitCategory = WaitCategory.CAPACITY) -> None:
+        """The caller could not use a candidate that fits quota (e.g. no node has room, or fair backfill
+        holds it back)."""
         if self.explain:
-            self._records.append((candidate.key, candidate.job, WaitCategory.CAPACITY, reason))
+            self._records.append((candidate.key, candidate.job, category, reason))
         self._open = None
 
     def finish(self) -> QuotaPlan:
@@ -344,13 +347,38 @@ class QuotaCycle:
         return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class BlockedWork:
+    """Work of ``tenant`` that quota reserved and that waits for room on the nodes (placement deferred it),
+    of ``flavor`` and, at most, ``priority`` (a priority class's value)."""
+
+    tenant: str
+    flavor: str
+    priority: int
+
+
 def plan_cycle(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order: JobOrder | None = None,
-               *, explain: bool = True) -> QuotaPlan:
-    """Reserve, in order, every pending job that fits quota; explain the rest (pure)."""
+               *, explain: bool = True, blocked: Iterable[BlockedWork] = (),
+               fair_margin: float | None = None) -> QuotaPlan:
+    """Reserve, in order, every pending job that fits quota; explain the rest (pure). With ``fair_margin``,
+    backfill is fair (``backfill``): while ``blocked`` work waits for room, a job that would take its
+    tenant past the share at which that work could preempt it waits (``WaitCategory.FAIR_SHARE``)."""
     chosen = order or FairShareOrder()
-    cycle = QuotaCycle(snapshot, build_queues(snapshot.tenancy, pending, chosen), chosen, explain=explain)
+    queues = build_queues(snapshot.tenancy, pending, chosen)
+    backfill = None
+    if fair_margin is not None and (blocked := tuple(blocked)):
+        backfill = FairBackfill(snapshot, queues, fair_margin)
+        for work in blocked:
+            backfill.blocked_reserved(work.tenant, work.flavor, work.priority)
+    cycle = QuotaCycle(snapshot, queues, chosen, explain=explain)
     while (candidate := cycle.next_candidate()) is not None:
+        hold = backfill.holds_back(candidate.job, candidate.flavor, candidate.units) if backfill else None
+        if hold is not None:
+            cycle.defer(candidate, hold.reason(), WaitCategory.FAIR_SHARE)
+            continue
         cycle.reserve(candidate)
+        if backfill is not None:
+            backfill.started(candidate.job.tenant, candidate.flavor, candidate.units)
     return cycle.finish()
 
 

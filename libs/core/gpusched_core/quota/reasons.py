@@ -21,6 +21,7 @@ class WaitCategory(str, Enum):
     RECLAIMING = "reclaiming"
     COHORT_EXHAUSTED = "cohort_exhausted"
     CAPACITY = "capacity"
+    FAIR_SHARE = "fair_share"  # fits quota, held back while another tenant's work waits for room (``backfill``)
 
 
 WAITING_FOR_CAPACITY = "fits quota; waiting for capacity"

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpusched_core.quota import UNITS_PER_GPU, PendingJob, PendingQueue, QuotaCycle, QuotaSnapshot, Tenancy
+from gpusched_core.quota.backfill import FairBackfill
 
 from ..traces.philly import TraceJob
-from .backfill import FairBackfill
 from .cluster import FLAVOR, Cluster
 from .policies import Policy
 from .preempt import fair_victims, las_victims, reclaim_victims
@@ -123,7 +123,7 @@ def _cycle(state: SimState, policy: Policy) -> tuple:
         candidate = cycle.next_candidate()
         if candidate is None:
             break
-        if backfill is not None and backfill.holds_back(candidate.job):
+        if backfill is not None and backfill.holds_back(candidate.job, candidate.flavor, candidate.units):
             cycle.defer(candidate)
             continue
         gpus = state.jobs[candidate.job.job_id].job.gpus
@@ -137,7 +137,7 @@ def _cycle(state: SimState, policy: Policy) -> tuple:
         reservation = cycle.reserve(candidate)
         started.append((candidate, reservation.units, bindings))
         if backfill is not None:
-            backfill.started(candidate.job, reservation.units)
+            backfill.started(candidate.job.tenant, candidate.flavor, reservation.units)
     plan = cycle.finish()
     for candidate, units, bindings in started:
         state.dequeue(candidate.job, _tenant_key(state, candidate.job))

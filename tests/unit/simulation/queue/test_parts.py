@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched_core.quota import FairShareOrder, PendingJob, QuotaAsk, QuotaSnapshot, build_queues, gpus_to_units
-from gpusched_simulation.queue.backfill import FairBackfill
+from gpusched_core.quota.backfill import FairBackfill
 from gpusched_simulation.queue.cluster import FLAVOR, Cluster, gang_parts, gang_shape
 from gpusched_simulation.queue.metrics import jain, per_window, water_fill
 from gpusched_simulation.queue.quota import QuotaSetup, apportion, tenancy_for
@@ -94,8 +94,8 @@ def test_fair_backfill_counts_what_a_tenant_was_given_earlier_in_the_same_cycle(
     backfill.blocked(waiting[0])
     given = []
     for job in waiting[2:]:
-        if not backfill.holds_back(job):
-            backfill.started(job, job.ask.units)
+        if not backfill.holds_back(job, FLAVOR, job.ask.units):
+            backfill.started(job.tenant, FLAVOR, job.ask.units)
             given.append(job.job_id)
     assert given == ["t2-0", "t2-1"]
-    assert not backfill.holds_back(waiting[1])  # the blocked tenant's own work is not held back by its block
+    assert not backfill.holds_back(waiting[1], FLAVOR, waiting[1].ask.units)  # the blocked tenant's own work is not held back by its block
