@@ -17,7 +17,7 @@ from gpusched_common import events as ev
 from gpusched_common.jobs import new_job_id
 from gpusched_common.stores.cluster import load_cluster, pending_jobs
 from gpusched_common.stores.estimates import load_estimate_inputs
-from gpusched_common.stores.quota import load_cohort_queue, load_history, read_usage
+from gpusched_common.stores.quota import blocked_work, load_cohort_queue, load_history, read_usage
 from gpusched_common.stores.running import load_running
 from gpusched_core import placement as engine
 from gpusched_core import preemption as sel
@@ -66,12 +66,14 @@ async def _inputs(request: Request, conn: asyncpg.Connection, spec: ev.JobSpec, 
     state, settings = request.app.state, request.app.state.settings
     tenancy = await state.tenancy.current(conn, now)
     models = await state.models.current(conn, now, tenancy.flavors if tenancy is not None else ())
-    usage, history, queued = {}, {}, []
+    usage, history, queued, blocked = {}, {}, [], []
     if tenancy is not None:
         cohort = cohort_of(tenancy, spec.tenant)
         members = cohort_members(tenancy, cohort)
         usage, history = await read_usage(conn, members), await load_history(conn, members)
         queued = await load_cohort_queue(conn, tenancy, cohort)
+        if settings.fair_margin is not None:
+            blocked = await blocked_work(conn, tenancy, members)
     nodes, snapshot = await load_cluster(conn)
     pending, _ = await pending_jobs(conn)
     after = sorted({d.job_id for d in spec.after})
@@ -87,7 +89,7 @@ async def _inputs(request: Request, conn: asyncpg.Connection, spec: ev.JobSpec, 
                                       cross_tenant=settings.preemption_cross_tenant),
         unknown_dependencies=tuple(j for j in after if tenants.get(j) != spec.tenant),
         waiting_on=tuple(j for j in after if tenants.get(j) == spec.tenant and states.get(j) not in ENDED),
-        forward=forward)
+        forward=forward, blocked=blocked, fair_margin=settings.fair_margin)
 
 
 def _policy(request: Request) -> engine.PlacementPolicy:

@@ -42,7 +42,6 @@ from gpusched_common.pacing import CyclePacer
 from services.quota.charges import advance_histories, release_many
 from gpusched_core.quota import (
     UNITS_PER_GPU,
-    BlockedWork,
     QuotaPlan,
     QuotaSnapshot,
     Reservation,
@@ -64,7 +63,6 @@ from gpusched_core.quota.jobs import (
     chargeable,
     cohort_members,
     cohort_of,
-    priority_class_for,
     queued_job,
 )
 
@@ -210,7 +208,7 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
         return None
     pending, unchargeable = chargeable(tenancy, offered)
     history = await reads.load_history(conn, members)
-    blocked = await _blocked_work(conn, tenancy, members) if options.fair_margin is not None else ()
+    blocked = await reads.blocked_work(conn, tenancy, members) if options.fair_margin is not None else ()
     plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending, blocked=blocked,
                       fair_margin=options.fair_margin)
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
@@ -224,14 +222,6 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     await _defer(conn, changed, now)
     await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
     return plan
-
-
-async def _blocked_work(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[str, ...]) -> list[BlockedWork]:
-    """The cohort's reserved work that waits for room on the nodes (fair backfill holds others back for it),
-    its priority as its class's value (as the cycle compares a job's)."""
-    return [BlockedWork(row["tenant"], row["flavor"],
-                        tenancy.priority_classes[priority_class_for(tenancy, row["priority"])])
-            for row in await store.blocked_shapes(conn, members)]
 
 
 def _worth_recording(job: QueuedJob, reason: str, now: datetime) -> bool:

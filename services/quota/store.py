@@ -168,23 +168,6 @@ async def queue_jobs(conn: asyncpg.Connection, jobs: list[tuple[QueuedJob, ev.Ar
         " $8::int[], $9::text[], $10::text[], $11::int[], $12::int[]) ON CONFLICT DO NOTHING", *columns)
 
 
-async def blocked_shapes(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> list[asyncpg.Record]:
-    """The shapes of ``tenants``' reserved jobs that placement deferred (they wait for room on the nodes),
-    each (tenant, flavor, priority): one row per distinct shape, of those some ready, uncordoned nodes could
-    host if they were empty (a job that no node could ever take holds nobody back)."""
-    return await conn.fetch(
-        "WITH shapes AS ("
-        "  SELECT DISTINCT r.tenant, r.flavor, p.priority, p.gpus, p.gpu_model, coalesce(p.nodes, 1) AS nodes"
-        "  FROM quota_policy_reservations r JOIN placement_pending p USING (job_id)"
-        "  WHERE r.tenant = ANY($1::text[]) AND p.last_reasons IS NOT NULL),"
-        " hosts AS MATERIALIZED ("
-        "  SELECT g.model, count(*) AS gpus FROM gpus g JOIN nodes n USING (node_id)"
-        "  WHERE n.status = 'Ready' AND n.cordoned_at IS NULL AND g.healthy GROUP BY g.node_id, g.model)"
-        " SELECT DISTINCT s.tenant, s.flavor, s.priority FROM shapes s"
-        " WHERE (SELECT count(*) FROM hosts h WHERE (s.gpu_model IS NULL OR h.model = s.gpu_model)"
-        "        AND h.gpus >= s.gpus) >= s.nodes", list(tenants))
-
-
 async def capped_tasks(conn: asyncpg.Connection, tenants: tuple[str, ...]) -> list[WaitingTask]:
     """The waiting tasks of capped arrays among ``tenants``' queue."""
     rows = await conn.fetch(

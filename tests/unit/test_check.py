@@ -16,7 +16,7 @@ from gpusched_core.check import CheckInputs, check_submission
 from gpusched_core.estimates import Forward, Hold, NodeGpus, RunningJob, Shape, WaitingJob, wait_words, with_new_job
 from gpusched_core.gpu_models import ModelView
 from gpusched_core.placement.cycle import GpuRow, NodeRow, PendingPlacement, build_cluster
-from gpusched_core.quota import UNITS_PER_GPU, load_tenancy
+from gpusched_core.quota import UNITS_PER_GPU, BlockedWork, load_tenancy
 from gpusched_core.quota.jobs import QueuedJob
 from tests.builders import T0, a_job
 
@@ -195,6 +195,34 @@ def test_unfinished_dependencies_make_it_wait_and_unknown_ones_are_never():
     assert check_submission(replace(inputs, waiting_on=("dep-1",))).verdict == "wait"
     never = check_submission(replace(inputs, unknown_dependencies=("ghost",)))
     assert never.verdict == "never" and never.reasons == ("no job ghost to wait for",)
+
+
+COHORT = load_tenancy("""
+version: 1
+flavors: [H100-80GB]
+priority_classes: {low: 10}
+default_priority_class: low
+tenants:
+  - name: org
+    priority_classes: [low]
+    children:
+      - {name: a, quota: {H100-80GB: {nominal: 8}}}
+      - {name: b, quota: {H100-80GB: {nominal: 8}}}
+""")
+
+
+def test_a_job_fair_backfill_would_hold_back_waits_and_says_so():
+    """a's 4-GPU job holds quota and waits for room, and a queued 8 more (entitled to 9 of 16 GPUs, at 0.44);
+    b holds 6 on n1: a 1-GPU job fits b's quota and n1, but takes b to 7 of its 7 (1.0, past 1.5 x 0.44)."""
+    cluster = replace(EMPTY.holding("b-six", "b", 10, gpus("n1", 0, 1, 2, 3, 4, 5)), tenancy=COHORT,
+                      usage={"a": {"H100-80GB": 4 * UNITS_PER_GPU}, "b": {"H100-80GB": 6 * UNITS_PER_GPU}},
+                      queued=(QueuedJob("a-more", "a", 8, "H100-80GB", 10, NOW_S - 60),))
+    inputs = cluster.inputs(a_job("j").tenant("b").model("H100-80GB").gpus(1).spec())
+    held = check_submission(replace(inputs, blocked=(BlockedWork("a", "H100-80GB", 10),), fair_margin=0.5))
+    assert held.verdict == "wait" and held.quota.facts["category"] == "fair_share", held.reasons
+    assert held.reasons[0].startswith("fair share: tenant b would reach 1.00 of its fair share, past 0.67")
+    assert check_submission(replace(inputs, blocked=(BlockedWork("a", "H100-80GB", 10),))).verdict == "start"
+    assert check_submission(replace(inputs, fair_margin=0.5)).verdict == "start"  # nothing waits for room
 
 
 def test_the_check_is_pure_the_same_inputs_give_the_same_answer():

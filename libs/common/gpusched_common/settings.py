@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpusched_common.topics import NODE_COMMAND_PARTITIONS
@@ -103,3 +103,18 @@ class Settings(BaseSettings):
         if unknown:
             raise TypeError(f"{cls.__name__} has no setting(s) {', '.join(sorted(unknown))}")
         return cls(**{**shared.model_dump(exclude_unset=True), **fields})
+
+
+class FairBackfillSettings(Settings):
+    """Fair backfill, as the quota service applies it and the gateway's ``jobs:check`` judges with it: while a
+    job quota reserved waits for room on the nodes, no other tenant of its cohort gets quota for a job (of
+    that GPU model, at most its priority) that takes it past (1 + margin) x the waiting tenant's share (the
+    share at which that job could preempt it; ``gpusched_core.quota.backfill``)."""
+
+    quota_fair_backfill: bool = True  # off: every job that fits quota is reserved, whoever waits for room
+    quota_fair_margin: float = Field(default=0.5, ge=0.0)
+
+    @property
+    def fair_margin(self) -> float | None:
+        """The margin the quota cycle is given (None: fair backfill off)."""
+        return self.quota_fair_margin if self.quota_fair_backfill else None

@@ -41,7 +41,8 @@ from gpusched_core.placement.cycle import (
 )
 from gpusched_core.placement.feasibility import gpu_free_for
 from gpusched_core.preemption.jobs import request_of
-from gpusched_core.quota import QuotaBook, QuotaSnapshot, Tenancy, UsageHistory, WaitCategory, format_gpus, plan_cycle
+from gpusched_core.quota import BlockedWork, QuotaBook, QuotaSnapshot, Tenancy, UsageHistory, WaitCategory
+from gpusched_core.quota import format_gpus, plan_cycle
 from gpusched_core.quota import order_pending as quota_order
 from gpusched_core.quota.jobs import QueuedJob, chargeable, priority_class_for, queued_job, to_pending
 from gpusched_core.submission import (
@@ -85,6 +86,9 @@ class CheckInputs:
     unknown_dependencies: tuple[str, ...] = ()
     waiting_on: tuple[str, ...] = ()
     forward: Forward | None = None  # the queue as the start-time estimator reads it; None: no estimate
+    # the cohort's reserved work waiting for room (``stores.quota.blocked_work``), quota's fair margin (None: off)
+    blocked: Sequence[BlockedWork] = ()
+    fair_margin: float | None = None
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,7 @@ def _quota(inputs: CheckInputs, spec: ev.JobSpec) -> tuple[Stage, str | None]:
     snapshot = QuotaSnapshot(tenancy, inputs.usage, inputs.history, now_s)
     order = quota_order(snapshot, [*queue, mine])
     ahead = order[:order.index(inputs.job_id)]
-    plan = plan_cycle(snapshot, [*queue, mine])
+    plan = plan_cycle(snapshot, [*queue, mine], blocked=inputs.blocked, fair_margin=inputs.fair_margin)
     reserved = next((r for r in plan.reservations if r.job_id == inputs.job_id), None)
     flavor, units = (reserved.flavor, reserved.units) if reserved is not None else mine.ask.options[0]
     facts = {"tenant": mine.tenant, "flavor": flavor, "gpus": format_gpus(units),

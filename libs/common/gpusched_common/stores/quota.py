@@ -17,8 +17,15 @@ import asyncpg
 from gpusched_common import events as ev
 from gpusched_common.stores.tenancy import TenancyStore
 
-from gpusched_core.quota import UNITS_PER_GPU, Tenancy, UsageHistory
-from gpusched_core.quota.jobs import QueuedJob, cohort_members, cohort_names, cohort_of, takes_guests
+from gpusched_core.quota import UNITS_PER_GPU, BlockedWork, Tenancy, UsageHistory
+from gpusched_core.quota.jobs import (
+    QueuedJob,
+    cohort_members,
+    cohort_names,
+    cohort_of,
+    priority_class_for,
+    takes_guests,
+)
 from gpusched_core.quota.positions import QuotaQueueEntry, rank_cohort
 
 
@@ -75,6 +82,26 @@ async def load_cohort_queue(conn: asyncpg.Connection, tenancy: Tenancy, cohort: 
     cohort is charged for guests, those of every tenant the tenancy does not name."""
     guests = tuple(tenancy.tenants) if takes_guests(tenancy, cohort) else None
     return await load_queued(conn, cohort_names(tenancy, cohort), guests)
+
+
+async def blocked_work(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[str, ...]) -> list[BlockedWork]:
+    """The work of ``members`` that quota reserved and placement deferred (it waits for room on the nodes),
+    one per (tenant, flavor, priority), the priority as its class's value (as a cycle compares a job's); only
+    shapes that some ready, uncordoned node could host were it empty (a job no node could ever take holds
+    nobody back). What fair backfill holds others back for (``gpusched_core.quota.backfill``)."""
+    rows = await conn.fetch(
+        "WITH shapes AS ("
+        "  SELECT DISTINCT r.tenant, r.flavor, p.priority, p.gpus, p.gpu_model, coalesce(p.nodes, 1) AS nodes"
+        "  FROM quota_policy_reservations r JOIN placement_pending p USING (job_id)"
+        "  WHERE r.tenant = ANY($1::text[]) AND p.last_reasons IS NOT NULL),"
+        " hosts AS MATERIALIZED ("
+        "  SELECT g.model, count(*) AS gpus FROM gpus g JOIN nodes n USING (node_id)"
+        "  WHERE n.status = 'Ready' AND n.cordoned_at IS NULL AND g.healthy GROUP BY g.node_id, g.model)"
+        " SELECT DISTINCT s.tenant, s.flavor, s.priority FROM shapes s"
+        " WHERE (SELECT count(*) FROM hosts h WHERE (s.gpu_model IS NULL OR h.model = s.gpu_model)"
+        "        AND h.gpus >= s.gpus) >= s.nodes", list(members))
+    classes = tenancy.priority_classes
+    return [BlockedWork(r["tenant"], r["flavor"], classes[priority_class_for(tenancy, r["priority"])]) for r in rows]
 
 
 async def queued_tenants(conn: asyncpg.Connection) -> list[str]:

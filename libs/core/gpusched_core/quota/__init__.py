@@ -22,7 +22,8 @@ from .ledger import QuotaBook
 from .loader import SUPPORTED_VERSIONS, TenancyError, load_tenancy, parse_tenancy
 from .model import FlavorQuota, QuotaTree, Tenancy, Tenant
 from .ordering import ORDERS, FairShareOrder, FifoOrder, JobOrder, PendingJob, order_by_name
-from .planner import BlockedWork, Candidate, QuotaCycle, QuotaPlan, ReclaimRequest, Reservation, order_pending, plan_cycle
+from .backfill import BlockedWork
+from .planner import Candidate, QuotaCycle, QuotaPlan, ReclaimRequest, Reservation, order_pending, plan_cycle
 from .queues import PendingQueue, build_queues, priority_value
 from .reasons import WAITING_FOR_CAPACITY, WaitCategory, WaitingJob
 from .snapshot import QuotaSnapshot, dominant_share, dominant_shares, history_now, rate_geq

@@ -31,6 +31,16 @@ from .snapshot import QuotaSnapshot
 
 
 @dataclass(frozen=True, slots=True)
+class BlockedWork:
+    """Work of ``tenant`` that quota reserved and that waits for room on the nodes (placement deferred it),
+    of ``flavor`` and, at most, ``priority`` (a priority class's value)."""
+
+    tenant: str
+    flavor: str
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
 class Hold:
     """Why a job is held back: its tenant's share once it starts (counting what the cycle gave it), past
     the ``limit`` of the blocked work of ``blocked_tenant``."""

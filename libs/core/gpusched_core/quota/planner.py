@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 
-from .backfill import FairBackfill
+from .backfill import BlockedWork, FairBackfill
 from .fairness import fair_shares, queue_demand
 from .ledger import QuotaBook
 from .ordering import FairShareOrder, JobOrder, PendingJob, SortKey
@@ -345,16 +345,6 @@ class QuotaCycle:
             if borrowers:
                 out.append(ReclaimRequest(tenant, flavor, int(short), tuple(jobs), borrowers))
         return tuple(out)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockedWork:
-    """Work of ``tenant`` that quota reserved and that waits for room on the nodes (placement deferred it),
-    of ``flavor`` and, at most, ``priority`` (a priority class's value)."""
-
-    tenant: str
-    flavor: str
-    priority: int
 
 
 def plan_cycle(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order: JobOrder | None = None,
