@@ -72,7 +72,7 @@ async def _inputs(request: Request, conn: asyncpg.Connection, spec: ev.JobSpec, 
         members = cohort_members(tenancy, cohort)
         usage, history = await read_usage(conn, members), await load_history(conn, members)
         queued = await load_cohort_queue(conn, tenancy, cohort)
-        if settings.fair_margin is not None:
+        if settings.backfill_margin is not None:
             blocked = await blocked_work(conn, tenancy, members)
     nodes, snapshot = await load_cluster(conn)
     pending, _ = await pending_jobs(conn)
@@ -89,7 +89,7 @@ async def _inputs(request: Request, conn: asyncpg.Connection, spec: ev.JobSpec, 
                                       cross_tenant=settings.preemption_cross_tenant),
         unknown_dependencies=tuple(j for j in after if tenants.get(j) != spec.tenant),
         waiting_on=tuple(j for j in after if tenants.get(j) == spec.tenant and states.get(j) not in ENDED),
-        forward=forward, blocked=blocked, fair_margin=settings.fair_margin)
+        forward=forward, blocked=blocked, fair_margin=settings.backfill_margin)
 
 
 def _policy(request: Request) -> engine.PlacementPolicy:

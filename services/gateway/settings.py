@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpusched_common.settings import FairBackfillSettings
+from gpusched_common.settings import FairShareSettings
 
 
-class GatewaySettings(FairBackfillSettings):  # POST /v1/jobs:check judges with quota's fair backfill
+class GatewaySettings(FairShareSettings):  # POST /v1/jobs:check judges with quota's fair backfill
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(0, ge=0, le=65535)  # 0: a free port, chosen by the operating system
     gateway_max_body_bytes: int = Field(1024 * 1024, gt=0)  # larger requests are refused with 413

@@ -1,7 +1,8 @@
 """Preemption's handlers. Two triggers:
 
 - a job whose placement was deferred (``PlacementDeferred`` on the job events): ask the selection core
-  whom of lower priority to preempt for it (``consider``);
+  whom of lower priority to preempt for it (``consider``), and when nobody, whom of the tenants of its
+  cohort far over their fair share (``fair``: fair-share preemption, for a job that holds quota);
 - a quota ``ReclaimRequested`` (``gpusched.quota.reclaims``): return capacity that borrowers hold to a
   tenant under its nominal quota (``reclaim``).
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 import asyncpg
@@ -34,6 +36,7 @@ from gpusched_core import preemption as sel
 from gpusched_core.placement.cycle import nomination_id
 from gpusched_core.preemption.jobs import quota_units_of, reclaim_ask, request_of
 from services.preemption import store
+from services.preemption.fair import fair_config, fair_triggers
 from services.preemption.settings import PreemptionPolicy
 from services.preemption.store import SERVICE
 
@@ -102,9 +105,11 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
     waiting, tenants = await _waiting(conn, job_ids, tenancies)
     if not waiting:
         return  # placed (or gone) since they were deferred
-    running = await running_priorities(conn)
-    quick = [sel.nobody_to_preempt(_preemptor(state, tenants[state.job_id]), *running) for state in waiting]
-    if None not in quick:
+    running, lowest, stopping, oldest = await running_priorities(conn)
+    quick = [sel.nobody_to_preempt(_preemptor(state, tenants[state.job_id]), running, lowest, stopping)
+             for state in waiting]
+    fair = await fair_triggers(conn, waiting, policy, now, tenancies, oldest)
+    if None not in quick and not fair:
         await store.record_evaluations(conn, quick, now)  # type: ignore[arg-type]  # no None among them
         return
     await lock_cycle(conn)
@@ -117,7 +122,7 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
     for state in waiting:
         if cluster is None:
             cluster = (await cache.load(conn))[1], await load_running(conn)
-        plan = await _consider(conn, state, tenants[state.job_id], cluster, policy, now)
+        plan = await _consider(conn, state, tenants[state.job_id], cluster, policy, now, fair.get(state.job_id))
         plans.append(plan)
         if plan.outcome == "preempt":
             cluster = None  # victims stopping, GPUs nominated: read again for the next job
@@ -146,13 +151,20 @@ def _preemptor(state: lifecycle.JobState, tenant: str) -> sel.Preemptor:
 
 
 async def _consider(conn: asyncpg.Connection, state: lifecycle.JobState, tenant: str,
-                    cluster: tuple[engine.ClusterSnapshot, list], policy: PreemptionPolicy,
-                    now: datetime) -> sel.PreemptionPlan:
+                    cluster: tuple[engine.ClusterSnapshot, list], policy: PreemptionPolicy, now: datetime,
+                    fair: tuple[sel.FairShareTrigger, int] | None = None) -> sel.PreemptionPlan:
     """One deferred job (charged to ``tenant``, as quota compares) against the cluster read for it: the plan,
-    carried out when it preempts."""
+    carried out when it preempts. ``fair``: the fair-share trigger and the quota units the job holds, weighed
+    when no priority preemption helps (``fair``)."""
     snapshot, running = cluster
     preemptor = _preemptor(state, tenant)
     plan = sel.select_victims(snapshot, preemptor, running, now.timestamp(), config=policy.config)
+    if plan.outcome == "none" and fair is not None:
+        trigger, units = fair
+        preemptor = replace(preemptor, units=units)
+        by_share = sel.select_victims(snapshot, preemptor, running, now.timestamp(), trigger=trigger,
+                                      config=fair_config(policy))
+        plan = by_share if by_share.outcome != "none" else plan
     if plan.outcome == "preempt":
         assert plan.placement is not None
         stopped = await store.stop_victims(conn, preemptor, plan.victims, policy, now)

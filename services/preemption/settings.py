@@ -6,18 +6,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpusched_common.settings import Settings
+from gpusched_common.settings import FairShareSettings
 
 from gpusched_core import preemption as sel
 
 
 @dataclass(frozen=True)
 class PreemptionPolicy:
+    """``fair_margin``: fair-share preemption's margin (None: off); ``fair_quantum_s``: runs younger than this
+    lose nothing to it (``gpusched_core.preemption.fairshare``)."""
+
     grace_s: float
     config: sel.SelectionConfig
+    fair_margin: float | None = None
+    fair_quantum_s: float = 600.0
 
 
-class PreemptionSettings(Settings):
+class PreemptionSettings(FairShareSettings):  # and fair-share preemption
     # the victims' checkpoint grace, how long a (re)started run is protected, and whether a higher-priority
     # job may preempt another tenant's work always ("any") or only borrowed capacity
     preemption_grace_s: float = 30.0
@@ -28,4 +33,5 @@ class PreemptionSettings(Settings):
         return PreemptionPolicy(
             grace_s=self.preemption_grace_s,
             config=sel.SelectionConfig(default_min_runtime_s=self.preemption_min_runtime_s,
-                                       cross_tenant=self.preemption_cross_tenant))
+                                       cross_tenant=self.preemption_cross_tenant),
+            fair_margin=self.preemption_margin, fair_quantum_s=self.fair_share_quantum_s)

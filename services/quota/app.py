@@ -106,7 +106,7 @@ def quota_setup(settings: QuotaSettings) -> Callable[[Runtime], Awaitable[None]]
     """Everything the quota service runs, built from settings (the runtime starts it)."""
     settings = QuotaSettings.of(settings)
     options = CycleOptions(reclaim_cooldown_s=settings.quota_reclaim_cooldown_s,
-                           fair_margin=settings.fair_margin)
+                           fair_margin=settings.backfill_margin)
     keys = load_keys(settings.tenant_keys_file) if settings.tenant_keys_file else None
     tenancies = TenancyStore()
 

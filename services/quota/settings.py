@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pydantic import Field
 
-from gpusched_common.settings import FairBackfillSettings
+from gpusched_common.settings import FairShareSettings
 
 
-class QuotaSettings(FairBackfillSettings):  # and its fair backfill
+class QuotaSettings(FairShareSettings):  # and its fair backfill
     # the tenancy tree (deploy/tenants.example.yaml): put in force at start when newer than the revision in
     # PostgreSQL (operators publish later ones with `gpusched tenants apply`); required on a fresh database
     tenants_file: Path | None = None

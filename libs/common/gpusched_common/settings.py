@@ -105,16 +105,25 @@ class Settings(BaseSettings):
         return cls(**{**shared.model_dump(exclude_unset=True), **fields})
 
 
-class FairBackfillSettings(Settings):
-    """Fair backfill, as the quota service applies it and the gateway's ``jobs:check`` judges with it: while a
-    job quota reserved waits for room on the nodes, no other tenant of its cohort gets quota for a job (of
-    that GPU model, at most its priority) that takes it past (1 + margin) x the waiting tenant's share (the
-    share at which that job could preempt it; ``gpusched_core.quota.backfill``)."""
+class FairShareSettings(Settings):
+    """Fair share beyond the queue's order, one margin for both rules (``gpusched_core.quota.fairness``): a
+    job that holds quota and waits for room on the nodes may take runs (older than the quantum) of tenants
+    of its cohort whose fair share is above what its tenant's becomes by more than the margin (fair-share
+    preemption, the preemption service); and while it waits, no other tenant of its cohort gets quota for a
+    job (of that GPU model, at most its priority) that takes it past that share (fair backfill, the quota
+    service; the gateway's ``jobs:check`` judges with it too)."""
 
-    quota_fair_backfill: bool = True  # off: every job that fits quota is reserved, whoever waits for room
-    quota_fair_margin: float = Field(default=0.5, ge=0.0)
+    fair_share_margin: float = Field(default=0.5, ge=0.0)
+    fair_backfill: bool = True  # off: every job that fits quota is reserved, whoever waits for room
+    fair_share_preemption: bool = True  # off: only priority and reclaims of borrowed quota preempt
+    fair_share_quantum_s: float = Field(default=600.0, ge=0.0)  # runs younger lose nothing to fair share
 
     @property
-    def fair_margin(self) -> float | None:
-        """The margin the quota cycle is given (None: fair backfill off)."""
-        return self.quota_fair_margin if self.quota_fair_backfill else None
+    def backfill_margin(self) -> float | None:
+        """The margin quota's cycle is given (None: fair backfill off)."""
+        return self.fair_share_margin if self.fair_backfill else None
+
+    @property
+    def preemption_margin(self) -> float | None:
+        """The margin the preemption service weighs with (None: no fair-share preemption)."""
+        return self.fair_share_margin if self.fair_share_preemption else None

@@ -20,6 +20,7 @@ from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_core.quota import UNITS_PER_GPU, BlockedWork, Tenancy, UsageHistory
 from gpusched_core.quota.jobs import (
     QueuedJob,
+    chargeable,
     cohort_members,
     cohort_names,
     cohort_of,
@@ -102,6 +103,34 @@ async def blocked_work(conn: asyncpg.Connection, tenancy: Tenancy, members: tupl
         "        AND h.gpus >= s.gpus) >= s.nodes", list(members))
     classes = tenancy.priority_classes
     return [BlockedWork(r["tenant"], r["flavor"], classes[priority_class_for(tenancy, r["priority"])]) for r in rows]
+
+
+async def reservations_of(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, tuple[str, str, int]]:
+    """Each of these jobs' quota reservation, (tenant, flavor, units), by job id (those that hold one)."""
+    rows = await conn.fetch("SELECT job_id, tenant, flavor, units FROM quota_policy_reservations"
+                            " WHERE job_id = ANY($1::text[])", job_ids)
+    return {r["job_id"]: (r["tenant"], r["flavor"], r["units"]) for r in rows}
+
+
+async def waiting_demand(conn: asyncpg.Connection, tenancy: Tenancy, cohort: str) -> dict[tuple[str, str], int]:
+    """The units the jobs waiting for quota in ``cohort`` ask for (their first option), per (tenant charged,
+    flavor): counted by shape in the store, each shape converted once (a queue of tens of thousands is a few
+    rows here). A request quota cannot charge at all asks for nothing."""
+    guests = tuple(tenancy.tenants) if takes_guests(tenancy, cohort) else None
+    rows = await conn.fetch(
+        "SELECT tenant, gpus, gpu_model, priority, nodes, share_milli, mig_profile, count(*) AS jobs"
+        " FROM quota_policy_pending WHERE tenant = ANY($1::text[])"
+        " OR ($2::text[] IS NOT NULL AND NOT tenant = ANY($2::text[]))"
+        " GROUP BY tenant, gpus, gpu_model, priority, nodes, share_milli, mig_profile",
+        list(cohort_names(tenancy, cohort)), list(guests) if guests is not None else None)
+    demand: dict[tuple[str, str], int] = {}
+    for r in rows:
+        shape = QueuedJob("shape", r["tenant"], r["gpus"], r["gpu_model"], r["priority"], 0.0, None, r["nodes"],
+                          r["share_milli"], r["mig_profile"])
+        for job in chargeable(tenancy, [shape])[0]:
+            flavor, units = job.ask.options[0]
+            demand[(job.tenant, flavor)] = demand.get((job.tenant, flavor), 0) + units * r["jobs"]
+    return demand
 
 
 async def queued_tenants(conn: asyncpg.Connection) -> list[str]:

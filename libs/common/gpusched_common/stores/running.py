@@ -6,6 +6,8 @@ documented read across them)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 
 from gpusched_core import preemption as sel
@@ -42,13 +44,15 @@ async def load_running(conn: asyncpg.Connection) -> list[sel.RunningJob]:
     return running
 
 
-async def running_priorities(conn: asyncpg.Connection) -> tuple[int, int | None, int]:
-    """Of the jobs holding GPUs (``load_running``'s): how many run, the lowest priority among them, and how many
-    are being preempted; one query, no cycle lock."""
+async def running_priorities(conn: asyncpg.Connection) -> tuple[int, int | None, int, datetime | None]:
+    """Of the jobs holding GPUs (``load_running``'s): how many run, the lowest priority among them, how many
+    are being preempted, and when the longest-running of those not being preempted (re)started; one query,
+    no cycle lock."""
     row = await conn.fetchrow(
         "SELECT count(*) FILTER (WHERE status <> 'Preempting') AS running,"
         " min(priority) FILTER (WHERE status <> 'Preempting') AS lowest,"
-        " count(*) FILTER (WHERE status = 'Preempting') AS stopping"
+        " count(*) FILTER (WHERE status = 'Preempting') AS stopping,"
+        " min(coalesce(started_at, placed_at)) FILTER (WHERE status <> 'Preempting') AS oldest"
         " FROM jobs j WHERE j.status IN ('Placed', 'Running', 'Preempting')"
         " AND EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id)")
-    return row["running"], row["lowest"], row["stopping"]
+    return row["running"], row["lowest"], row["stopping"], row["oldest"]
