@@ -80,7 +80,10 @@ async def run_whatif(request: Request, principal: Caller) -> dict[str, Any]:
         raise Problem(409, "no Ready node to replay on")
     preemption = PreemptionSettings(grace_s=settings.preemption_grace_s,
                                     min_runtime_s=settings.preemption_min_runtime_s,
-                                    cross_tenant=settings.preemption_cross_tenant)
+                                    cross_tenant=settings.preemption_cross_tenant,
+                                    fair_margin=settings.fair_share_margin, fair_backfill=settings.fair_backfill,
+                                    fair_preemption=settings.fair_share_preemption,
+                                    fair_quantum_s=settings.fair_share_quantum_s)
     runs = await _replay(request, jobs, nodes, policies, tenancies, preemption)
     return {"since": since.isoformat(), "jobs": len(jobs), "left_out": skipped, "nodes": len(nodes),
             "gpus": sum(n.gpus for n in nodes), "runs": runs}

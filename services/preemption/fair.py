@@ -1,8 +1,8 @@
 """Fair-share preemption in the live service: for the deferred jobs of a batch that hold quota, the trigger
 the selection core weighs them with when no priority preemption helps (``gpusched_core.preemption.fairshare``:
 runs of tenants of the job's cohort well over their fair share, older than the quantum, within what each
-may lose). Read from the store without the cycle lock, once per cohort a batch touches; nothing is read
-when no run is old enough to be taken."""
+may lose). Read from the store without the cycle lock, once per cohort a batch touches; no more is read
+when no run is old enough to be taken, nor past the usage when nobody in the cohort borrows."""
 
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ async def fair_triggers(conn: asyncpg.Connection, waiting: list[lifecycle.JobSta
     for cohort, jobs in sorted(cohorts.items()):
         members = cohort_members(tenancy, cohort)
         usage = await read_usage(conn, members)
+        if not any(units > tenancy.nominal_units(tenant, flavor) for tenant, row in usage.items()
+                   for flavor, units in row.items()):
+            continue  # nobody borrows: fair share takes nothing from a tenant within its nominal quota
         snapshot = QuotaSnapshot(tenancy, usage, await load_history(conn, members), now.timestamp())
         demand = {key: float(units) for key, units in (await waiting_demand(conn, tenancy, cohort)).items()}
         for tenant, row in usage.items():

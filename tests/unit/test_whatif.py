@@ -128,6 +128,34 @@ def test_no_preemption_for_equal_priority_nor_when_it_is_off_nor_while_every_run
     assert young.preemptions == 0
 
 
+FAIR = parse_tenancy({"version": 1, "flavors": ["A100"], "tenants": [{"name": "c", "children": [
+    {"name": "t1", "quota": {"A100": {"nominal": 4}}}, {"name": "t2", "quota": {"A100": {"nominal": 4}}},
+    {"name": "t3", "quota": {"A100": {"nominal": 8}}}]}]})
+# t2 borrows 8 and fills both nodes but 2 GPUs each; at 1000 s t1 asks for three 4-GPU jobs (entitled 8 of the
+# 16, t2 8): a1 fits quota but no node. t2's 2-GPU job comes a second later.
+FAIR_JOBS = [a_job("b1", "t2", 6, runtime=5000), a_job("b2", "t2", 6, runtime=5000),
+             *(a_job(f"a{i}", "t1", 4, submit=1000) for i in (1, 2, 3)), a_job("b3", "t2", 2, submit=1001)]
+
+
+@pytest.mark.parametrize(("settings", "waits", "preempted"), [
+    # t2 at 1.5 of its fair share, t1 at 0.5 once a1 runs: b1 (older than the quantum) is preempted, a1 and a2
+    # start on its node after the grace; b3 is held back (fair backfill) until they do
+    pytest.param(PreemptionSettings(), {"a1": 30, "a2": 30, "a3": 130, "b3": 29}, ["b1"], id="as-live"),
+    pytest.param(PreemptionSettings(fair_margin=None), {"a1": 4000, "a2": 4000, "a3": 4000, "b3": 0}, [],
+                 id="fair-share-off"),
+    # backfill held back without preemption to make room: b3 waits as long as t1's jobs
+    pytest.param(PreemptionSettings(fair_preemption=False), {"a1": 4000, "a2": 4000, "a3": 4000, "b3": 3999}, [],
+                 id="fair-backfill-alone"),
+    pytest.param(PreemptionSettings(fair_quantum_s=1200), {"a1": 4000, "a2": 4000, "a3": 4000, "b3": 3999}, [],
+                 id="every-run-younger-than-the-quantum"),
+])
+def test_fair_share_is_replayed_as_the_live_services_apply_it(settings, waits, preempted):
+    state = replay(FAIR_JOBS, NODES, "bestfit", FAIR, preemption=settings)
+    assert {k: o.wait_s for k, o in state.outcomes.items() if k in waits} == pytest.approx(waits)
+    assert [k for k, o in state.outcomes.items() if o.preempted] == preempted
+    assert state.max_overshoot_units <= 0
+
+
 def test_a_gang_is_preempted_whole_and_the_count_is_per_run():
     """A 16-GPU gang of priority 0 holds both nodes; two priority-9 jobs arrive: one preemption frees both."""
     jobs = [a_job("gang", gpus=16, runtime=1000), a_job("hi1", submit=100, runtime=50, priority=9),

@@ -63,14 +63,14 @@ class _Limit:
 
 
 class FairBackfill:
-    """The cycle's fair entitlements and shares (every tenant with demand, queued or only running), the
+    """The cycle's demand, fair entitlements and shares (every tenant with demand, queued or only running), the
     backfill limit of each blocked tenant's work per flavor, and what each tenant was given in the cycle."""
 
     def __init__(self, snapshot: QuotaSnapshot, queues: Sequence[PendingQueue], margin: float) -> None:
         self.snapshot, self.margin = snapshot, margin
-        demand = queue_demand(snapshot, queues)
-        self.entitled = fair_entitlements(snapshot, demand)
-        self.shares = {tenant: fair_share(snapshot, tenant, self.entitled) for tenant in {t for t, _ in demand}}
+        self.demand = queue_demand(snapshot, queues)
+        self.entitled = fair_entitlements(snapshot, self.demand)
+        self.shares = {tenant: fair_share(snapshot, tenant, self.entitled) for tenant in {t for t, _ in self.demand}}
         self._limits: dict[str, dict[str, _Limit]] = {}  # flavor -> blocked tenant -> its limit
         self._given: dict[tuple[str, str], int] = {}  # (tenant, flavor) -> units given this cycle
         self._seen: dict[tuple[str, str, int, int], Hold | None] = {}  # (tenant, flavor, priority, units) -> answer

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from gpusched_core import placement as engine
 from gpusched_core.quota import (FairShareOrder, GpuAsk, PendingJob, QuotaBook, QuotaCycle, QuotaSnapshot, Tenancy,
                                  UnitError, UsageHistory, advance, build_queues, pending_job, rate_geq)
+from gpusched_core.quota.backfill import FairBackfill
 from gpusched_core.quota.jobs import limit_units, priority_class_for
 
 from .cluster import ReplayCluster, ReplayNode
 from .events import EventQueue
-from .preempt import PreemptionSettings, victims_for
+from .preempt import PreemptionSettings, fair_victims_for, victims_for
 
 FINISH, STOP = 0, 1
 
@@ -94,6 +95,7 @@ class Replay:
     lost_gpu_s: float = 0.0
     epochs: int = 0
     refused: set[tuple[int, int, str]] = field(default_factory=set)  # shapes no victims were found for now
+    refused_fair: set[tuple[str, int, int, str]] = field(default_factory=set)  # the same, by fair share
     refused_places: set[tuple[int, str]] = field(default_factory=set)  # shapes no room was found for now
     awaiting: dict[str, tuple[tuple[str, str, int], set[str]]] = field(default_factory=dict)  # job -> charge, victims
 
@@ -136,6 +138,7 @@ class Replay:
 
     def schedule(self) -> None:
         self.refused.clear()
+        self.refused_fair.clear()
         self.refused_places.clear()
         if not self.pending:
             return
@@ -157,25 +160,39 @@ class Replay:
             return
         queues = build_queues(self.tenancy, [p for p in self.pending.values() if isinstance(p, PendingJob)],
                               FairShareOrder())
-        cycle = QuotaCycle(QuotaSnapshot(self.tenancy, self.usage, self.history, self.now_s), queues,
-                           FairShareOrder(), explain=False)
+        snapshot = QuotaSnapshot(self.tenancy, self.usage, self.history, self.now_s)
+        margin = self.preemption.fair_margin
+        backfill = FairBackfill(snapshot, queues, margin) if margin is not None else None  # shares, demand
+        holding = backfill is not None and self.preemption.fair_backfill
+        cycle = QuotaCycle(snapshot, queues, FairShareOrder(), explain=False,
+                           shares=backfill.shares if backfill is not None else None)
         lowest = self._lowest_preemptible()
         while lowest is not None or self.cluster.allocated < self.cluster.capacity:
             if (candidate := cycle.next_candidate()) is None:
                 break
             job = self.outcomes[candidate.job.job_id].job
-            if self.cluster.allocated >= self.cluster.capacity and (lowest is None or job.priority <= lowest):
-                cycle.defer(candidate)  # nothing is free and it may preempt no run
+            if self.cluster.allocated >= self.cluster.capacity and (lowest is None or job.priority < lowest):
+                cycle.defer(candidate)  # nothing is free and it may preempt no run (fair share: none of its priority)
+                continue
+            if holding and backfill.holds_back(candidate.job, candidate.flavor, candidate.units):
+                cycle.defer(candidate)  # fair backfill: another tenant's job waits for room (as live quota)
                 continue
             if candidate.flavor in self.cluster.per_node and self._place(job.job_id, job.gpus, candidate.flavor):
                 reservation = cycle.reserve(candidate)
                 self._start(job.job_id, (candidate.job.tenant, reservation.flavor, reservation.units))
+                if holding:
+                    backfill.started(candidate.job.tenant, candidate.flavor, reservation.units)
                 continue
             plan = None if candidate.flavor not in self.cluster.per_node or lowest is None or \
                 job.priority <= lowest else victims_for(
                 self, job.job_id, candidate.job.tenant, job.priority, job.gpus, candidate.flavor)
+            if plan is None and backfill is not None and candidate.flavor in self.cluster.per_node:
+                plan = fair_victims_for(self, backfill.demand, job.job_id, candidate.job.tenant, job.priority,
+                                        candidate.units, job.gpus, candidate.flavor)
             if plan is None:
                 cycle.defer(candidate)
+                if holding:
+                    backfill.blocked(candidate.job, candidate.flavor, candidate.units)
                 continue
             reservation = cycle.reserve(candidate)
             self._preempt_for(job.job_id, (candidate.job.tenant, reservation.flavor, reservation.units), plan)
