@@ -100,15 +100,17 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
     nobody to preempt); the evaluations are written together at the end. When no running job has a lower
     priority than any of them and none is being preempted, nobody can be preempted for them whatever the
     cluster holds: that is recorded without the cycle lock, the cluster or the running jobs (a full cluster of
-    one priority defers every job it queues, and placement's cycles would wait on each evaluation)."""
+    one priority defers every job it queues, and placement's cycles would wait on each evaluation); under the
+    lock, too, such a job is weighed against the cluster only when fair share may preempt for it (``fair``:
+    its trigger, from quota's usage read before the lock), or once a preemption in the batch changed what
+    runs."""
     tenancies = tenancies or TenancyStore()
     waiting, tenants = await _waiting(conn, job_ids, tenancies)
     if not waiting:
         return  # placed (or gone) since they were deferred
-    running, lowest, stopping, oldest = await running_priorities(conn)
-    quick = [sel.nobody_to_preempt(_preemptor(state, tenants[state.job_id]), running, lowest, stopping)
-             for state in waiting]
-    fair = await fair_triggers(conn, waiting, policy, now, tenancies, oldest)
+    running = await running_priorities(conn)
+    fair = await fair_triggers(conn, waiting, policy, now, tenancies, running[3])
+    quick = _quick(waiting, tenants, running)
     if None not in quick and not fair:
         await store.record_evaluations(conn, quick, now)  # type: ignore[arg-type]  # no None among them
         return
@@ -116,17 +118,30 @@ async def consider_all(conn: asyncpg.Connection, job_ids: list[str], policy: Pre
     waiting, tenants = await _waiting(conn, job_ids, tenancies)  # again, as the lock's last holder left them
     if not waiting:
         return
+    quick = _quick(waiting, tenants, await running_priorities(conn))
     cache = cache or ClusterCache()
     cluster: tuple[engine.ClusterSnapshot, list] | None = None
-    plans = []
-    for state in waiting:
+    plans, preempted = [], False
+    for state, known in zip(waiting, quick, strict=True):
+        known = None if preempted else known  # after a preemption only the cluster can tell (jobs stopping)
+        if known is not None and state.job_id not in fair:
+            plans.append(known)  # nobody to preempt by priority, and no fair share to weigh
+            continue
         if cluster is None:
             cluster = (await cache.load(conn))[1], await load_running(conn)
-        plan = await _consider(conn, state, tenants[state.job_id], cluster, policy, now, fair.get(state.job_id))
+        plan = await _consider(conn, state, tenants[state.job_id], cluster, policy, now, known, fair.get(state.job_id))
         plans.append(plan)
         if plan.outcome == "preempt":
-            cluster = None  # victims stopping, GPUs nominated: read again for the next job
+            cluster, preempted = None, True  # victims stopping, GPUs nominated: read again for the next job
     await store.record_evaluations(conn, plans, now)
+
+
+def _quick(waiting: list[lifecycle.JobState], tenants: dict[str, str],
+           running: tuple) -> list[sel.PreemptionPlan | None]:
+    """Each job's priority plan when the running jobs' priorities alone decide it (``nobody_to_preempt``)."""
+    count, lowest, stopping, _ = running
+    return [sel.nobody_to_preempt(_preemptor(state, tenants[state.job_id]), count, lowest, stopping)
+            for state in waiting]
 
 
 async def _waiting(conn: asyncpg.Connection, job_ids: list[str],
@@ -152,13 +167,14 @@ def _preemptor(state: lifecycle.JobState, tenant: str) -> sel.Preemptor:
 
 async def _consider(conn: asyncpg.Connection, state: lifecycle.JobState, tenant: str,
                     cluster: tuple[engine.ClusterSnapshot, list], policy: PreemptionPolicy, now: datetime,
+                    known: sel.PreemptionPlan | None = None,
                     fair: tuple[sel.FairShareTrigger, int] | None = None) -> sel.PreemptionPlan:
     """One deferred job (charged to ``tenant``, as quota compares) against the cluster read for it: the plan,
-    carried out when it preempts. ``fair``: the fair-share trigger and the quota units the job holds, weighed
-    when no priority preemption helps (``fair``)."""
+    carried out when it preempts. ``known``: its priority plan when decided already (``_quick``); ``fair``:
+    the fair-share trigger and the quota units the job holds, weighed when no priority preemption helps."""
     snapshot, running = cluster
     preemptor = _preemptor(state, tenant)
-    plan = sel.select_victims(snapshot, preemptor, running, now.timestamp(), config=policy.config)
+    plan = known or sel.select_victims(snapshot, preemptor, running, now.timestamp(), config=policy.config)
     if plan.outcome == "none" and fair is not None:
         trigger, units = fair
         preemptor = replace(preemptor, units=units)
