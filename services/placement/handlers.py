@@ -291,10 +291,13 @@ async def check_leases(conn: asyncpg.Connection, now: datetime, policy: engine.P
 async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.PlacementPolicy,
                     cache: ClusterCache | None = None) -> None:
     """Place what waits: load the queue and the cluster under the cycle lock, plan with the engine, commit.
-    With no ``cache`` the cluster is loaded from the store."""
+    With no ``cache`` the cluster is loaded from the store. While the cluster stands as this process's last
+    cycle left it, only the jobs that came since are weighed (``ClusterCache.queue_weighed``): those it
+    deferred find no room still, and a queue of tens of thousands is not read and weighed again for each
+    job that comes."""
     cache = cache or ClusterCache()
     await lock_cycle(conn)
-    pending, last_reasons = await pending_jobs(conn)
+    pending, last_reasons = await pending_jobs(conn, unweighed_only=await cache.queue_weighed(conn))
     if not pending:
         return
     nodes, snapshot = await cache.load(conn)
@@ -305,7 +308,7 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
     exact = await commit_placements(conn, placements, now, policy.name)
     await record_deferrals(conn, [d for d in deferrals if last_reasons[d.job_id] != list(d.reasons)], now)
     if exact:
-        await cache.keep(conn, nodes, after)
+        await cache.keep(conn, nodes, after, weighed=True)
     else:  # a placement the job's stream refused: the store and the plan differ, so load it next time
         cache.forget()
 

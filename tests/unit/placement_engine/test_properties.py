@@ -146,3 +146,19 @@ def test_mig_slices_are_only_placed_at_valid_positions(model, gpus, picks) -> No
         profile = mig_profile(model, binding.mig.profile)
         assert profile is not None and binding.mig.start in profile.starts
         snapshot = apply(snapshot, decision)  # refuses overlapping slices
+
+
+@PROPERTY_SETTINGS
+@given(clusters(), st.lists(requests(), min_size=1, max_size=12, unique_by=lambda r: r.id), requests("late"),
+       st.sampled_from(policy_names()))  # fmt: skip
+def test_a_request_that_finds_no_room_finds_none_once_more_is_placed(snapshot, batch, late, policy_name) -> None:  # noqa: ANN001
+    """What lets placement weigh only the jobs that came since its last cycle while the cluster stands as that
+    cycle left it (``ClusterCache.queue_weighed``): placements only take room, so a request refused on a
+    snapshot is refused on every snapshot that holds more."""
+    policy = make_policy(policy_name)
+    refused = [request for request in batch if not place(snapshot, request, policy).placed]
+    for request in (late, *batch):
+        decision = place(snapshot, request, policy)
+        if decision.placed:
+            snapshot = apply(snapshot, decision)
+            assert not any(place(snapshot, r, policy).placed for r in refused)

@@ -114,15 +114,18 @@ async def gpu_slots(conn: asyncpg.Connection, pool_label: str) -> list[GpuSlotRo
 PENDING_READ_ROWS = 2000  # rows a cycle's read of placement's queue holds at once
 
 
-async def pending_jobs(conn: asyncpg.Connection) -> tuple[list[PendingPlacement], dict[str, list[str] | None]]:
-    """The jobs waiting for placement and the reasons each was last deferred with.
+async def pending_jobs(conn: asyncpg.Connection, *,
+                       unweighed_only: bool = False) -> tuple[list[PendingPlacement], dict[str, list[str] | None]]:
+    """The jobs waiting for placement and the reasons each was last deferred with (``unweighed_only``: only
+    those no cycle has deferred yet, which have none; migration 037).
 
     Inside a transaction (every cycle) the rows come through a cursor, ``PENDING_READ_ROWS`` at a time, so a
     queue of tens of thousands is never held twice over, as rows and as jobs; the values a queue repeats
     (models, selectors, and the reasons that jobs of one shape share) are kept once each, the reasons decoded
     once per distinct list. The lists are shared: read them, never change them."""
     query = ("SELECT job_id, gpus, gpu_model, priority, seq, submitted_at, last_reasons::text, nodes, share_milli,"
-             " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector::text FROM placement_pending")
+             " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector::text FROM placement_pending"
+             + (" WHERE last_reasons IS NULL" if unweighed_only else ""))
     once: dict[Any, Any] = {}
     selectors: dict[str, tuple[tuple[str, str], ...]] = {}
     reasons_by_text: dict[str | None, list[str] | None] = {None: None}
@@ -200,8 +203,18 @@ class ClusterCache:
         self._version: int | None = None
         self._nodes: list[NodeRow] = []
         self._snapshot: engine.ClusterSnapshot | None = None
+        self._weighed: int | None = None  # the version at which this process's last cycle weighed the whole queue
         self.hits = 0
         self.loads = 0
+
+    async def queue_weighed(self, conn: asyncpg.Connection) -> bool:
+        """Whether the cluster stands as this process's last cycle left it, after weighing every job of the
+        queue: then every job that cycle deferred still finds no room (the cluster has only what it had, and a
+        job that did not fit does not fit on less), and a cycle need weigh only those that came since. Read
+        under the cycle lock."""
+        if self._weighed is None:
+            return False
+        return await conn.fetchval("SELECT version FROM placement_version") == self._weighed
 
     async def load(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
         """The cluster now, kept for the next reader. Under the cycle lock no one else writes, so the version
@@ -215,11 +228,14 @@ class ClusterCache:
         self._version, self._nodes, self._snapshot = version, nodes, snapshot
         return nodes, snapshot
 
-    async def keep(self, conn: asyncpg.Connection, nodes: list[NodeRow], snapshot: engine.ClusterSnapshot) -> None:
-        """Remember the cluster as this transaction leaves it; should the transaction roll back, its
-        version is never seen again and the next cycle loads afresh."""
+    async def keep(self, conn: asyncpg.Connection, nodes: list[NodeRow], snapshot: engine.ClusterSnapshot, *,
+                   weighed: bool = False) -> None:
+        """Remember the cluster as this transaction leaves it (``weighed``: after a cycle that weighed every job
+        waiting); should the transaction roll back, its version is never seen again and the next cycle loads
+        afresh."""
         self._version = await conn.fetchval("SELECT version FROM placement_version")
         self._nodes, self._snapshot = nodes, snapshot
+        self._weighed = self._version if weighed else None
 
     def forget(self) -> None:
-        self._version, self._snapshot = None, None
+        self._version, self._snapshot, self._weighed = None, None, None
