@@ -42,6 +42,8 @@ from gpusched_common.pacing import CyclePacer
 from services.quota.charges import advance_histories, release_many
 from gpusched_core.quota import (
     UNITS_PER_GPU,
+    BlockedWork,
+    PendingJob,
     QuotaPlan,
     QuotaSnapshot,
     Reservation,
@@ -208,7 +210,7 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
         return None
     pending, unchargeable = chargeable(tenancy, offered)
     history = await reads.load_history(conn, members)
-    blocked = await reads.blocked_work(conn, tenancy, members) if options.fair_margin is not None else ()
+    blocked = await _blocked_work(conn, tenancy, members, pending) if options.fair_margin is not None else ()
     plan = plan_cycle(QuotaSnapshot(tenancy, usage, history, now.timestamp()), pending, blocked=blocked,
                       fair_margin=options.fair_margin)
     held = {tenant: dict(per_flavor) for tenant, per_flavor in usage.items()}  # the snapshot stays as planned
@@ -222,6 +224,16 @@ async def reserve_for_cohort(conn: asyncpg.Connection, tenancy: Tenancy, cohort:
     await _defer(conn, changed, now)
     await _send_reclaims(conn, tenancy, cohort, plan, now, options.reclaim_cooldown_s)
     return plan
+
+
+async def _blocked_work(conn: asyncpg.Connection, tenancy: Tenancy, members: tuple[str, ...],
+                        pending: list[PendingJob]) -> list[BlockedWork]:
+    """The cohort's reserved work waiting for room that could hold back a job of this cycle: none to read when
+    every job waiting is of one tenant and nobody else is in the cohort (a tenant's own work never holds it
+    back), else that of the members other than such a lone tenant."""
+    waiting = {job.tenant for job in pending}
+    others = tuple(m for m in members if len(waiting) > 1 or m not in waiting)
+    return await reads.blocked_work(conn, tenancy, others) if others and waiting else []
 
 
 def _worth_recording(job: QueuedJob, reason: str, now: datetime) -> bool:
