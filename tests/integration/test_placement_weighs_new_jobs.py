@@ -52,14 +52,20 @@ async def placed_on(conn, job_id: str) -> list[str | None]:
     return [node for kind, node in await history(conn, job_id) if kind == "JobPlaced"]
 
 
-async def test_while_the_cluster_stands_as_the_last_cycle_left_it_only_new_jobs_are_weighed(db):
-    conn, reads = db
+async def small_placed_big_deferred(conn) -> ClusterCache:
+    """A cycle over the whole queue: a 2-GPU job placed on n1, a 4-GPU one deferred (2 of 4 GPUs free)."""
     cache = ClusterCache()
     async with conn.transaction():
         await waiting(conn, "small", 2)
         await waiting(conn, "big", 4)
-    await cycle(conn, cache)  # the whole queue: small placed, big deferred (2 of 4 GPUs free)
+    await cycle(conn, cache)
     assert await placed_on(conn, "small") == ["n1"] and await placed_on(conn, "big") == []
+    return cache
+
+
+async def test_while_the_cluster_stands_as_the_last_cycle_left_it_only_new_jobs_are_weighed(db):
+    conn, reads = db
+    cache = await small_placed_big_deferred(conn)
     reasons = await conn.fetchval("SELECT last_reasons::text FROM placement_pending WHERE job_id = 'big'")
     assert reasons is not None
 
@@ -78,11 +84,7 @@ async def test_while_the_cluster_stands_as_the_last_cycle_left_it_only_new_jobs_
 
 async def test_a_new_cache_or_a_cycle_that_rolled_back_weighs_the_whole_queue(db):
     conn, reads = db
-    cache = ClusterCache()
-    async with conn.transaction():
-        await waiting(conn, "small", 2)
-        await waiting(conn, "big", 4)
-    await cycle(conn, cache)
+    cache = await small_placed_big_deferred(conn)
     with pytest.raises(RuntimeError):
         async with conn.transaction():
             await waiting(conn, "next", 2)
