@@ -12,7 +12,9 @@ from gpusched_common.runtime import Runtime, run_service, utcnow
 from gpusched_common.stores.tenancy import TenancyStore
 from gpusched_common.topics import GROUP_PREEMPTION, GROUP_PREEMPTION_RECLAIMS, JOBS_EVENTS, QUOTA_RECLAIMS
 
-from services.preemption.handlers import make_handler, make_reclaim_handler
+from gpusched_common.stores.cluster import ClusterCache
+
+from services.preemption.handlers import make_handler, make_reclaim_handler, reconsider
 from services.preemption.settings import PreemptionSettings
 from services.preemption.store import SERVICE
 from services.preemption.stuck import StuckPreemptions
@@ -44,7 +46,22 @@ async def setup(runtime: Runtime) -> None:
             if asked:
                 runtime.wake_relay()
 
+    settings = PreemptionSettings.of(runtime.settings)
+    cache = ClusterCache()
+
+    async def reconsider_loop() -> None:
+        """The jobs placement deferred, weighed again (``handlers.reconsider``)."""
+        assert runtime.pool is not None
+        while True:
+            await asyncio.sleep(settings.preemption_reconsider_s)
+            try:
+                async with runtime.pool.acquire() as conn, conn.transaction():
+                    await reconsider(conn, policy, utcnow(), tenancies, cache)
+            except DATABASE_AWAY as exc:
+                log.warning("preemption: deferred jobs not weighed again (%s); next time", exc)
+
     runtime.background.append(ask_again_loop)
+    runtime.background.append(reconsider_loop)
 
 
 async def main(settings: PreemptionSettings | None = None) -> None:

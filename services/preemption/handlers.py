@@ -144,6 +144,18 @@ def _quick(waiting: list[lifecycle.JobState], tenants: dict[str, str],
             for state in waiting]
 
 
+async def reconsider(conn: asyncpg.Connection, policy: PreemptionPolicy, now: datetime,
+                     tenancies: TenancyStore | None = None, cache: ClusterCache | None = None) -> int:
+    """Weigh again the jobs placement deferred that still wait (``store.deferred_jobs``), as ``consider_all``
+    does: a job is weighed when placement defers it with new reasons, and nothing else would tell this service
+    that the runs protected then (younger than the minimum run time, or than fair share's quantum) no longer
+    are. How many were weighed."""
+    job_ids = await store.deferred_jobs(conn)
+    if job_ids:
+        await consider_all(conn, job_ids, policy, now, tenancies, cache)
+    return len(job_ids)
+
+
 async def _waiting(conn: asyncpg.Connection, job_ids: list[str],
                    tenancies: TenancyStore) -> tuple[list[lifecycle.JobState], dict[str, str]]:
     """Of ``job_ids``, those still queued with no GPUs held for them (their victims are already stopping), and

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import Field
+
 from gpusched_common.settings import FairShareSettings
 
 from gpusched_core import preemption as sel
@@ -28,6 +30,9 @@ class PreemptionSettings(FairShareSettings):  # and fair-share preemption
     preemption_grace_s: float = 30.0
     preemption_min_runtime_s: float = 60.0
     preemption_cross_tenant: Literal["any", "borrowing-only"] = "any"
+    # the jobs placement deferred are weighed again this often: runs protected when a job was deferred (the
+    # minimum run time, fair share's quantum) may be preempted once they are old enough
+    preemption_reconsider_s: float = Field(default=30.0, gt=0.0)
 
     def policy(self) -> PreemptionPolicy:
         return PreemptionPolicy(

@@ -11,12 +11,13 @@ import asyncpg
 import pytest
 
 from gpusched_common.db import connect
-from gpusched_common.jobs import append_job_events
+from gpusched_common.jobs import append_job_events, load_job
 from gpusched_core import lifecycle
 from gpusched_core.quota import load_tenancy
 from gpusched_core.quota.jobs import queued_job
 from services.placement.handlers import process
-from services.preemption.handlers import consider_all
+from services.placement import store as placement
+from services.preemption.handlers import consider_all, reconsider
 from services.preemption.settings import PreemptionSettings
 from services.quota import store as quota_store
 from tests.builders import a_job
@@ -107,3 +108,22 @@ async def test_nobody_is_preempted_by_fair_share(conn, settings, change):
 
     assert await preempted(conn) == {}
     assert await conn.fetchval("SELECT outcome FROM preemption_evaluations WHERE job_id = 'a-wait'") == "none"
+
+
+async def test_a_job_deferred_while_the_runs_were_too_young_is_weighed_again_once_they_are_not(conn, settings):
+    """Nothing new happens on the cluster: only the preemption service's pass over the deferred jobs weighs
+    a-wait again once team-b's runs are past the quantum; once GPUs are held for it, it is left alone."""
+    policy = PreemptionSettings.of(settings).policy()
+    async with conn.transaction():  # placement deferred it
+        await placement.queue_for_placement(conn, "a-wait", (await load_job(conn, "a-wait")).spec)
+        await placement.set_last_reasons_many(conn, [("a-wait", ("no node fits 4 whole GPUs",))])
+    async with conn.transaction():  # then, team-b's runs were younger than the quantum
+        assert await reconsider(conn, replace(policy, fair_quantum_s=7200.0), NOW) == 1
+    assert await preempted(conn) == {}
+
+    async with conn.transaction():
+        assert await reconsider(conn, policy, NOW) == 1
+    assert list(await preempted(conn)) == ["b4"]
+    async with conn.transaction():
+        assert await reconsider(conn, policy, NOW) == 0  # GPUs are held for it: nothing more to weigh
+    assert list(await preempted(conn)) == ["b4"]
