@@ -26,7 +26,14 @@ from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.stores.quota import recorded_reclaim
 from gpusched_common.store import claim
-from gpusched_common.stores.cluster import ClusterCache, load_cluster, lock_cycle, nominate, nominated
+from gpusched_common.stores.cluster import (
+    ClusterCache,
+    deferred_jobs,
+    load_cluster,
+    lock_cycle,
+    nominate,
+    nominated,
+)
 from gpusched_common.stores.running import load_running, running_priorities
 from gpusched_common.stores.tenancy import TenancyStore
 
@@ -146,11 +153,11 @@ def _quick(waiting: list[lifecycle.JobState], tenants: dict[str, str],
 
 async def reconsider(conn: asyncpg.Connection, policy: PreemptionPolicy, now: datetime,
                      tenancies: TenancyStore | None = None, cache: ClusterCache | None = None) -> int:
-    """Weigh again the jobs placement deferred that still wait (``store.deferred_jobs``), as ``consider_all``
-    does: a job is weighed when placement defers it with new reasons, and nothing else would tell this service
-    that the runs protected then (younger than the minimum run time, or than fair share's quantum) no longer
-    are. How many were weighed."""
-    job_ids = await store.deferred_jobs(conn)
+    """Weigh again the jobs placement deferred that still wait (``stores.cluster.deferred_jobs``), as
+    ``consider_all`` does: a job is weighed when placement defers it with new reasons, and nothing else would
+    tell this service that the runs protected then (younger than the minimum run time, or than fair share's
+    quantum) no longer are. How many were weighed."""
+    job_ids = await deferred_jobs(conn)
     if job_ids:
         await consider_all(conn, job_ids, policy, now, tenancies, cache)
     return len(job_ids)

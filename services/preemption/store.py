@@ -53,19 +53,6 @@ async def charged_tenants(conn: asyncpg.Connection, tenants: dict[str, str], ten
             for job_id, tenant in tenants.items()}
 
 
-RECONSIDER_LIMIT = 500  # deferred jobs weighed again at each pass, highest priority and longest waiting first
-
-
-async def deferred_jobs(conn: asyncpg.Connection, limit: int = RECONSIDER_LIMIT) -> list[str]:
-    """Jobs placement deferred that still wait (no GPUs held for them), highest priority first, then in the
-    order they came to placement's queue."""
-    rows = await conn.fetch(
-        "SELECT job_id FROM placement_pending p WHERE last_reasons IS NOT NULL"
-        " AND NOT EXISTS (SELECT 1 FROM gpu_nominations n WHERE n.job_id = p.job_id)"
-        " ORDER BY priority DESC, seq LIMIT $1", limit)
-    return [r["job_id"] for r in rows]
-
-
 async def stop_victims(conn: asyncpg.Connection, preemptor: sel.Preemptor, victims: Sequence[sel.Victim],
                        policy: PreemptionPolicy, now: datetime) -> list[Stopped]:
     """``PreemptionRequested`` on each victim's stream and ``PreemptJob`` to every node of its run (all

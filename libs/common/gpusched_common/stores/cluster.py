@@ -153,6 +153,19 @@ async def pending_jobs(conn: asyncpg.Connection, *,
     return pending, last_reasons
 
 
+RECONSIDER_LIMIT = 500  # deferred jobs the preemption service weighs again at each pass (its reconsider loop)
+
+
+async def deferred_jobs(conn: asyncpg.Connection, limit: int = RECONSIDER_LIMIT) -> list[str]:
+    """Jobs placement deferred that still wait (no GPUs held for them), highest priority first, then in the
+    order they came to placement's queue."""
+    rows = await conn.fetch(
+        "SELECT job_id FROM placement_pending p WHERE last_reasons IS NOT NULL"
+        " AND NOT EXISTS (SELECT 1 FROM gpu_nominations n WHERE n.job_id = p.job_id)"
+        " ORDER BY priority DESC, seq LIMIT $1", limit)
+    return [r["job_id"] for r in rows]
+
+
 async def counts(conn: asyncpg.Connection) -> tuple[int, int]:
     """How many nodes have registered (in any status) and how many GPUs they have."""
     row = await conn.fetchrow("SELECT (SELECT count(*) FROM nodes) AS nodes, (SELECT count(*) FROM gpus) AS gpus")
