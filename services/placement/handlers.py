@@ -20,7 +20,7 @@ from gpusched_common.ignored import Ignored
 from gpusched_common.messaging import Incoming, parse_event
 from gpusched_common.pacing import CyclePacer
 from gpusched_common.store import claim
-from gpusched_common.stores.cluster import ClusterCache, lock_cycle, pending_jobs
+from gpusched_common.stores.cluster import ClusterCache, current_version, lock_cycle, pending_jobs
 from gpusched_common.senders import RefusalCounts
 from gpusched_common.topics import JOBS_EVENTS, NODES_REPORTS
 
@@ -297,10 +297,11 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
     job that comes."""
     cache = cache or ClusterCache()
     await lock_cycle(conn)
-    pending, last_reasons = await pending_jobs(conn, unweighed_only=await cache.queue_weighed(conn))
+    version = await current_version(conn)
+    pending, last_reasons = await pending_jobs(conn, unweighed_only=cache.queue_weighed(version))
     if not pending:
         return
-    nodes, snapshot = await cache.load(conn)
+    nodes, snapshot = await cache.load(conn, version)
     # the plan is pure and may take a while with thousands waiting: in a worker thread, so this process's
     # event loop goes on with heartbeats, lease checks and its relay meanwhile (the cycle lock, held, keeps
     # every other user of ``policy`` out until this cycle commits)

@@ -6,7 +6,6 @@ when no run is old enough to be taken, nor past the usage when nobody in the coh
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -16,8 +15,9 @@ from gpusched_common.stores.tenancy import TenancyStore
 
 from gpusched_core import lifecycle
 from gpusched_core import preemption as sel
-from gpusched_core.preemption.fairshare import fair_share_trigger
+from gpusched_core.preemption.fairshare import fair_selection, fair_share_trigger
 from gpusched_core.quota import QuotaSnapshot
+from gpusched_core.quota.fairness import held_and_waiting
 from gpusched_core.quota.jobs import cohort_members, cohort_of
 from services.preemption.settings import PreemptionPolicy
 
@@ -46,10 +46,7 @@ async def fair_triggers(conn: asyncpg.Connection, waiting: list[lifecycle.JobSta
                    for flavor, units in row.items()):
             continue  # nobody borrows: fair share takes nothing from a tenant within its nominal quota
         snapshot = QuotaSnapshot(tenancy, usage, await load_history(conn, members), now.timestamp())
-        demand = {key: float(units) for key, units in (await waiting_demand(conn, tenancy, cohort)).items()}
-        for tenant, row in usage.items():
-            for flavor, units in row.items():
-                demand[(tenant, flavor)] = demand.get((tenant, flavor), 0.0) + units
+        demand = held_and_waiting(snapshot, await waiting_demand(conn, tenancy, cohort))
         for job_id, (tenant, flavor, units) in jobs:
             trigger = fair_share_trigger(snapshot, demand, tenant, flavor, units, policy.fair_margin)
             if trigger is not None:
@@ -58,8 +55,5 @@ async def fair_triggers(conn: asyncpg.Connection, waiting: list[lifecycle.JobSta
 
 
 def fair_config(policy: PreemptionPolicy) -> sel.SelectionConfig:
-    """The selection settings fair-share preemption decides with: enabled, and every run protected for at
-    least the quantum."""
-    config, quantum = policy.config, policy.fair_quantum_s
-    return replace(config, fair_share_enabled=True, default_min_runtime_s=max(config.default_min_runtime_s, quantum),
-                   min_runtime_s={name: max(s, quantum) for name, s in config.min_runtime_s.items()})
+    """The selection settings fair-share preemption decides with (``fairshare.fair_selection``)."""
+    return fair_selection(policy.config, policy.fair_quantum_s)

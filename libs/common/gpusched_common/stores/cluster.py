@@ -206,6 +206,12 @@ async def node_log_urls(conn: asyncpg.Connection, node_ids: list[str]) -> dict[s
     return {r["node_id"]: r["log_url"] for r in rows}
 
 
+async def current_version(conn: asyncpg.Connection) -> int:
+    """The placement version (migration 012): it moves with every committed change to nodes, GPUs, allocations
+    or nominations."""
+    return await conn.fetchval("SELECT version FROM placement_version")
+
+
 class ClusterCache:
     """The cluster as this process last loaded or placed onto it, tagged with the store's placement version
     (migration 012). A cycle reuses it while nobody else changed nodes, GPUs, allocations or nominations,
@@ -220,19 +226,20 @@ class ClusterCache:
         self.hits = 0
         self.loads = 0
 
-    async def queue_weighed(self, conn: asyncpg.Connection) -> bool:
-        """Whether the cluster stands as this process's last cycle left it, after weighing every job of the
-        queue: then every job that cycle deferred still finds no room (the cluster has only what it had, and a
-        job that did not fit does not fit on less), and a cycle need weigh only those that came since. Read
-        under the cycle lock."""
-        if self._weighed is None:
-            return False
-        return await conn.fetchval("SELECT version FROM placement_version") == self._weighed
+    def queue_weighed(self, version: int) -> bool:
+        """Whether the cluster (at ``version``, read under the cycle lock) stands as this process's last cycle
+        left it, after weighing every job of the queue: then every job that cycle deferred still finds no room
+        (the cluster has only what it had, and a job that did not fit does not fit on less), and a cycle need
+        weigh only those that came since."""
+        return self._weighed is not None and version == self._weighed
 
-    async def load(self, conn: asyncpg.Connection) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
+    async def load(self, conn: asyncpg.Connection,
+                   version: int | None = None) -> tuple[list[NodeRow], engine.ClusterSnapshot]:
         """The cluster now, kept for the next reader. Under the cycle lock no one else writes, so the version
-        read first is the version of what is loaded (a placer then ``keep``s what its cycle leaves)."""
-        version = await conn.fetchval("SELECT version FROM placement_version")
+        read first (or given: ``current_version`` in the same hold of the lock) is the version of what is
+        loaded (a placer then ``keep``s what its cycle leaves)."""
+        if version is None:
+            version = await current_version(conn)
         if self._snapshot is not None and version == self._version:
             self.hits += 1
             return self._nodes, self._snapshot
@@ -246,7 +253,7 @@ class ClusterCache:
         """Remember the cluster as this transaction leaves it (``weighed``: after a cycle that weighed every job
         waiting); should the transaction roll back, its version is never seen again and the next cycle loads
         afresh."""
-        self._version = await conn.fetchval("SELECT version FROM placement_version")
+        self._version = await current_version(conn)
         self._nodes, self._snapshot = nodes, snapshot
         self._weighed = self._version if weighed else None
 

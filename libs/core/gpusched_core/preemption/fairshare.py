@@ -14,12 +14,13 @@ over its share loses a run only after that run has had that long, which bounds t
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from gpusched_core.quota import QuotaSnapshot
 from gpusched_core.quota.fairness import DEFAULT_FAIR_PREEMPTION_MARGIN, fair_entitlements, fair_share
 from gpusched_core.quota.fairness import fair_victim_tenants
 
-from .model import FairShareTrigger
+from .model import FairShareTrigger, SelectionConfig
 
 Demand = Mapping[tuple[str, str], float]  # (tenant, flavor) -> units held and waiting
 
@@ -47,3 +48,10 @@ def fair_share_trigger(snapshot: QuotaSnapshot, demand: Demand, tenant: str, fla
     if len(usage) == 1:
         return None
     return FairShareTrigger(usage, weights)  # type: ignore[arg-type]  # units as floats: shares of entitlements
+
+
+def fair_selection(config: SelectionConfig, quantum_s: float) -> SelectionConfig:
+    """``config`` as fair-share preemption decides with it: enabled, and every run protected for at least the
+    quantum (the live service's and the what-if replay's)."""
+    return replace(config, fair_share_enabled=True, default_min_runtime_s=max(config.default_min_runtime_s, quantum_s),
+                   min_runtime_s={name: max(s, quantum_s) for name, s in config.min_runtime_s.items()})

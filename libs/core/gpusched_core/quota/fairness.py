@@ -41,15 +41,23 @@ Demand = Mapping[tuple[str, str], float]  # (tenant, flavor) -> units
 
 def queue_demand(snapshot: QuotaSnapshot, queues: Iterable[PendingQueue]) -> dict[tuple[str, str], float]:
     """Reserved units of every leaf, plus the first-option units of its pending jobs."""
+    waiting: dict[tuple[str, str], float] = {}
+    for queue in queues:
+        key = (queue.tenant, queue.flavor)
+        waiting[key] = waiting.get(key, 0.0) + sum(job.ask.options[0][1] for _, job in queue.entries)
+    return held_and_waiting(snapshot, waiting)
+
+
+def held_and_waiting(snapshot: QuotaSnapshot, waiting: Demand) -> dict[tuple[str, str], float]:
+    """Reserved units of every leaf, plus ``waiting`` (units asked for, per (tenant, flavor)); no zero entries."""
     demand: dict[tuple[str, str], float] = {}
     for tenant, row in snapshot.usage.items():
         for flavor, units in row.items():
             if units:
                 demand[(tenant, flavor)] = demand.get((tenant, flavor), 0.0) + units
-    for queue in queues:
-        pending = sum(job.ask.options[0][1] for _, job in queue.entries)
-        if pending:
-            demand[(queue.tenant, queue.flavor)] = demand.get((queue.tenant, queue.flavor), 0.0) + pending
+    for key, units in waiting.items():
+        if units:
+            demand[key] = demand.get(key, 0.0) + units
     return demand
 
 

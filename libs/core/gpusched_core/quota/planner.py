@@ -360,7 +360,8 @@ def plan_cycle(snapshot: QuotaSnapshot, pending: Iterable[PendingJob], order: Jo
         backfill = FairBackfill(snapshot, queues, fair_margin)
         for work in blocked:
             backfill.blocked_reserved(work.tenant, work.flavor, work.priority)
-    cycle = QuotaCycle(snapshot, queues, chosen, explain=explain)
+    cycle = QuotaCycle(snapshot, queues, chosen, explain=explain,
+                       shares=backfill.shares if backfill is not None else None)  # worked out once
     while (candidate := cycle.next_candidate()) is not None:
         hold = backfill.holds_back(candidate.job, candidate.flavor, candidate.units) if backfill else None
         if hold is not None:

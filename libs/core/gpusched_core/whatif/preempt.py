@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from gpusched_core import preemption as sel
-from gpusched_core.preemption.fairshare import fair_share_trigger
+from gpusched_core.preemption.fairshare import fair_selection, fair_share_trigger
 from gpusched_core.quota import UNITS_PER_GPU, QuotaBook, QuotaSnapshot
 from gpusched_core.quota.fairness import DEFAULT_FAIR_PREEMPTION_MARGIN
 
@@ -45,9 +45,8 @@ class PreemptionSettings:
 
     @property
     def fair_selection(self) -> sel.SelectionConfig:
-        """As the preemption service weighs fair share: enabled, every run protected for the quantum."""
-        return sel.SelectionConfig(default_min_runtime_s=max(self.min_runtime_s, self.fair_quantum_s),
-                                   cross_tenant=self.cross_tenant, fair_share_enabled=True)
+        """As the preemption service weighs fair share (``fairshare.fair_selection``)."""
+        return fair_selection(self.selection, self.fair_quantum_s)
 
 
 def victims_for(state: Replay, job_id: str, tenant: str, priority: int, gpus: int,
