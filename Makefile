@@ -13,7 +13,7 @@ BROKER  ?= both
 ## production images install `.` alone (deploy/Dockerfile)
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt libs/core/gpusched_core/placement/_kernel.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[local,test]'

@@ -38,6 +38,7 @@ from gpusched_core.placement import (  # noqa: E402
     place,
     workload_from_requests,
 )
+from gpusched_core.placement import kernel  # noqa: E402
 
 POLICIES = ("random", "bestfit", "packing", "dotprod", "fgd", "ours")
 # issue 16: ``ours`` fast enough to be the live default (decisions/s by cluster size)
@@ -123,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decisions", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=60)
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--kernel", choices=("c", "numpy"), default="c",
+                        help="fragmentation growth in the engine's C kernel (where built) or in numpy")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "placement.json")
     args = parser.parse_args(argv)
+    in_c = kernel.use(args.kernel == "c")
+    print(f"fragmentation growth in {'C' if in_c else 'numpy'}", file=sys.stderr)
     sizes = [int(s) for s in args.sizes.split(",")]
     policies = [p for p in args.policies.split(",") if p]
     requests = request_stream(args.decisions + args.warmup)
@@ -151,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in goals:
         print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "placement", "sizes": sizes, "results": rows, "goals": goals},
-                                   indent=1))  # fmt: skip
+    args.out.write_text(json.dumps({"benchmark": "placement", "sizes": sizes, "kernel": "c" if in_c else "numpy",
+                                    "results": rows, "goals": goals}, indent=1))  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 

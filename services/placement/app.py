@@ -25,6 +25,7 @@ from gpusched_common.topics import (
 )
 
 from gpusched_core import placement as engine
+from gpusched_core.placement import kernel
 from gpusched_core.placement.leases import caught_up
 from services.placement import recovery, republish, starts, store
 from services.placement.handlers import check_leases, make_handler, run_cycle
@@ -57,7 +58,11 @@ async def due_cycles(runtime: Runtime, clock: Callable[[], datetime], policy: en
 async def setup(runtime: Runtime) -> None:
     settings: PlacementSettings = runtime.settings
     policy = engine.make_policy(settings.placement_policy)
-    log.info("placement policy: %s", policy.name)
+    in_c = kernel.use(settings.placement_kernel == "c")
+    log.info("placement policy: %s (fragmentation growth in %s)", policy.name, "C" if in_c else "numpy")
+    if settings.placement_kernel == "c" and not in_c:
+        log.warning("placement: the engine's C kernel is not built (no C compiler when gpusched was installed): "
+                    "decisions are the same, computed by numpy, about half as fast")
     cache = ClusterCache()  # one per placement process
     # leases are judged by the store's clock (synced every lease check): replicas with skewed clocks agree
     clock = StoreClock()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from gpusched_common.settings import Settings
@@ -10,6 +12,9 @@ from gpusched_common.settings import Settings
 class PlacementSettings(Settings):
     # any name from `gpusched simulate --list-policies` (GPUSCHED_PLACEMENT_POLICY=bestfit: the published baseline)
     placement_policy: str = "ours"
+    # c: the placement engine's C kernel computes fragmentation growth where it was built (pip install with a
+    # C compiler); numpy: numpy does (the same decisions, about half as fast)
+    placement_kernel: Literal["c", "numpy"] = "c"
     # a cycle from the store alone this often, whatever the bus says (it places what a lost message left)
     reconcile_interval_s: float = 5.0
     # the most of its time placement's cycles take while jobs keep coming (``gpusched_common.pacing``): a

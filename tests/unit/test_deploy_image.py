@@ -70,7 +70,7 @@ def test_every_tracked_file_sent_to_docker_build_is_code_schemas_or_migrations()
     sent = [name for name in tracked_files() if in_build_context(name)]
     assert sent
     allowed = ("libs/", "services/", "schemas/", "deploy/migrations/")
-    singles = {"pyproject.toml", "constraints.txt", "deploy/Dockerfile", "deploy/docker-entrypoint.sh"}
+    singles = {"pyproject.toml", "setup.py", "constraints.txt", "deploy/Dockerfile", "deploy/docker-entrypoint.sh"}
     assert [n for n in sent if not n.startswith(allowed) and n not in singles] == []
     assert not [n for n in sent if re.search(r"(\.key|\.pem|\.env|tenant-keys[^/]*|join-token[^/]*)$", n)]
 
@@ -174,8 +174,9 @@ def test_the_schema_packages_are_test_dependencies_pinned_in_the_constraints():
 
 def test_make_install_installs_the_local_extra_and_the_test_tools():
     makefile = (ROOT / "Makefile").read_text()
-    recipe = makefile.split("$(STAMP): pyproject.toml constraints.txt\n")[1].split("\n\n")[0]
-    assert "-c constraints.txt -e '.[local,test]'" in recipe
+    rule, recipe = makefile.split("$(STAMP): ")[1].split("\n", 1)
+    assert {"pyproject.toml", "setup.py", "constraints.txt"} <= set(rule.split())  # a change reinstalls
+    assert "-c constraints.txt -e '.[local,test]'" in recipe.split("\n\n")[0]
 
 
 def test_gpusched_up_without_the_local_extra_says_what_to_install(tmp_path, monkeypatch, capsys):

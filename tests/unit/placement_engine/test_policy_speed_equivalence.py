@@ -37,7 +37,7 @@ from gpusched_core.placement import (
     with_gpu_state,
     workload_from_requests,
 )
-from gpusched_core.placement import frag_memo, growth
+from gpusched_core.placement import frag_memo, growth, kernel
 from gpusched_core.placement.fgd import FragmentationMemo, frag_growth, sigmoid_score
 from gpusched_core.placement.fragmentation import shape_arrays
 from gpusched_core.placement.policies import Candidates, NodeScores, mig_packing_scores
@@ -230,10 +230,16 @@ def test_the_mixed_stream_asks_memory_that_strands_gpus() -> None:
     assert any(memory_growth(snapshot, pod, ratio, nodes).any() for pod in pods)
 
 
-@pytest.fixture(params=["default thresholds", "dedupe always"])
+@pytest.fixture(params=["C kernel", "numpy", "numpy, dedupe always"])
 def dedupe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run once as shipped and once with equal node states and GPUs always computed once."""
-    if request.param == "dedupe always":
+    """Run with the C kernel (as shipped), with numpy, and with numpy computing equal node states and
+    GPUs always once."""
+    if request.param == "C kernel":
+        assert kernel.built(), "the placement kernel is not built: `make install` needs a C compiler (gcc)"
+        monkeypatch.setattr(kernel, "ENABLED", True)
+    else:
+        monkeypatch.setattr(kernel, "ENABLED", False)
+    if request.param == "numpy, dedupe always":
         monkeypatch.setattr(frag_memo, "_DEDUPE_FROM", 1)
         monkeypatch.setattr(growth, "_DEDUPE_PAIRS_FROM", 1)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import kernel
 from .feasibility import gpu_free_for
 from .frag_memo import FragmentationMemo
 from .fragmentation import ShapeArrays, WorkloadDistribution, shape_stats, usable_from_stats, usable_milli
@@ -112,6 +113,8 @@ def fgd_scores(growth: np.ndarray) -> np.ndarray:
 
 def best_fgd_score(growth: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     """Each row's best FGD score and GPU (a ``FragmentationMemo.derive``)."""
+    if kernel.available():
+        return kernel.best(growth[0], None, 0.0, 0.0, 0.0)
     return best_per_node(fgd_scores(growth[0]))
 
 

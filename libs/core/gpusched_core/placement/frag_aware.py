@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import kernel
 from .fgd import FragmentationMemo, best_per_node, sigmoid_score
 from .fragmentation import WorkloadDistribution
 from .layout import ClusterLayout
@@ -101,6 +102,8 @@ class FragAwarePolicy:
 
     def _best(self, growth: np.ndarray, capped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each node's best score and GPU from its FGD growth (scarcity cost included) and capped growth."""
+        if kernel.available():
+            return kernel.best(growth, capped, self.secondary_step_milli, _SECONDARY_SCALE, _SECONDARY_CLIP)
         unfit = np.isinf(growth)  # where the capped growth is infinite too (the same fit decides both)
         # where unfit, the score is -inf whatever the secondary: no need to zero the infinite capped growth
         secondary = np.minimum(np.maximum(capped, -_SECONDARY_CLIP), _SECONDARY_CLIP)

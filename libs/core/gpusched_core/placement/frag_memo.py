@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import kernel
 from .fragmentation import WorkloadDistribution
 from .growth import GrowthTables, first_and_inverse, growth_rows
 from .model import GpuShare, PodRequest
@@ -88,6 +89,10 @@ class FragmentationMemo:
         """Growth and derived values of ``stale`` nodes, each node state once when there are many (GPU
         memory, which a state leaves out, is then compared node by node)."""
         rows = self.rows
+        if kernel.available() and all(m in rows.before for m in self.measures):
+            growth = kernel.growth(tables, snapshot, request, stale, rows.count, rows.usable, rows.before,
+                                   self.measures)  # fmt: skip
+            return growth, (() if self.derive is None else self.derive(growth))
         unique = inverse = None
         if stale.size >= _DEDUPE_FROM and not _asks_memory(request):
             first, inverse = first_and_inverse(rows.classes(stale, request.cpu_milli))

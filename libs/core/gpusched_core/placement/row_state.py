@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernel
 from .fragmentation import WorkloadDistribution
 from .growth import GrowthTables
 from .layout import ClusterLayout
@@ -101,14 +102,17 @@ class RowState:
         self.version[rows] = self.clock
         free = snapshot.share_free[rows].astype(np.int64)
         models = tables.gpu_model[rows]
-        count, usable = tables.row_stats(free, models)
-        self.count[rows], self.usable[rows] = count, usable
-        cpu = snapshot.cpu_free[rows]
-        if self.measures:
-            fragmentation = tables.fragmentation(snapshot.share_free_total[rows], count, usable, cpu, self.measures)
-            for measure, values in zip(self.measures, fragmentation, strict=True):
-                self.before[measure][rows] = values
-        self.cpu_class[rows] = self.breaks.searchsorted(cpu, side="right")
+        if self.measures and kernel.available():
+            kernel.stats(tables, self.measures, snapshot, rows, self.count, self.usable, self.before, self.cpu_class)
+        else:
+            count, usable = tables.row_stats(free, models)
+            self.count[rows], self.usable[rows] = count, usable
+            cpu = snapshot.cpu_free[rows]
+            if self.measures:
+                fragmentation = tables.fragmentation(snapshot.share_free_total[rows], count, usable, cpu, self.measures)
+                for measure, values in zip(self.measures, fragmentation, strict=True):
+                    self.before[measure][rows] = values
+            self.cpu_class[rows] = self.breaks.searchsorted(cpu, side="right")
         if len(self._ids) > 4 * len(self.version) + 1024:  # forget states no node has had for long
             self._ids, rows = {}, np.arange(len(self.version))
             free, models = snapshot.share_free.astype(np.int64), tables.gpu_model

@@ -1,0 +1,133 @@
+"""The C kernel computes what the numpy code computes: node statistics, growth and each node's best score.
+
+Both sides run on the same clusters (mixed GPU models and counts, MIG, unhealthy GPUs) filled step by step
+with every kind of request, and must agree exactly: the growth after the rounding both apply, the scores
+as they are. The decisions themselves are compared with the plain reference in
+``test_policy_speed_equivalence.py``, with the kernel and without.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched_core.placement import apply, make_policy, place, workload_from_requests
+from gpusched_core.placement import kernel
+from gpusched_core.placement.frag_aware import FragAwarePolicy
+from gpusched_core.placement.growth import growth_rows
+from gpusched_core.placement.row_state import RowState
+
+from .test_policy_speed_equivalence import _pods, a_mixed_cluster, a_mixed_stream
+
+MEASURES = ("fgd", "capped")
+
+
+def test_the_kernel_is_built() -> None:
+    assert kernel.built(), "the placement kernel is not built: `make install` needs a C compiler (gcc)"
+
+
+@pytest.fixture(autouse=True)
+def _numpy_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test turns the kernel on where it means to: the numpy side must not use it."""
+    if not kernel.built():
+        pytest.skip("the kernel is not built (test_the_kernel_is_built fails)")
+    monkeypatch.setattr(kernel, "ENABLED", False)
+
+
+def _clusters(seed: int, steps: int = 4):
+    """(snapshot, pods, workload) at several fill levels of one mixed cluster."""
+    rng = np.random.default_rng(seed)
+    snapshot = a_mixed_cluster(rng, 30)
+    requests = a_mixed_stream(rng, 160)
+    pods = _pods(requests)
+    workload = workload_from_requests(pods, popularity=0.9)
+    filler = make_policy("bestfit")
+    per_step = len(requests) // steps
+    for step in range(steps):
+        yield snapshot, pods, workload
+        for request in requests[step * per_step:(step + 1) * per_step]:
+            decision = place(snapshot, request, filler)
+            if decision.placed:
+                snapshot = apply(snapshot, decision)
+
+
+def _numpy_state(workload, snapshot) -> RowState:
+    state = RowState(workload)
+    state.sync(snapshot, MEASURES)
+    return state
+
+
+@given(seed=st.integers(0, 10_000))
+@settings(max_examples=12, deadline=None)
+def test_node_statistics_equal_numpy(seed: int) -> None:
+    for snapshot, _, workload in _clusters(seed):
+        state = _numpy_state(workload, snapshot)
+        rows = np.arange(snapshot.layout.node_count)
+        count, usable = np.zeros_like(state.count), np.zeros_like(state.usable)
+        before = {m: np.zeros_like(state.before[m]) for m in MEASURES}
+        klass = np.zeros_like(state.cpu_class)
+        kernel.stats(state.tables, MEASURES, snapshot, rows, count, usable, before, klass)
+        np.testing.assert_array_equal(count, state.count)
+        np.testing.assert_array_equal(usable, state.usable)
+        np.testing.assert_array_equal(klass, state.cpu_class)
+        for measure in MEASURES:  # the same sums, maybe in another order: equal to far below the rounding
+            np.testing.assert_allclose(before[measure], state.before[measure], rtol=0, atol=1e-9)
+
+
+@given(seed=st.integers(0, 10_000))
+@settings(max_examples=12, deadline=None)
+def test_growth_equals_numpy_for_every_kind_of_request(seed: int) -> None:
+    kinds: set[str] = set()
+    for snapshot, pods, workload in _clusters(seed):
+        state = _numpy_state(workload, snapshot)
+        rows = np.arange(snapshot.layout.node_count)
+        for pod in pods[:60]:
+            expected = growth_rows(state.tables, snapshot, pod, rows, (state.count[rows], state.usable[rows]),
+                                   tuple(state.before[m][rows] for m in MEASURES), MEASURES)  # fmt: skip
+            got = kernel.growth(state.tables, snapshot, pod, rows, state.count, state.usable, state.before, MEASURES)
+            for want, have in zip(expected, got, strict=True):
+                np.testing.assert_array_equal(have, want, err_msg=f"{pod}")
+            kinds.add(type(pod.gpu).__name__ + ("+models" if pod.allowed_models else ""))
+    assert {"GpuShare", "WholeGpus", "NoneType"} <= kinds
+
+
+def test_only_the_rows_asked_are_computed_in_their_order() -> None:
+    snapshot, pods, workload = next(_clusters(5))
+    state = _numpy_state(workload, snapshot)
+    everything = kernel.growth(state.tables, snapshot, pods[0], np.arange(snapshot.layout.node_count), state.count,
+                               state.usable, state.before, MEASURES)  # fmt: skip
+    rows = np.array([7, 2, 19])
+    some = kernel.growth(state.tables, snapshot, pods[0], rows, state.count, state.usable, state.before, MEASURES)
+    for whole, part in zip(everything, some, strict=True):
+        np.testing.assert_array_equal(part, whole[rows])
+
+
+def test_a_wrong_array_is_an_error_not_a_crash() -> None:
+    snapshot, pods, workload = next(_clusters(5))
+    state = _numpy_state(workload, snapshot)
+    with pytest.raises(IndexError):
+        kernel.growth(state.tables, snapshot, pods[0], np.array([snapshot.layout.node_count]), state.count,
+                      state.usable, state.before, MEASURES)  # fmt: skip
+    with pytest.raises(ValueError):
+        kernel.growth(state.tables, snapshot, pods[0], np.array([0]), state.count[:-1], state.usable, state.before,
+                      MEASURES)  # fmt: skip
+
+
+growth_values = st.one_of(st.just(np.inf), st.floats(-5_000, 5_000, allow_nan=False), st.sampled_from([0.0, -0.0]))
+
+
+@given(st.data(), st.integers(1, 12), st.sampled_from([1, 4, 8]))
+@settings(max_examples=60, deadline=None)
+def test_best_scores_equal_numpy(data: st.DataObject, rows: int, width: int) -> None:
+    growth = np.array(data.draw(st.lists(growth_values, min_size=rows * width, max_size=rows * width)))
+    capped = np.array(data.draw(st.lists(st.floats(-3e5, 3e5, allow_nan=False) | st.just(np.inf),
+                                         min_size=rows * width, max_size=rows * width)))  # fmt: skip
+    shape = (rows, width) if width > 1 else (rows,)
+    growth, capped = growth.reshape(shape), capped.reshape(shape)
+    policy = FragAwarePolicy(workload_from_requests(_pods(a_mixed_stream(np.random.default_rng(1), 20))))
+    want_values, want_gpu = policy._best(growth, capped)
+    values, gpu = kernel.best(growth, capped, policy.secondary_step_milli, 1e-6, 1e5)
+    np.testing.assert_array_equal(values, want_values)
+    np.testing.assert_array_equal(gpu, want_gpu)
