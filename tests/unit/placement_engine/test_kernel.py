@@ -131,3 +131,26 @@ def test_best_scores_equal_numpy(data: st.DataObject, rows: int, width: int) -> 
     values, gpu = kernel.best(growth, capped, policy.secondary_step_milli, 1e-6, 1e5)
     np.testing.assert_array_equal(values, want_values)
     np.testing.assert_array_equal(gpu, want_gpu)
+
+
+@given(seed=st.integers(0, 10_000))
+@settings(max_examples=12, deadline=None)
+def test_the_memory_cost_equals_numpy(seed: int) -> None:
+    seen = 0
+    for snapshot, pods, workload in _clusters(seed):
+        policy = FragAwarePolicy(workload)
+        nodes = np.arange(snapshot.layout.node_count)[::2]
+        for pod in pods:
+            kernel.use(False)
+            want = policy._memory_cost(snapshot, pod, nodes)
+            kernel.use(True)
+            try:
+                have = policy._memory_cost(snapshot, pod, nodes)
+            finally:
+                kernel.use(False)
+            if want is None:
+                assert have is None
+            else:
+                seen += 1
+                np.testing.assert_array_equal(have, want)
+    assert seen

@@ -366,7 +366,49 @@ static PyObject *best(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* memory_cost(total (N,) int64, memory_free (N,) int64, nodes (R,) int64, ratio, gpu_milli, memory_mib, weight,
+ *             out (R,) f64) -> bool
+ * ``FragAwarePolicy._memory_cost``: weight x the growth of the GPU milli each node's free memory can no longer
+ * serve at ``ratio`` MiB per milli, max(gpu - g - (memory - m / ratio), 0) - max(gpu - memory, 0) with
+ * memory = free MiB / ratio; returns whether it is nonzero anywhere. */
+static PyObject *memory_cost(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    double ratio, weight;
+    long long gpu_milli, memory_mib;
+    if (!PyArg_ParseTuple(args, "OOOdLLdO", &o[0], &o[1], &o[2], &ratio, &gpu_milli, &memory_mib, &weight, &o[3]))
+        return NULL;
+    Py_ssize_t n = PyObject_Length(o[0]), r = PyObject_Length(o[2]);
+    if (n < 0 || r < 0) return NULL;
+    Buffers b = {.used = 0};
+    int64_t *total, *memory_free, *nodes;
+    double *out;
+    if (take(&b, o[0], 0, n, 8, 0, "total", (void **)&total) ||
+        take(&b, o[1], 0, n, 8, 0, "memory_free", (void **)&memory_free) ||
+        take(&b, o[2], 0, r, 8, 0, "nodes", (void **)&nodes) ||
+        take(&b, o[3], 1, r, 8, 0, "out", (void **)&out)) {
+        release_all(&b);
+        return NULL;
+    }
+    int any = 0;
+    double asked = (double)memory_mib / ratio;
+    for (Py_ssize_t i = 0; i < r; i++) {
+        int64_t row = nodes[i];
+        if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: node out of range"); return NULL; }
+        double gpu = (double)total[row], memory = (double)memory_free[row] / ratio;
+        double before = gpu - memory, after = gpu - (double)gpu_milli - (memory - asked);
+        before = before > 0.0 ? before : 0.0;
+        after = after > 0.0 ? after : 0.0;
+        double growth = after - before;
+        any |= growth != 0.0;
+        out[i] = weight * growth;
+    }
+    release_all(&b);
+    if (any) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
+    {"memory_cost", memory_cost, METH_VARARGS, "Weighted growth of the GPU milli free memory cannot serve."},
     {"best", best, METH_VARARGS, "Each node's best score and GPU from its growth."},
     {"tables", make_tables, METH_VARARGS, "Copy a workload's group and shape tables (a capsule)."},
     {"stats", stats, METH_VARARGS, "Group figures, fragmentation and CPU class of some nodes."},

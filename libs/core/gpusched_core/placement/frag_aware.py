@@ -134,6 +134,8 @@ class FragAwarePolicy:
         ratio = self.workload.memory_per_milli
         if not self.memory_weight or ratio is None or request.memory_mib == 0:
             return None
+        if kernel.available():
+            return kernel.memory_cost(snapshot, nodes, ratio, request, self.memory_weight)
         gpu = snapshot.share_free_total[nodes].astype(np.float64)
         memory = snapshot.memory_free[nodes] / ratio
         before = np.maximum(gpu - memory, 0.0)

@@ -132,3 +132,13 @@ def best(growth: np.ndarray, capped: np.ndarray | None, step: float, scale: floa
     if growth.ndim == 1:
         gpu[:] = 0
     return values, gpu
+
+
+def memory_cost(snapshot: ClusterSnapshot, nodes: np.ndarray, ratio: float, request: PodRequest,
+                weight: float) -> np.ndarray | None:  # fmt: skip
+    """``FragAwarePolicy._memory_cost`` on ``nodes``: (len(nodes),) or None where it is 0 on every node."""
+    out = np.empty(nodes.size)
+    if _kernel.memory_cost(_i64(snapshot.share_free_total), _i64(snapshot.memory_free), _i64(nodes), ratio,
+                           request.gpu_milli_total, request.memory_mib, weight, out):  # fmt: skip
+        return out
+    return None
