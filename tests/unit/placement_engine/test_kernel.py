@@ -8,12 +8,28 @@ as they are. The decisions themselves are compared with the plain reference in
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched_core.placement import apply, make_policy, place, workload_from_requests
+from gpusched_core.placement import (
+    GangRequest,
+    Gpu,
+    GpuShare,
+    Node,
+    NodeId,
+    PodRequest,
+    RequestId,
+    WholeGpus,
+    apply,
+    build_snapshot,
+    make_policy,
+    place,
+    workload_from_requests,
+)
 from gpusched_core.placement import kernel
 from gpusched_core.placement.frag_aware import FragAwarePolicy
 from gpusched_core.placement.growth import growth_rows
@@ -83,7 +99,7 @@ def test_growth_equals_numpy_for_every_kind_of_request(seed: int) -> None:
     for snapshot, pods, workload in _clusters(seed):
         state = _numpy_state(workload, snapshot)
         rows = np.arange(snapshot.layout.node_count)
-        for pod in pods[:60]:
+        for pod in pods:
             expected = growth_rows(state.tables, snapshot, pod, rows, (state.count[rows], state.usable[rows]),
                                    tuple(state.before[m][rows] for m in MEASURES), MEASURES)  # fmt: skip
             got = kernel.growth(state.tables, snapshot, pod, rows, state.count, state.usable, state.before, MEASURES)
@@ -154,3 +170,67 @@ def test_the_memory_cost_equals_numpy(seed: int) -> None:
                 seen += 1
                 np.testing.assert_array_equal(have, want)
     assert seen
+
+
+def _decisions(policy_name: str, seed: int, tie_break_seed: int | None, with_kernel: bool, nodes: int = 30):
+    """Every decision of one stream (pods with selectors added, gangs, MIG, CPU-only) on a cluster it
+    changes, with the kernel's one-call decision or with numpy."""
+    kernel.use(with_kernel)
+    try:
+        rng = np.random.default_rng(seed)
+        snapshot = a_mixed_cluster(rng, nodes)
+        requests = a_mixed_stream(rng, 200)
+        for i, request in enumerate(requests):
+            if i % 7 == 3 and not isinstance(request, GangRequest):  # some pods only for one topology block
+                requests[i] = dataclasses.replace(request, node_selector=(("gpusched.io/topology-block", "b1"),))
+        policy = make_policy(policy_name, workload=workload_from_requests(_pods(requests), popularity=0.9))
+        out = []
+        for request in requests:
+            decision = place(snapshot, request, policy, tie_break_seed=tie_break_seed)
+            out.append((decision.placed, decision.bindings, decision.reasons, decision.score))
+            if decision.placed:
+                snapshot = apply(snapshot, decision)
+        return out
+    finally:
+        kernel.use(False)
+
+
+@pytest.mark.parametrize("policy_name", ["ours", "fgd"])
+@pytest.mark.parametrize("tie_break_seed", [None, 0])
+@pytest.mark.parametrize("seed", [2, 9])
+def test_one_call_decisions_equal_numpys_with_their_reasons(policy_name: str, tie_break_seed: int | None,
+                                                            seed: int) -> None:  # fmt: skip
+    with_c = _decisions(policy_name, seed, tie_break_seed, True)
+    assert with_c == _decisions(policy_name, seed, tie_break_seed, False)
+    assert any("tied, broken by" in " ".join(reasons) for _, _, reasons, _ in with_c)  # ties were settled
+    assert any(not placed for placed, *_ in with_c) and any(placed for placed, *_ in with_c)
+
+
+def test_a_first_use_over_many_nodes_computes_each_kind_of_node_once_and_decides_the_same() -> None:
+    assert _decisions("ours", 4, 0, True, nodes=400) == _decisions("ours", 4, 0, False, nodes=400)
+
+
+def test_nodes_alike_but_for_their_free_cpu_are_told_apart_when_computed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal GPUs everywhere, nodes told apart only by their free CPU class before *and* after the request:
+    the kernel's one-call decision, computing nodes alike once from the first stale node on, decides as
+    numpy does."""
+    monkeypatch.setattr(kernel, "DEDUPE_FROM", 0)
+    nodes = [Node(NodeId(f"n{i}"), 16_000, 262_144, tuple(Gpu(g, "T4", 16_000) for g in range(4))) for i in range(10)]
+    snapshot = build_snapshot(nodes)
+    typical = workload_from_requests([PodRequest(RequestId("s"), GpuShare(100), 3_000),
+                                      PodRequest(RequestId("w"), WholeGpus(1), 7_000)])  # fmt: skip
+    probes = [PodRequest(RequestId("p"), GpuShare(250), 5_000), PodRequest(RequestId("q"), None, 5_000),
+              PodRequest(RequestId("r"), WholeGpus(2), 4_000)]  # fmt: skip
+    for i in range(70):
+        for probe in probes:
+            decided = []
+            for with_kernel in (True, False):
+                kernel.use(with_kernel)
+                decision = place(snapshot, probe, make_policy("ours", workload=typical))  # a first use: all stale
+                decided.append((decision.bindings, decision.reasons))
+            kernel.use(False)
+            assert decided[0] == decided[1], (i, probe)
+        cpu_only = PodRequest(RequestId(f"c{i}"), None, 500 * (1 + i % 9))
+        decision = place(snapshot, cpu_only, make_policy("random", seed=i))
+        if decision.placed:
+            snapshot = apply(snapshot, decision)

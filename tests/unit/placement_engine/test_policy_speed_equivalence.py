@@ -230,15 +230,17 @@ def test_the_mixed_stream_asks_memory_that_strands_gpus() -> None:
     assert any(memory_growth(snapshot, pod, ratio, nodes).any() for pod in pods)
 
 
-@pytest.fixture(params=["C kernel", "numpy", "numpy, dedupe always"])
+@pytest.fixture(params=["C kernel", "C kernel, dedupe always", "numpy", "numpy, dedupe always"])
 def dedupe(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run with the C kernel (as shipped), with numpy, and with numpy computing equal node states and
-    GPUs always once."""
-    if request.param == "C kernel":
+    """Run with the C kernel (as shipped), with numpy, and with each computing equal node states and GPUs
+    always once."""
+    if request.param.startswith("C kernel"):
         assert kernel.built(), "the placement kernel is not built: `make install` needs a C compiler (gcc)"
         monkeypatch.setattr(kernel, "ENABLED", True)
     else:
         monkeypatch.setattr(kernel, "ENABLED", False)
+    if request.param == "C kernel, dedupe always":
+        monkeypatch.setattr(kernel, "DEDUPE_FROM", 0)
     if request.param == "numpy, dedupe always":
         monkeypatch.setattr(frag_memo, "_DEDUPE_FROM", 1)
         monkeypatch.setattr(growth, "_DEDUPE_PAIRS_FROM", 1)

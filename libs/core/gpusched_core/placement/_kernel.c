@@ -134,7 +134,7 @@ static inline double rounded(double growth) {
 }
 
 typedef struct {
-    Py_buffer views[16];
+    Py_buffer views[32];
     int used;
 } Buffers;
 
@@ -210,126 +210,191 @@ static PyObject *stats(PyObject *self, PyObject *args) {
 
 enum { KIND_NONE = 0, KIND_WHOLE = 1, KIND_SHARE = 2 };
 
+/* What growth depends on besides the tables: the request and the cluster's arrays (whole cluster). */
+typedef struct {
+    int kind;
+    int64_t milli, gpu_count, cpu_milli, gpu_memory;
+    const int32_t *share_free;      /* N x G */
+    const int64_t *gpu_model;       /* N x G */
+    const uint8_t *allowed;         /* N x G, or NULL: every GPU */
+    const int64_t *gpu_memory_free; /* N x G, or NULL when the request asks no GPU memory */
+    const int64_t *total;           /* N */
+    const int64_t *cpu_free;        /* N */
+    const int64_t *count, *usable;  /* N x H, the kept group figures */
+    const double *before_fgd, *before_capped; /* N, or NULL for a measure not asked */
+} Growth;
+
+/* Growth of node ``row``'s fragmentation if the request went there: a share writes G values per measure
+ * (+inf on the GPUs it does not fit), other kinds one. ``fg``/``cg`` may be NULL (measure not asked). */
+static void row_growth(const Tables *t, const Growth *q, int64_t row, double *fg, double *cg) {
+    Py_ssize_t G = t->gpus, H = t->groups;
+    const int64_t *model = q->gpu_model + row * G;
+    const int64_t *row_count = q->count + row * H, *row_usable = q->usable + row * H;
+    int64_t cpu_after = q->cpu_free[row] - q->cpu_milli;
+    int64_t free_milli[MAX_GPUS], cnt[MAX_GROUPS], use[MAX_GROUPS];
+    for (Py_ssize_t g = 0; g < G; g++) {
+        int64_t f = q->share_free[row * G + g];
+        free_milli[g] = (q->allowed && !q->allowed[row * G + g]) ? 0 : f; /* what the request may take */
+    }
+    double a, c;
+    if (q->kind == KIND_SHARE) {
+        for (Py_ssize_t g = 0; g < G; g++) {
+            int fits = free_milli[g] >= q->milli;
+            if (fits && q->gpu_memory > 0 && q->gpu_memory_free) fits = q->gpu_memory_free[row * G + g] >= q->gpu_memory;
+            if (!fits) {
+                if (fg) fg[g] = INFINITY;
+                if (cg) cg[g] = INFINITY;
+                continue;
+            }
+            int64_t old = q->share_free[row * G + g], left = old - q->milli;
+            Py_ssize_t same = -1; /* an earlier GPU of the node in the same state gives the same growth */
+            for (Py_ssize_t e = 0; e < g && same < 0 && q->gpu_memory == 0; e++) {
+                if (q->share_free[row * G + e] == old && model[e] == model[g] && free_milli[e] == free_milli[g])
+                    same = e;
+            }
+            if (same >= 0) {
+                if (fg) fg[g] = fg[same];
+                if (cg) cg[g] = cg[same];
+                continue;
+            }
+            const uint8_t *ok = t->group_ok + model[g] * H;
+            for (Py_ssize_t h = 0; h < H; h++) {
+                int was = ok[h] && old >= t->group_milli[h], now = ok[h] && left >= t->group_milli[h];
+                cnt[h] = row_count[h] - was + now;
+                use[h] = row_usable[h] - old * was + left * now;
+            }
+            usable_sums(t, cnt, use, cpu_after, &a, &c);
+            double after_total = (double)(q->total[row] - q->milli);
+            if (fg) fg[g] = rounded(after_total - a - q->before_fgd[row]);
+            if (cg) cg[g] = rounded(after_total - c - q->before_capped[row]);
+        }
+        return;
+    }
+    int64_t after_total = q->total[row];
+    const int64_t *stats_count = row_count, *stats_usable = row_usable;
+    if (q->kind == KIND_WHOLE) {
+        int64_t taken = 0, after_free[MAX_GPUS];
+        for (Py_ssize_t g = 0; g < G; g++) {
+            int64_t f = q->share_free[row * G + g];
+            if (free_milli[g] == MILLI_PER_GPU && taken < q->gpu_count) { taken++; f = 0; }
+            after_free[g] = f;
+        }
+        group_stats(t, after_free, model, cnt, use);
+        after_total -= MILLI_PER_GPU * taken;
+        stats_count = cnt; stats_usable = use;
+    }
+    usable_sums(t, stats_count, stats_usable, cpu_after, &a, &c);
+    if (fg) fg[0] = rounded((double)after_total - a - q->before_fgd[row]);
+    if (cg) cg[0] = rounded((double)after_total - c - q->before_capped[row]);
+}
+
+/* Parse a request and the cluster's arrays, args o[0..10]: share_free, gpu_model, allowed, gpu_memory_free,
+ * total, cpu_free, count, usable, before_fgd, before_capped; n nodes. */
+static int growth_inputs(Buffers *b, const Tables *t, PyObject **o, Py_ssize_t n, Growth *q) {
+    Py_ssize_t G = t->gpus, H = t->groups;
+    if (take(b, o[0], 0, n * G, 4, 0, "share_free", (void **)&q->share_free) ||
+        take(b, o[1], 0, n * G, 8, 0, "gpu_model", (void **)&q->gpu_model) ||
+        take(b, o[2], 0, n * G, 1, 1, "allowed", (void **)&q->allowed) ||
+        take(b, o[3], 0, n * G, 8, 1, "gpu_memory_free", (void **)&q->gpu_memory_free) ||
+        take(b, o[4], 0, n, 8, 0, "total", (void **)&q->total) ||
+        take(b, o[5], 0, n, 8, 0, "cpu_free", (void **)&q->cpu_free) ||
+        take(b, o[6], 0, n * H, 8, 0, "count", (void **)&q->count) ||
+        take(b, o[7], 0, n * H, 8, 0, "usable", (void **)&q->usable) ||
+        take(b, o[8], 0, n, 8, 1, "before_fgd", (void **)&q->before_fgd) ||
+        take(b, o[9], 0, n, 8, 1, "before_capped", (void **)&q->before_capped))
+        return -1;
+    if (q->kind < 0 || q->kind > 2) {
+        PyErr_SetString(PyExc_ValueError, "kernel: unknown request kind");
+        return -1;
+    }
+    return 0;
+}
+
 /* growth(tables, kind, milli, gpu_count, cpu_milli, gpu_memory, share_free (N,G) int32, gpu_model (N,G) int64,
  *        allowed (N,G) bool | None, gpu_memory_free (N,G) int64 | None, total (N,) int64, cpu_free (N,) int64,
- *        rows (R,) int64, count (N,H) int64, usable (N,H) int64, before_fgd (N,) f64 | None,
- *        before_capped (N,) f64 | None, out_fgd f64 | None, out_capped f64 | None) -> None
+ *        count (N,H) int64, usable (N,H) int64, before_fgd (N,) f64 | None, before_capped (N,) f64 | None,
+ *        rows (R,) int64, out_fgd f64 | None, out_capped f64 | None) -> None
  * Growth of each row's fragmentation if the request went there, rounded as ``growth.growth_rows``: a share
  * (kind 2) writes (R,G) (+inf on GPUs it does not fit), other kinds (R,). */
 static PyObject *growth(PyObject *self, PyObject *args) {
     PyObject *capsule, *o[13];
-    int kind;
+    Growth q = {0};
     long long milli, gpu_count, cpu_milli, gpu_memory;
-    if (!PyArg_ParseTuple(args, "OiLLLLOOOOOOOOOOOOO", &capsule, &kind, &milli, &gpu_count, &cpu_milli, &gpu_memory,
+    if (!PyArg_ParseTuple(args, "OiLLLLOOOOOOOOOOOOO", &capsule, &q.kind, &milli, &gpu_count, &cpu_milli, &gpu_memory,
                           &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12]))
         return NULL;
+    q.milli = milli; q.gpu_count = gpu_count; q.cpu_milli = cpu_milli; q.gpu_memory = gpu_memory;
     Tables *t = tables_of(capsule);
     if (t == NULL) return NULL;
-    Py_ssize_t n = PyObject_Length(o[4]), r = PyObject_Length(o[6]);
+    Py_ssize_t n = PyObject_Length(o[4]), r = PyObject_Length(o[10]);
     if (n < 0 || r < 0) return NULL;
-    Py_ssize_t G = t->gpus, H = t->groups, width = kind == KIND_SHARE ? G : 1;
+    Py_ssize_t width = q.kind == KIND_SHARE ? t->gpus : 1;
     Buffers b = {.used = 0};
-    int32_t *share_free; int64_t *gpu_model, *gpu_memory_free, *total, *cpu_free, *rows, *count, *usable;
-    uint8_t *allowed; double *before_fgd, *before_capped, *out_fgd, *out_capped;
-    if (take(&b, o[0], 0, n * G, 4, 0, "share_free", (void **)&share_free) ||
-        take(&b, o[1], 0, n * G, 8, 0, "gpu_model", (void **)&gpu_model) ||
-        take(&b, o[2], 0, n * G, 1, 1, "allowed", (void **)&allowed) ||
-        take(&b, o[3], 0, n * G, 8, 1, "gpu_memory_free", (void **)&gpu_memory_free) ||
-        take(&b, o[4], 0, n, 8, 0, "total", (void **)&total) ||
-        take(&b, o[5], 0, n, 8, 0, "cpu_free", (void **)&cpu_free) ||
-        take(&b, o[6], 0, r, 8, 0, "rows", (void **)&rows) ||
-        take(&b, o[7], 0, n * H, 8, 0, "count", (void **)&count) ||
-        take(&b, o[8], 0, n * H, 8, 0, "usable", (void **)&usable) ||
-        take(&b, o[9], 0, n, 8, 1, "before_fgd", (void **)&before_fgd) ||
-        take(&b, o[10], 0, n, 8, 1, "before_capped", (void **)&before_capped) ||
+    int64_t *rows;
+    double *out_fgd, *out_capped;
+    if (growth_inputs(&b, t, o, n, &q) ||
+        take(&b, o[10], 0, r, 8, 0, "rows", (void **)&rows) ||
         take(&b, o[11], 1, r * width, 8, 1, "out_fgd", (void **)&out_fgd) ||
         take(&b, o[12], 1, r * width, 8, 1, "out_capped", (void **)&out_capped)) {
         release_all(&b);
         return NULL;
     }
-    if ((out_fgd && !before_fgd) || (out_capped && !before_capped) || kind < 0 || kind > 2) {
+    if ((out_fgd && !q.before_fgd) || (out_capped && !q.before_capped)) {
         release_all(&b);
         PyErr_SetString(PyExc_ValueError, "kernel: a measure's output needs its fragmentation before");
         return NULL;
     }
-    int64_t free_milli[MAX_GPUS], cnt[MAX_GROUPS], use[MAX_GROUPS];
     for (Py_ssize_t i = 0; i < r; i++) {
-        int64_t row = rows[i];
-        if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return NULL; }
-        const int64_t *model = gpu_model + row * G;
-        const int64_t *row_count = count + row * H, *row_usable = usable + row * H;
-        int64_t cpu_after = cpu_free[row] - cpu_milli;
-        for (Py_ssize_t g = 0; g < G; g++) {
-            int64_t f = share_free[row * G + g];
-            free_milli[g] = (allowed && !allowed[row * G + g]) ? 0 : f; /* what the request may take */
+        if (rows[i] < 0 || rows[i] >= n) {
+            release_all(&b);
+            PyErr_SetString(PyExc_IndexError, "kernel: row out of range");
+            return NULL;
         }
-        double a, c;
-        if (kind == KIND_SHARE) {
-            for (Py_ssize_t g = 0; g < G; g++) {
-                double *fg = out_fgd ? out_fgd + i * G + g : NULL, *cg = out_capped ? out_capped + i * G + g : NULL;
-                int fits = free_milli[g] >= milli;
-                if (fits && gpu_memory > 0 && gpu_memory_free) fits = gpu_memory_free[row * G + g] >= gpu_memory;
-                if (!fits) {
-                    if (fg) *fg = INFINITY;
-                    if (cg) *cg = INFINITY;
-                    continue;
-                }
-                int64_t old = share_free[row * G + g], left = old - milli;
-                Py_ssize_t same = -1; /* an earlier GPU of the node in the same state gives the same growth */
-                for (Py_ssize_t e = 0; e < g && same < 0 && gpu_memory == 0; e++) {
-                    if (share_free[row * G + e] == old && model[e] == model[g] && free_milli[e] == free_milli[g])
-                        same = e;
-                }
-                if (same >= 0) {
-                    if (fg) *fg = out_fgd[i * G + same];
-                    if (cg) *cg = out_capped[i * G + same];
-                    continue;
-                }
-                const uint8_t *ok = t->group_ok + model[g] * H;
-                for (Py_ssize_t h = 0; h < H; h++) {
-                    int was = ok[h] && old >= t->group_milli[h], now = ok[h] && left >= t->group_milli[h];
-                    cnt[h] = row_count[h] - was + now;
-                    use[h] = row_usable[h] - old * was + left * now;
-                }
-                usable_sums(t, cnt, use, cpu_after, &a, &c);
-                double after_total = (double)(total[row] - milli);
-                if (fg) *fg = rounded(after_total - a - before_fgd[row]);
-                if (cg) *cg = rounded(after_total - c - before_capped[row]);
-            }
-            continue;
-        }
-        int64_t after_total = total[row];
-        const int64_t *stats_count = row_count, *stats_usable = row_usable;
-        if (kind == KIND_WHOLE) {
-            int64_t taken = 0, after_free[MAX_GPUS];
-            for (Py_ssize_t g = 0; g < G; g++) {
-                int64_t f = share_free[row * G + g];
-                if (free_milli[g] == MILLI_PER_GPU && taken < gpu_count) { taken++; f = 0; }
-                after_free[g] = f;
-            }
-            group_stats(t, after_free, model, cnt, use);
-            after_total -= MILLI_PER_GPU * taken;
-            stats_count = cnt; stats_usable = use;
-        }
-        usable_sums(t, stats_count, stats_usable, cpu_after, &a, &c);
-        if (out_fgd) out_fgd[i] = rounded((double)after_total - a - before_fgd[row]);
-        if (out_capped) out_capped[i] = rounded((double)after_total - c - before_capped[row]);
+        row_growth(t, &q, rows[i], out_fgd ? out_fgd + i * width : NULL, out_capped ? out_capped + i * width : NULL);
     }
     release_all(&b);
     Py_RETURN_NONE;
 }
 
+/* How a node's best score comes from its growth (``fgd.best_fgd_score``, ``FragAwarePolicy._best``). */
+typedef struct {
+    double max_score, step, scale, clip;
+} Derive;
+
+/* The best per-GPU score of one node and its first GPU among equals: trunc(max / (1 + exp((growth + cost) /
+ * 1000))) - scale * floor(clip(capped) / step) (no secondary without ``capped``), -inf where infinite. */
+static inline void row_best(const Derive *d, const double *growth, const double *capped, Py_ssize_t width,
+                            double cost, double *value, int64_t *gpu) {
+    double top = 0.0;
+    int64_t at = -1;
+    for (Py_ssize_t g = 0; g < width; g++) {
+        double x = growth[g] + cost, score;
+        if (isinf(x)) {
+            score = -INFINITY;
+        } else {
+            score = trunc(d->max_score / (1.0 + exp(x / 1000.0)));
+            if (capped) {
+                double c = capped[g];
+                c = c < -d->clip ? -d->clip : (c > d->clip ? d->clip : c);
+                if (d->step > 0) c = floor(c / d->step);
+                score -= d->scale * c;
+            }
+        }
+        if (at < 0 || score > top) { top = score; at = g; }
+    }
+    *value = top;
+    *gpu = at;
+}
+
 /* best(growth (R,W) f64, capped (R,W) f64 | None, max_score, step, scale, clip, values (R,) f64 out,
  *      gpu (R,) int64 out) -> None
- * Each row's best score and its first GPU among equals (``fgd.best_per_node``) of the per-GPU score
- * trunc(max_score / (1 + exp(growth / 1000))) - scale * floor(clip(capped) / step) (the division only
- * when step > 0; no secondary term without ``capped``), -inf where the growth is infinite. */
+ * Each row's best score and its first GPU among equals (``fgd.best_per_node``), see ``row_best``. */
 static PyObject *best(PyObject *self, PyObject *args) {
     PyObject *o[4];
-    double max_score, step, scale, clip;
+    Derive d;
     Py_ssize_t rows, width;
-    if (!PyArg_ParseTuple(args, "nnOOddddOO", &rows, &width, &o[0], &o[1], &max_score, &step, &scale, &clip, &o[2],
-                          &o[3]))
+    if (!PyArg_ParseTuple(args, "nnOOddddOO", &rows, &width, &o[0], &o[1], &d.max_score, &d.step, &d.scale, &d.clip,
+                          &o[2], &o[3]))
         return NULL;
     Buffers b = {.used = 0};
     double *growth, *capped, *values;
@@ -341,27 +406,8 @@ static PyObject *best(PyObject *self, PyObject *args) {
         release_all(&b);
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < rows; i++) {
-        double top = 0.0;
-        int64_t at = -1;
-        for (Py_ssize_t g = 0; g < width; g++) {
-            double x = growth[i * width + g], score;
-            if (isinf(x)) {
-                score = -INFINITY;
-            } else {
-                score = trunc(max_score / (1.0 + exp(x / 1000.0)));
-                if (capped) {
-                    double c = capped[i * width + g];
-                    c = c < -clip ? -clip : (c > clip ? clip : c);
-                    if (step > 0) c = floor(c / step);
-                    score -= scale * c;
-                }
-            }
-            if (at < 0 || score > top) { top = score; at = g; }
-        }
-        values[i] = top;
-        gpu[i] = at;
-    }
+    for (Py_ssize_t i = 0; i < rows; i++)
+        row_best(&d, growth + i * width, capped ? capped + i * width : NULL, width, 0.0, values + i, gpu + i);
     release_all(&b);
     Py_RETURN_NONE;
 }
@@ -407,7 +453,228 @@ static PyObject *memory_cost(PyObject *self, PyObject *args) {
     Py_RETURN_FALSE;
 }
 
+/* Nodes already computed in one pass, by (state id, free CPU class, free CPU class after the request): nodes
+ * alike in all three have the same growth (``RowState.classes``), so a shape's first use over thousands of
+ * nodes computes each such kind of node once (from ``dedupe_from`` stale nodes on). Open addressing; a slot
+ * holds a row or -1. */
+typedef struct {
+    int64_t *slots; /* capacity x (3 key words, row) */
+    size_t mask;
+} Seen;
+
+static int seen_init(Seen *s, Py_ssize_t n) {
+    size_t capacity = 64;
+    while (capacity < (size_t)n * 2) capacity <<= 1;
+    s->slots = malloc(capacity * 4 * sizeof(int64_t));
+    if (s->slots == NULL) return -1;
+    for (size_t i = 0; i < capacity; i++) s->slots[i * 4 + 3] = -1;
+    s->mask = capacity - 1;
+    return 0;
+}
+
+/* The row kept under ``key``, or -1 after keeping ``row`` under it. */
+static int64_t seen_find(Seen *s, const uint64_t *key, int64_t row) {
+    uint64_t h = key[0] * 0x9E3779B97F4A7C15ULL ^ (key[1] + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL ^
+                 (key[2] + 0x8CB92BA72F3D8DD7ULL) * 0x94D049BB133111EBULL;
+    h ^= h >> 31;
+    for (size_t i = (size_t)h & s->mask;; i = (i + 1) & s->mask) {
+        int64_t *slot = s->slots + i * 4;
+        if (slot[3] < 0) {
+            slot[0] = (int64_t)key[0]; slot[1] = (int64_t)key[1]; slot[2] = (int64_t)key[2]; slot[3] = row;
+            return -1;
+        }
+        if ((uint64_t)slot[0] == key[0] && (uint64_t)slot[1] == key[1] && (uint64_t)slot[2] == key[2]) return slot[3];
+    }
+}
+
+/* Whether node ``row`` passes every check for the request (``feasibility.feasible_mask``, not for MIG). */
+static inline int feasible(const Tables *t, const Growth *q, int64_t memory_mib, const int64_t *memory_free,
+                           const uint8_t *extra, const int32_t *full_free, const int32_t *max_free, int64_t row) {
+    Py_ssize_t G = t->gpus;
+    if (extra && !extra[row]) return 0;
+    if (q->cpu_milli && q->cpu_free[row] < q->cpu_milli) return 0;
+    if (memory_mib && memory_free[row] < memory_mib) return 0;
+    if (!q->allowed) { /* the node's summaries tell (``snapshot.full_free_count``, ``max_share_free``) */
+        if (q->kind == KIND_WHOLE) return full_free[row] >= q->gpu_count;
+        if (q->kind == KIND_SHARE && !(q->gpu_memory && q->gpu_memory_free)) return max_free[row] >= q->milli;
+    }
+    const int32_t *free_milli = q->share_free + row * G;
+    const uint8_t *allowed = q->allowed ? q->allowed + row * G : NULL;
+    if (q->kind == KIND_WHOLE) {
+        int64_t full = 0;
+        for (Py_ssize_t g = 0; g < G; g++) full += free_milli[g] == MILLI_PER_GPU && (!allowed || allowed[g]);
+        return full >= q->gpu_count;
+    }
+    if (q->kind == KIND_SHARE) {
+        for (Py_ssize_t g = 0; g < G; g++) {
+            int64_t f = (allowed && !allowed[g]) ? 0 : free_milli[g];
+            if (f >= q->milli && (!q->gpu_memory || !q->gpu_memory_free || q->gpu_memory_free[row * G + g] >= q->gpu_memory))
+                return 1;
+        }
+        return 0;
+    }
+    return 1;
+}
+
+/* choose(tables, kind, milli, gpu_count, cpu_milli, gpu_memory, memory_mib, gpu_milli_total,
+ *        share_free, gpu_model, allowed, gpu_memory_free, total, cpu_free, count, usable, before_fgd,
+ *        before_capped, memory_free (N,) int64, extra (N,) bool | None, row_version (N,) int64,
+ *        entry_version (N,) int64 (updated), entry_fgd | None, entry_capped | None (updated: (N,G) for a share,
+ *        else (N,)), derived_values (N,) f64, derived_gpu (N,) int64 (updated), class_cost (K,) f64 | None,
+ *        node_class (N,) int64 | None, full_free_count (N,) int32, max_share_free (N,) int32, state (N,) int64,
+ *        cpu_class (N,) int64 (``RowState``'s), ratio, memory_weight, max_score, step, scale, clip, secondary,
+ *        values (N,) f64 out, gpus (N,) int64 out, tied (N,) int64 out, want_ties, dedupe_from)
+ *        -> (feasible, row, gpu, value, ties)
+ * One decision of a memoised policy in one pass: the nodes that pass every check; on those whose state moved
+ * since the memo last saw them, the growth and best score again (written into the memo); each one's score
+ * with the scarcity cost of its class and its memory cost when they are not 0; the best, its GPU, how many
+ * nodes tie with it (their rows in ``tied``, in node order, when ``want_ties``) and how many passed; each
+ * node's score and GPU in ``values`` and ``gpus`` (NaN in ``values`` where a node does not pass). */
+static PyObject *choose(PyObject *self, PyObject *args) {
+    PyObject *capsule, *o[31];
+    Growth q = {0};
+    Derive d;
+    long long milli, gpu_count, cpu_milli, gpu_memory, memory_mib, gpu_milli_total;
+    double ratio, memory_weight;
+    int secondary, want_ties;
+    Py_ssize_t dedupe_from;
+    if (!PyArg_ParseTuple(args, "OiLLLLLLOOOOOOOOOOOOOOOOOOOOOOOOddddddpOOOpn", &capsule, &q.kind, &milli, &gpu_count,
+                          &cpu_milli, &gpu_memory, &memory_mib, &gpu_milli_total, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
+                          &o[17], &o[18], &o[19], &o[23], &o[24], &o[25], &o[26], &ratio, &memory_weight, &d.max_score, &d.step, &d.scale, &d.clip,
+                          &secondary, &o[20], &o[21], &o[22], &want_ties,
+                          &dedupe_from))
+        return NULL;
+    q.milli = milli; q.gpu_count = gpu_count; q.cpu_milli = cpu_milli; q.gpu_memory = gpu_memory;
+    Tables *t = tables_of(capsule);
+    if (t == NULL) return NULL;
+    Py_ssize_t n = PyObject_Length(o[4]);
+    if (n < 0) return NULL;
+    Py_ssize_t width = q.kind == KIND_SHARE ? t->gpus : 1;
+    Buffers b = {.used = 0};
+    int64_t *memory_free, *row_version, *entry_version, *derived_gpu, *node_class, *gpus, *tied;
+    int32_t *full_free, *max_free;
+    int64_t *state, *cpu_klass;
+    uint8_t *extra;
+    double *entry_fgd, *entry_capped, *derived_values, *class_cost, *values;
+    Py_ssize_t classes = 0;
+    if (o[18] != Py_None && (classes = PyObject_Length(o[18])) < 0) return NULL;
+    if (growth_inputs(&b, t, o, n, &q) ||
+        take(&b, o[10], 0, n, 8, 0, "memory_free", (void **)&memory_free) ||
+        take(&b, o[11], 0, n, 1, 1, "extra", (void **)&extra) ||
+        take(&b, o[12], 0, n, 8, 0, "row_version", (void **)&row_version) ||
+        take(&b, o[13], 1, n, 8, 0, "entry_version", (void **)&entry_version) ||
+        take(&b, o[14], 1, n * width, 8, 1, "entry_fgd", (void **)&entry_fgd) ||
+        take(&b, o[15], 1, n * width, 8, 1, "entry_capped", (void **)&entry_capped) ||
+        take(&b, o[16], 1, n, 8, 0, "derived_values", (void **)&derived_values) ||
+        take(&b, o[17], 1, n, 8, 0, "derived_gpu", (void **)&derived_gpu) ||
+        take(&b, o[18], 0, classes, 8, 1, "class_cost", (void **)&class_cost) ||
+        take(&b, o[19], 0, n, 8, 1, "node_class", (void **)&node_class) ||
+        take(&b, o[23], 0, n, 4, 0, "full_free_count", (void **)&full_free) ||
+        take(&b, o[24], 0, n, 4, 0, "max_share_free", (void **)&max_free) ||
+        take(&b, o[25], 0, n, 8, 0, "state", (void **)&state) ||
+        take(&b, o[26], 0, n, 8, 0, "cpu_class", (void **)&cpu_klass) ||
+        take(&b, o[20], 1, n, 8, 0, "values", (void **)&values) ||
+        take(&b, o[21], 1, n, 8, 0, "gpus", (void **)&gpus) ||
+        take(&b, o[22], 1, n, 8, 0, "tied", (void **)&tied)) {
+        release_all(&b);
+        return NULL;
+    }
+    if (!entry_fgd || !q.before_fgd || (entry_capped && !q.before_capped) || (class_cost && !node_class)) {
+        release_all(&b);
+        PyErr_SetString(PyExc_ValueError, "kernel: choose needs the fgd growth and its inputs");
+        return NULL;
+    }
+    const double *secondary_of = NULL; /* the capped growth orders FGD's ties (ours), or nothing (fgd) */
+    Seen seen = {0};
+    Py_ssize_t stale = 0;
+    int with_memory = ratio > 0 && memory_weight != 0 && memory_mib > 0;
+    double asked = with_memory ? (double)memory_mib / ratio : 0.0;
+    Py_ssize_t passed = 0, ties = 0;
+    int64_t best_row = -1, best_gpu = 0;
+    double top = -INFINITY;
+    for (int64_t row = 0; row < n; row++) {
+        if (!feasible(t, &q, memory_mib, memory_free, extra, full_free, max_free, row)) {
+            values[row] = NAN; /* never tied */
+            continue;
+        }
+        passed++;
+        double *fg = entry_fgd + row * width, *cg = entry_capped ? entry_capped + row * width : NULL;
+        secondary_of = secondary ? cg : NULL;
+        if (entry_version[row] != row_version[row]) {
+            int64_t like = -1;
+            if (++stale > dedupe_from && !q.gpu_memory && seen.slots == NULL && seen_init(&seen, n) < 0) {
+                release_all(&b);
+                return PyErr_NoMemory();  /* seen.slots is NULL here */
+            }
+            uint64_t key[3];
+            if (seen.slots) {
+                key[0] = (uint64_t)state[row]; key[1] = (uint64_t)cpu_klass[row];
+                key[2] = (uint64_t)cpu_class(t, q.cpu_free[row] - q.cpu_milli);
+                like = seen_find(&seen, key, row);
+            }
+            if (like >= 0) { /* a node in the same state, computed in this pass: the same growth */
+                memcpy(fg, entry_fgd + like * width, (size_t)width * sizeof(double));
+                if (cg) memcpy(cg, entry_capped + like * width, (size_t)width * sizeof(double));
+                derived_values[row] = derived_values[like];
+                derived_gpu[row] = derived_gpu[like];
+            } else {
+                row_growth(t, &q, row, fg, cg);
+                row_best(&d, fg, secondary_of, width, 0.0, derived_values + row, derived_gpu + row);
+            }
+            entry_version[row] = row_version[row];
+        }
+        double cost = 0.0;
+        int costed = 0;
+        if (class_cost) {
+            int64_t k = node_class[row];
+            if (k < 0 || k >= classes) {
+                release_all(&b);
+                free(seen.slots);
+                PyErr_SetString(PyExc_IndexError, "kernel: node class out of range");
+                return NULL;
+            }
+            cost = class_cost[k];
+            costed = 1;
+        }
+        if (with_memory) {
+            double gpu = (double)q.total[row], memory = (double)memory_free[row] / ratio;
+            double before = gpu - memory, after = gpu - (double)gpu_milli_total - (memory - asked);
+            before = before > 0.0 ? before : 0.0;
+            after = after > 0.0 ? after : 0.0;
+            double m = memory_weight * (after - before);
+            cost = costed ? cost + m : m;
+        }
+        double value;
+        int64_t gpu;
+        if (cost != 0.0) {
+            row_best(&d, fg, secondary_of, width, cost, &value, &gpu);
+        } else {
+            value = derived_values[row];
+            gpu = derived_gpu[row];
+        }
+        if (isnan(value)) value = -INFINITY; /* a NaN score never wins */
+        values[row] = value;
+        gpus[row] = gpu;
+        if (best_row < 0 || value > top) {
+            top = value; best_row = row; best_gpu = gpu; ties = 1;
+        } else if (value == top) {
+            ties++;
+        }
+    }
+    if (ties > 1 && want_ties) { /* the tied rows, in node order */
+        Py_ssize_t k = 0;
+        for (int64_t row = best_row; row < n && k < ties; row++) {
+            if (values[row] == top) tied[k++] = row;
+        }
+    }
+    release_all(&b);
+    free(seen.slots);
+    return Py_BuildValue("nLLdn", passed, (long long)best_row, (long long)best_gpu, top, ties);
+}
+
 static PyMethodDef methods[] = {
+    {"choose", choose, METH_VARARGS, "One decision of a memoised policy in one pass."},
     {"memory_cost", memory_cost, METH_VARARGS, "Weighted growth of the GPU milli free memory cannot serve."},
     {"best", best, METH_VARARGS, "Each node's best score and GPU from its growth."},
     {"tables", make_tables, METH_VARARGS, "Copy a workload's group and shape tables (a capsule)."},

@@ -139,11 +139,26 @@ class FgdPolicy:
         derive = best_fgd_score if self.quantized else _best_negative_growth
         self.memo = FragmentationMemo(self.workload.most_popular(self.popularity), derive=derive)
 
+    @property
+    def meaning(self) -> str:
+        """What a score is (a decision's reason says it)."""
+        return "FGD score" if self.quantized else "-(fragmentation growth, milli)"
+
+    def choose(self, snapshot: ClusterSnapshot, request: PodRequest, allowed: np.ndarray | None,
+               salt: int | None) -> kernel.Choice | None:  # fmt: skip
+        """The decision ``score`` and ``place`` would make, in one kernel call (``kernel.choose``)."""
+        tables = self.memo.sync(snapshot, request)
+        return kernel.choose(self.memo, tables, snapshot, request, allowed, kernel.Derive(False), None, None, 0.0,
+                             0.0, salt)  # fmt: skip
+
+    def fast(self, request: PodRequest) -> bool:
+        """Whether ``choose`` may decide ``request`` (the published, truncated score only)."""
+        return self.quantized and kernel.available() and not isinstance(request.gpu, MigSlice)
+
     def score(self, candidates: Candidates) -> NodeScores:
         request, nodes = candidates.request, candidates.nodes
         if isinstance(request.gpu, MigSlice):
             return mig_packing_scores(candidates)
         best, best_gpu = self.memo.refresh(candidates.snapshot, request, nodes).derived
         share = best_gpu[nodes] if isinstance(request.gpu, GpuShare) else None
-        meaning = "FGD score" if self.quantized else "-(fragmentation growth, milli)"
-        return NodeScores(best[nodes], share, meaning=meaning)
+        return NodeScores(best[nodes], share, meaning=self.meaning)

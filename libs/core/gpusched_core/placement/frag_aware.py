@@ -98,7 +98,7 @@ class FragAwarePolicy:
             fgd, capped = (growth[nodes] for growth in entry.growth)
             values, best_gpu = self._best(fgd + (cost[:, None] if fgd.ndim == 2 else cost), capped)
         share = best_gpu if isinstance(request.gpu, GpuShare) else None
-        return NodeScores(values, share, meaning="FGD score - 1e-6 x CPU-capped fragmentation growth (quarter GPUs)")
+        return NodeScores(values, share, meaning=self.meaning)
 
     def _best(self, growth: np.ndarray, capped: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each node's best score and GPU from its FGD growth (scarcity cost included) and capped growth."""
@@ -112,9 +112,40 @@ class FragAwarePolicy:
         per_gpu = sigmoid_score(growth) - _SECONDARY_SCALE * secondary
         return best_per_node(np.where(unfit, -np.inf, per_gpu))
 
+    @property
+    def meaning(self) -> str:
+        """What a score is (a decision's reason says it)."""
+        return "FGD score - 1e-6 x CPU-capped fragmentation growth (quarter GPUs)"
+
+    def choose(self, snapshot: ClusterSnapshot, request: PodRequest, allowed: np.ndarray | None,
+               salt: int | None) -> kernel.Choice | None:  # fmt: skip
+        """The decision ``score`` and ``place`` would make, in one kernel call (``kernel.choose``): the
+        same node, GPU, score, ties and count of feasible nodes. Only where ``kernel.available()`` and the
+        request is not a MIG slice (``place`` asks ``fast``)."""
+        tables = self.memo.sync(snapshot, request)
+        cost = self._class_cost(snapshot, request)
+        ratio = self.workload.memory_per_milli
+        memory = ratio if self.memory_weight and ratio is not None and request.memory_mib else 0.0
+        classes = None if cost is None else self._pressure[2].node_class  # type: ignore[index]
+        derive = kernel.Derive(True, self.secondary_step_milli, _SECONDARY_SCALE, _SECONDARY_CLIP)
+        return kernel.choose(self.memo, tables, snapshot, request, allowed, derive, cost, classes, memory,
+                             self.memory_weight, salt)  # fmt: skip
+
+    def fast(self, request: PodRequest) -> bool:
+        """Whether ``choose`` may decide ``request``."""
+        return kernel.available() and not isinstance(request.gpu, MigSlice)
+
     def _scarcity(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray) -> np.ndarray | None:
         """(len(nodes),) ``scarcity_cost`` weighted (every GPU of a node alike), or None where it is 0
         for every node."""
+        cost = self._class_cost(snapshot, request)
+        if cost is None:
+            return None
+        return cost[self._pressure[2].node_class[nodes]]  # type: ignore[index]
+
+    def _class_cost(self, snapshot: ClusterSnapshot, request: PodRequest) -> np.ndarray | None:
+        """(K + 1,) the weighted scarcity cost of a node of each class, or None where it is 0 for every
+        class (see ``_scarcity``)."""
         pressure = self.pressure_for(snapshot.layout)
         if pressure is None:
             return None
@@ -125,8 +156,7 @@ class FragAwarePolicy:
         per_class = class_excess(pressure, classes, free, request, self.scarcity_slack)
         if per_class is None or not per_class.any():
             return None
-        excess = np.minimum(per_class[classes.node_class[nodes]], _MAX_PRESSURE)
-        return self.scarcity_weight * (excess * request.gpu_milli_total)
+        return self.scarcity_weight * (np.minimum(per_class, _MAX_PRESSURE) * request.gpu_milli_total)
 
     def _memory_cost(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray) -> np.ndarray | None:
         """(len(nodes),) weighted growth of the GPU milli each node's free memory can no longer serve at

@@ -74,7 +74,7 @@ class FragmentationMemo:
     def refresh(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray) -> _Entry:
         """The memo of ``request``'s shape, current on ``nodes`` (ascending node indices)."""
         rows = self.rows
-        tables = rows.sync(snapshot, self.measures, _asks_memory(request))
+        tables = self.sync(snapshot, request)
         entry = self._entry(tables, request)
         stale = _stale(entry, rows.version, nodes)
         if stale.size:
@@ -106,6 +106,14 @@ class FragmentationMemo:
         if unique is None:
             return growth, derived
         return tuple(values[inverse] for values in growth), tuple(values[inverse] for values in derived)
+
+    def sync(self, snapshot: ClusterSnapshot, request: PodRequest) -> GrowthTables:
+        """Every node's kept state brought up to ``snapshot`` (``RowState.sync``) for ``request``'s kind."""
+        return self.rows.sync(snapshot, self.measures, _asks_memory(request))
+
+    def entry(self, tables: GrowthTables, request: PodRequest) -> _Entry:
+        """The memo of ``request``'s shape over ``tables`` (rows not refreshed: ``kernel.choose`` does)."""
+        return self._entry(tables, request)
 
     def _entry(self, tables: GrowthTables, request: PodRequest) -> _Entry:
         key = (request.gpu, request.cpu_milli, request.allowed_models)

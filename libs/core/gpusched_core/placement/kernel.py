@@ -14,14 +14,17 @@ off (``use``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import tiebreak
 from .model import GpuShare, PodRequest, WholeGpus
 from .policies import MAX_NODE_SCORE
 
 if TYPE_CHECKING:
+    from .frag_memo import FragmentationMemo
     from .growth import GrowthTables
     from .snapshot import ClusterSnapshot
 
@@ -32,6 +35,9 @@ except ImportError:  # pragma: no cover - depends on the install
 
 _KIND = {GpuShare: 2, WholeGpus: 1}
 
+
+# stale nodes in one decision from which nodes alike are computed once (``choose``)
+DEDUPE_FROM = 64
 
 # whether decisions use the kernel: wherever it is built, unless a process turns it off (``use``)
 ENABLED = _kernel is not None
@@ -98,24 +104,93 @@ def stats(tables: GrowthTables, measures: tuple[str, ...], snapshot: ClusterSnap
                   before.get("fgd"), before.get("capped"), cpu_class)  # fmt: skip
 
 
+def _request(request: PodRequest) -> tuple[int, int, int, int]:
+    """(kind, milli of a share, whole GPUs, GPU memory of a share) as the kernel takes them."""
+    gpu = request.gpu
+    if isinstance(gpu, GpuShare):
+        return 2, gpu.milli, 0, gpu.memory_mib
+    if isinstance(gpu, WholeGpus):
+        return 1, 0, gpu.count, 0
+    return 0, 0, 0, 0
+
+
+def _growth_inputs(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest, count: np.ndarray,
+                   usable: np.ndarray, before: dict[str, np.ndarray]) -> tuple[object, ...]:  # fmt: skip
+    kind, _, _, memory = _request(request)
+    allowed = tables.layout.model_mask(request.allowed_models) if request.allowed_models and kind else None
+    share_free, total, cpu = _free(snapshot)
+    memory_free = _i64(snapshot.gpu_memory_free) if memory else None
+    return (share_free, gpu_models(tables), allowed, memory_free, total, cpu, count, usable, before.get("fgd"),
+            before.get("capped"))  # fmt: skip
+
+
 def growth(tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest, rows: np.ndarray,
            count: np.ndarray, usable: np.ndarray, before: dict[str, np.ndarray],
            measures: tuple[str, ...]) -> tuple[np.ndarray, ...]:  # fmt: skip
     """``growth.growth_rows`` for ``rows``, from the whole cluster's kept figures (``RowState``)."""
-    gpu = request.gpu
-    kind = _KIND.get(type(gpu), 0)
+    kind, milli, gpu_count, memory = _request(request)
     shape = (rows.size, tables.layout.max_gpus) if kind == 2 else (rows.size,)
     out = {measure: np.empty(shape) for measure in measures}
-    milli = gpu.milli if isinstance(gpu, GpuShare) else 0
-    memory = gpu.memory_mib if isinstance(gpu, GpuShare) else 0
-    gpu_count = gpu.count if isinstance(gpu, WholeGpus) else 0
-    allowed = tables.layout.model_mask(request.allowed_models) if request.allowed_models and kind else None
-    share_free, total, cpu = _free(snapshot)
-    memory_free = _i64(snapshot.gpu_memory_free) if memory else None
-    _kernel.growth(tables_for(tables, measures), kind, milli, gpu_count, request.cpu_milli, memory, share_free,
-                   gpu_models(tables), allowed, memory_free, total, cpu, _i64(rows), count, usable, before.get("fgd"),
-                   before.get("capped"), out.get("fgd"), out.get("capped"))  # fmt: skip
+    _kernel.growth(tables_for(tables, measures), kind, milli, gpu_count, request.cpu_milli, memory,
+                   *_growth_inputs(tables, snapshot, request, count, usable, before), _i64(rows), out.get("fgd"),
+                   out.get("capped"))  # fmt: skip
     return tuple(out[measure] for measure in measures)
+
+
+@dataclass(frozen=True, slots=True)
+class Derive:
+    """How a node's best score comes from its growth: ``trunc(max_score / (1 + exp(growth / 1000)))``, less
+    ``scale * floor(clip(capped growth) / step)`` when ``secondary`` (``FragAwarePolicy``; FGD has none)."""
+
+    secondary: bool
+    step: float = 0.0
+    scale: float = 0.0
+    clip: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One decision's outcome (``choose``): the best node and GPU, its score, how many nodes passed every
+    check and how many tie for the best."""
+
+    row: int
+    share_gpu: int | None
+    value: float
+    feasible: int
+    ties: int
+
+
+def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest,
+           extra: np.ndarray | None, derive: Derive, class_cost: np.ndarray | None, node_class: np.ndarray | None,
+           memory_ratio: float, memory_weight: float, salt: int | None) -> Choice | None:  # fmt: skip
+    """A memoised policy's decision in one kernel call (None: no node passes). ``tables`` is what
+    ``memo.rows.sync(snapshot, ...)`` returned; ``extra``: nodes allowed besides the checks (a selector, a
+    gang's domain); ``class_cost``: each node class's scarcity cost (weighted), ``memory_ratio`` 0 for no
+    memory cost; ties go to node order, or to the smallest seeded hash under ``salt``."""
+    rows = memo.rows
+    entry = memo.entry(tables, request)
+    kind, milli, gpu_count, memory = _request(request)
+    growth = dict(zip(memo.measures, entry.growth, strict=True))
+    values, best_gpu = entry.derived
+    count = tables.layout.node_count
+    scores, gpus, tied = np.empty(count), np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+    passed, row, gpu, value, ties = _kernel.choose(
+        tables_for(tables, memo.measures), kind, milli, gpu_count, request.cpu_milli, memory, request.memory_mib,
+        request.gpu_milli_total, *_growth_inputs(tables, snapshot, request, rows.count, rows.usable, rows.before),
+        _i64(snapshot.memory_free), extra, rows.version, entry.version, growth.get("fgd"), growth.get("capped"),
+        values, best_gpu, class_cost, None if node_class is None else _i64(node_class),
+        np.ascontiguousarray(snapshot.full_free_count, dtype=np.int32),
+        np.ascontiguousarray(snapshot.max_share_free, dtype=np.int32), rows.state, rows.cpu_class, memory_ratio,
+        memory_weight,
+        float(MAX_NODE_SCORE), derive.step, derive.scale, derive.clip, derive.secondary, scores, gpus, tied,
+        salt is not None, DEDUPE_FROM)  # fmt: skip
+    if passed == 0:
+        return None
+    if salt is not None and ties > 1:
+        candidates = tied[:ties]
+        row = int(candidates[np.argmin(tiebreak.keys(candidates, salt))])
+        gpu = int(gpus[row])
+    return Choice(row, gpu if kind == 2 else None, value, passed, ties)
 
 
 def best(growth: np.ndarray, capped: np.ndarray | None, step: float, scale: float,

@@ -36,6 +36,20 @@ def _choose(
     allowed: np.ndarray | None,
     tie_break_seed: int | None,
 ) -> tuple[Binding, str, float] | None:
+    salt = None if tie_break_seed is None else tiebreak.salt_for(request.id, tie_break_seed)
+    rule = "node order" if tie_break_seed is None else "seeded hash"
+    fast = getattr(policy, "fast", None)
+    if fast is not None and fast(request):  # the memoised policies, in one kernel call
+        extra = allowed
+        if request.node_selector:
+            selected = snapshot.layout.selector_mask(request.node_selector)
+            extra = selected if extra is None else extra & selected
+        choice = policy.choose(snapshot, request, extra, salt)  # type: ignore[attr-defined]
+        if choice is None:
+            return None
+        binding = bind(snapshot, request, choice.row, choice.share_gpu)
+        return binding, _why(policy, policy.meaning, choice.value, binding, choice.feasible, choice.ties, rule), \
+            choice.value  # fmt: skip
     mask = feasible_mask(snapshot, request)
     if allowed is not None:
         mask &= allowed
@@ -44,17 +58,18 @@ def _choose(
         return None
     candidates = Candidates(snapshot, request, nodes)
     scores = policy.score(candidates)
-    salt = None if tie_break_seed is None else tiebreak.salt_for(request.id, tie_break_seed)
     position, ties = tiebreak.pick_best(scores.values, nodes, salt)
     share = None if scores.share_gpu is None else int(scores.share_gpu[position])
     row = int(nodes[position])
     binding = bind(snapshot, request, row, share)
     value = float(scores.values[position])
-    rule = "node order" if tie_break_seed is None else "seeded hash"
+    return binding, _why(policy, scores.meaning, value, binding, nodes.size, ties, rule), value
+
+
+def _why(policy: PlacementPolicy, meaning: str, value: float, binding: Binding, feasible: int, ties: int,
+         rule: str) -> str:  # fmt: skip
     tied = f"; {ties} tied, broken by {rule}" if ties > 1 else ""
-    why = (f"policy {policy.name}: {scores.meaning} {value:g} on {binding.node_id}, "
-           f"best of {nodes.size} feasible nodes{tied}")  # fmt: skip
-    return binding, why, value
+    return f"policy {policy.name}: {meaning} {value:g} on {binding.node_id}, best of {feasible} feasible nodes{tied}"
 
 
 def place(
