@@ -208,6 +208,40 @@ static PyObject *stats(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* changed(gpus, old_share_free (N,G) int32, new_share_free, old_cpu (N,) int64, new_cpu, old_gpu_memory (N,G)
+ *         int64 | None, new_gpu_memory | None, out (N,) int64) -> count
+ * The nodes (ascending, into ``out``) whose free CPU or share-usable GPU milli, or GPU memory when given,
+ * differ between two snapshots (``row_state.changed_rows``). */
+static PyObject *changed(PyObject *self, PyObject *args) {
+    PyObject *o[7];
+    Py_ssize_t G;
+    if (!PyArg_ParseTuple(args, "nOOOOOOO", &G, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6])) return NULL;
+    Py_ssize_t n = PyObject_Length(o[2]);
+    if (n < 0) return NULL;
+    Buffers b = {.used = 0};
+    int32_t *old_free, *new_free;
+    int64_t *old_cpu, *new_cpu, *old_memory, *new_memory, *out;
+    if (take(&b, o[0], 0, n * G, 4, 0, "old_share_free", (void **)&old_free) ||
+        take(&b, o[1], 0, n * G, 4, 0, "new_share_free", (void **)&new_free) ||
+        take(&b, o[2], 0, n, 8, 0, "old_cpu", (void **)&old_cpu) ||
+        take(&b, o[3], 0, n, 8, 0, "new_cpu", (void **)&new_cpu) ||
+        take(&b, o[4], 0, n * G, 8, 1, "old_gpu_memory", (void **)&old_memory) ||
+        take(&b, o[5], 0, n * G, 8, 1, "new_gpu_memory", (void **)&new_memory) ||
+        take(&b, o[6], 1, n, 8, 0, "out", (void **)&out)) {
+        release_all(&b);
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    int memory = old_memory && new_memory;
+    for (Py_ssize_t row = 0; row < n; row++) {
+        if (old_cpu[row] != new_cpu[row] || memcmp(old_free + row * G, new_free + row * G, (size_t)G * 4) != 0 ||
+            (memory && memcmp(old_memory + row * G, new_memory + row * G, (size_t)G * 8) != 0))
+            out[k++] = row;
+    }
+    release_all(&b);
+    return PyLong_FromSsize_t(k);
+}
+
 enum { KIND_NONE = 0, KIND_WHOLE = 1, KIND_SHARE = 2 };
 
 /* What growth depends on besides the tables: the request and the cluster's arrays (whole cluster). */
@@ -453,37 +487,55 @@ static PyObject *memory_cost(PyObject *self, PyObject *args) {
     Py_RETURN_FALSE;
 }
 
-/* Nodes already computed in one pass, by (state id, free CPU class, free CPU class after the request): nodes
- * alike in all three have the same growth (``RowState.classes``), so a shape's first use over thousands of
- * nodes computes each such kind of node once (from ``dedupe_from`` stale nodes on). Open addressing; a slot
- * holds a row or -1. */
+/* Nodes already computed in one pass, by their GPUs' models and free milli and their free CPU class before
+ * and after the request: nodes alike in all of these have the same growth (``RowState.classes``), so a
+ * shape's first use over thousands of nodes computes each such kind of node once (from ``dedupe_from`` stale
+ * nodes on). Open addressing on a hash; a hit is compared in full. A slot holds (hash, classes, row) or row
+ * -1. */
 typedef struct {
-    int64_t *slots; /* capacity x (3 key words, row) */
+    int64_t *slots; /* capacity x (hash, class before, class after, row) */
     size_t mask;
+    const int32_t *share_free;
+    const int64_t *gpu_model;
+    Py_ssize_t gpus;
 } Seen;
 
-static int seen_init(Seen *s, Py_ssize_t n) {
+static int seen_init(Seen *s, Py_ssize_t n, const int32_t *share_free, const int64_t *gpu_model, Py_ssize_t gpus) {
     size_t capacity = 64;
     while (capacity < (size_t)n * 2) capacity <<= 1;
     s->slots = malloc(capacity * 4 * sizeof(int64_t));
     if (s->slots == NULL) return -1;
     for (size_t i = 0; i < capacity; i++) s->slots[i * 4 + 3] = -1;
     s->mask = capacity - 1;
+    s->share_free = share_free; s->gpu_model = gpu_model; s->gpus = gpus;
     return 0;
 }
 
-/* The row kept under ``key``, or -1 after keeping ``row`` under it. */
-static int64_t seen_find(Seen *s, const uint64_t *key, int64_t row) {
-    uint64_t h = key[0] * 0x9E3779B97F4A7C15ULL ^ (key[1] + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL ^
-                 (key[2] + 0x8CB92BA72F3D8DD7ULL) * 0x94D049BB133111EBULL;
+static inline uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
+    return h * 0xBF58476D1CE4E5B9ULL;
+}
+
+/* The row kept as alike to ``row``, or -1 after keeping ``row``. */
+static int64_t seen_find(Seen *s, int64_t row, int64_t before, int64_t after) {
+    Py_ssize_t G = s->gpus;
+    const int32_t *free_milli = s->share_free + row * G;
+    const int64_t *model = s->gpu_model + row * G;
+    uint64_t h = mix(mix(0x632BE59BD9B4E019ULL, (uint64_t)before), (uint64_t)after);
+    for (Py_ssize_t g = 0; g < G; g++) h = mix(h, ((uint64_t)(uint32_t)free_milli[g] << 20) ^ (uint64_t)model[g]);
     h ^= h >> 31;
     for (size_t i = (size_t)h & s->mask;; i = (i + 1) & s->mask) {
         int64_t *slot = s->slots + i * 4;
         if (slot[3] < 0) {
-            slot[0] = (int64_t)key[0]; slot[1] = (int64_t)key[1]; slot[2] = (int64_t)key[2]; slot[3] = row;
+            slot[0] = (int64_t)h; slot[1] = before; slot[2] = after; slot[3] = row;
             return -1;
         }
-        if ((uint64_t)slot[0] == key[0] && (uint64_t)slot[1] == key[1] && (uint64_t)slot[2] == key[2]) return slot[3];
+        if ((uint64_t)slot[0] == h && slot[1] == before && slot[2] == after) {
+            int64_t other = slot[3];
+            if (memcmp(free_milli, s->share_free + other * G, (size_t)G * sizeof(int32_t)) == 0 &&
+                memcmp(model, s->gpu_model + other * G, (size_t)G * sizeof(int64_t)) == 0)
+                return other;
+        }
     }
 }
 
@@ -521,8 +573,7 @@ static inline int feasible(const Tables *t, const Growth *q, int64_t memory_mib,
  *        before_capped, memory_free (N,) int64, extra (N,) bool | None, row_version (N,) int64,
  *        entry_version (N,) int64 (updated), entry_fgd | None, entry_capped | None (updated: (N,G) for a share,
  *        else (N,)), derived_values (N,) f64, derived_gpu (N,) int64 (updated), class_cost (K,) f64 | None,
- *        node_class (N,) int64 | None, full_free_count (N,) int32, max_share_free (N,) int32, state (N,) int64,
- *        cpu_class (N,) int64 (``RowState``'s), ratio, memory_weight, max_score, step, scale, clip, secondary,
+ *        node_class (N,) int64 | None, full_free_count (N,) int32, max_share_free (N,) int32, ratio, memory_weight, max_score, step, scale, clip, secondary,
  *        values (N,) f64 out, gpus (N,) int64 out, tied (N,) int64 out, want_ties, dedupe_from)
  *        -> (feasible, row, gpu, value, ties)
  * One decision of a memoised policy in one pass: the nodes that pass every check; on those whose state moved
@@ -531,17 +582,17 @@ static inline int feasible(const Tables *t, const Growth *q, int64_t memory_mib,
  * nodes tie with it (their rows in ``tied``, in node order, when ``want_ties``) and how many passed; each
  * node's score and GPU in ``values`` and ``gpus`` (NaN in ``values`` where a node does not pass). */
 static PyObject *choose(PyObject *self, PyObject *args) {
-    PyObject *capsule, *o[31];
+    PyObject *capsule, *o[29];
     Growth q = {0};
     Derive d;
     long long milli, gpu_count, cpu_milli, gpu_memory, memory_mib, gpu_milli_total;
     double ratio, memory_weight;
     int secondary, want_ties;
     Py_ssize_t dedupe_from;
-    if (!PyArg_ParseTuple(args, "OiLLLLLLOOOOOOOOOOOOOOOOOOOOOOOOddddddpOOOpn", &capsule, &q.kind, &milli, &gpu_count,
+    if (!PyArg_ParseTuple(args, "OiLLLLLLOOOOOOOOOOOOOOOOOOOOOOddddddpOOOpn", &capsule, &q.kind, &milli, &gpu_count,
                           &cpu_milli, &gpu_memory, &memory_mib, &gpu_milli_total, &o[0], &o[1], &o[2], &o[3], &o[4],
                           &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
-                          &o[17], &o[18], &o[19], &o[23], &o[24], &o[25], &o[26], &ratio, &memory_weight, &d.max_score, &d.step, &d.scale, &d.clip,
+                          &o[17], &o[18], &o[19], &o[23], &o[24], &ratio, &memory_weight, &d.max_score, &d.step, &d.scale, &d.clip,
                           &secondary, &o[20], &o[21], &o[22], &want_ties,
                           &dedupe_from))
         return NULL;
@@ -554,7 +605,6 @@ static PyObject *choose(PyObject *self, PyObject *args) {
     Buffers b = {.used = 0};
     int64_t *memory_free, *row_version, *entry_version, *derived_gpu, *node_class, *gpus, *tied;
     int32_t *full_free, *max_free;
-    int64_t *state, *cpu_klass;
     uint8_t *extra;
     double *entry_fgd, *entry_capped, *derived_values, *class_cost, *values;
     Py_ssize_t classes = 0;
@@ -572,8 +622,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         take(&b, o[19], 0, n, 8, 1, "node_class", (void **)&node_class) ||
         take(&b, o[23], 0, n, 4, 0, "full_free_count", (void **)&full_free) ||
         take(&b, o[24], 0, n, 4, 0, "max_share_free", (void **)&max_free) ||
-        take(&b, o[25], 0, n, 8, 0, "state", (void **)&state) ||
-        take(&b, o[26], 0, n, 8, 0, "cpu_class", (void **)&cpu_klass) ||
+
         take(&b, o[20], 1, n, 8, 0, "values", (void **)&values) ||
         take(&b, o[21], 1, n, 8, 0, "gpus", (void **)&gpus) ||
         take(&b, o[22], 1, n, 8, 0, "tied", (void **)&tied)) {
@@ -603,16 +652,13 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         secondary_of = secondary ? cg : NULL;
         if (entry_version[row] != row_version[row]) {
             int64_t like = -1;
-            if (++stale > dedupe_from && !q.gpu_memory && seen.slots == NULL && seen_init(&seen, n) < 0) {
+            if (++stale > dedupe_from && !q.gpu_memory && seen.slots == NULL &&
+                seen_init(&seen, n, q.share_free, q.gpu_model, t->gpus) < 0) {
                 release_all(&b);
-                return PyErr_NoMemory();  /* seen.slots is NULL here */
+                return PyErr_NoMemory(); /* seen.slots is NULL here */
             }
-            uint64_t key[3];
-            if (seen.slots) {
-                key[0] = (uint64_t)state[row]; key[1] = (uint64_t)cpu_klass[row];
-                key[2] = (uint64_t)cpu_class(t, q.cpu_free[row] - q.cpu_milli);
-                like = seen_find(&seen, key, row);
-            }
+            if (seen.slots)
+                like = seen_find(&seen, row, cpu_class(t, q.cpu_free[row]), cpu_class(t, q.cpu_free[row] - q.cpu_milli));
             if (like >= 0) { /* a node in the same state, computed in this pass: the same growth */
                 memcpy(fg, entry_fgd + like * width, (size_t)width * sizeof(double));
                 if (cg) memcpy(cg, entry_capped + like * width, (size_t)width * sizeof(double));
@@ -674,6 +720,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"changed", changed, METH_VARARGS, "The nodes whose free capacity differs between two snapshots."},
     {"choose", choose, METH_VARARGS, "One decision of a memoised policy in one pass."},
     {"memory_cost", memory_cost, METH_VARARGS, "Weighted growth of the GPU milli free memory cannot serve."},
     {"best", best, METH_VARARGS, "Each node's best score and GPU from its growth."},

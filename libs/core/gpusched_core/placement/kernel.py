@@ -95,6 +95,17 @@ def gpu_models(tables: GrowthTables) -> np.ndarray:
     return kept
 
 
+def changed(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np.ndarray:
+    """``row_state.changed_rows`` in one pass."""
+    out = np.empty(new.layout.node_count, dtype=np.int64)
+    gpus = new.layout.max_gpus
+    count = _kernel.changed(gpus, np.ascontiguousarray(old.share_free, dtype=np.int32),
+                            np.ascontiguousarray(new.share_free, dtype=np.int32), _i64(old.cpu_free),
+                            _i64(new.cpu_free), _i64(old.gpu_memory_free) if memory else None,
+                            _i64(new.gpu_memory_free) if memory else None, out)  # fmt: skip
+    return out[:count]
+
+
 def stats(tables: GrowthTables, measures: tuple[str, ...], snapshot: ClusterSnapshot, rows: np.ndarray,
           count: np.ndarray, usable: np.ndarray, before: dict[str, np.ndarray], cpu_class: np.ndarray) -> None:  # fmt: skip
     """Write ``rows``' group figures into ``count``/``usable``, their fragmentation per measure into
@@ -180,8 +191,7 @@ def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnaps
         _i64(snapshot.memory_free), extra, rows.version, entry.version, growth.get("fgd"), growth.get("capped"),
         values, best_gpu, class_cost, None if node_class is None else _i64(node_class),
         np.ascontiguousarray(snapshot.full_free_count, dtype=np.int32),
-        np.ascontiguousarray(snapshot.max_share_free, dtype=np.int32), rows.state, rows.cpu_class, memory_ratio,
-        memory_weight,
+        np.ascontiguousarray(snapshot.max_share_free, dtype=np.int32), memory_ratio, memory_weight,
         float(MAX_NODE_SCORE), derive.step, derive.scale, derive.clip, derive.secondary, scores, gpus, tied,
         salt is not None, DEDUPE_FROM)  # fmt: skip
     if passed == 0:

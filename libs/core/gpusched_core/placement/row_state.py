@@ -22,6 +22,8 @@ from .snapshot import ClusterSnapshot
 
 def changed_rows(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np.ndarray:
     """Nodes whose free CPU or share-usable GPU milli (and GPU memory when ``memory``) differ."""
+    if kernel.available() and old.layout.max_gpus == new.layout.max_gpus:
+        return kernel.changed(old, new, memory)
     mark = old.cpu_free != new.cpu_free
     mark[_rows_differing(old.share_free, new.share_free)] = True
     if memory:
@@ -40,8 +42,8 @@ def _rows_differing(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 class RowState:
     """Per node of the last snapshot shown: a version, group statistics, fragmentation per measure, a
-    free CPU class (equal classes: equal results under every measure kept) and a state id (equal ids:
-    the same GPU models and free GPU milli)."""
+    free CPU class (equal classes: equal results under every measure kept) and, for numpy, a state id
+    (equal ids: the same GPU models and free GPU milli; the C kernel compares the nodes themselves)."""
 
     def __init__(self, workload: WorkloadDistribution) -> None:
         self.workload = workload
@@ -54,6 +56,7 @@ class RowState:
         self.before: dict[str, np.ndarray] = {}
         self.breaks = np.zeros(1, dtype=np.int64)
         self.memory = False  # GPU memory compared too (from the first request that asks for some)
+        self.in_c = kernel.available()  # kept by the C kernel: no state ids (its choice compares nodes in full)
         self._ids: dict[bytes, int] = {}
         self._model_free: np.ndarray | None = None  # (models + 1,) free share-usable milli per GPU model
         # (previous snapshot, nodes that differ from it) of the last step in step: what a caller keeping
@@ -67,6 +70,8 @@ class RowState:
         if any(m not in self.before for m in measures):
             self.measures += tuple(m for m in measures if m not in self.before)
             self.snapshot = None  # start over with the new measure (once)
+        if self.in_c != kernel.available():
+            self.in_c, self.snapshot = kernel.available(), None  # start over: state ids are kept for numpy alone
         if snapshot is self.snapshot and self.tables is not None:
             return self.tables
         if self.tables is None or self.snapshot is None or not self.tables.serves(snapshot.layout):
@@ -100,19 +105,19 @@ class RowState:
         assert tables is not None
         self.clock += 1
         self.version[rows] = self.clock
+        if self.measures and self.in_c:
+            kernel.stats(tables, self.measures, snapshot, rows, self.count, self.usable, self.before, self.cpu_class)
+            return
         free = snapshot.share_free[rows].astype(np.int64)
         models = tables.gpu_model[rows]
-        if self.measures and kernel.available():
-            kernel.stats(tables, self.measures, snapshot, rows, self.count, self.usable, self.before, self.cpu_class)
-        else:
-            count, usable = tables.row_stats(free, models)
-            self.count[rows], self.usable[rows] = count, usable
-            cpu = snapshot.cpu_free[rows]
-            if self.measures:
-                fragmentation = tables.fragmentation(snapshot.share_free_total[rows], count, usable, cpu, self.measures)
-                for measure, values in zip(self.measures, fragmentation, strict=True):
-                    self.before[measure][rows] = values
-            self.cpu_class[rows] = self.breaks.searchsorted(cpu, side="right")
+        count, usable = tables.row_stats(free, models)
+        self.count[rows], self.usable[rows] = count, usable
+        cpu = snapshot.cpu_free[rows]
+        if self.measures:
+            fragmentation = tables.fragmentation(snapshot.share_free_total[rows], count, usable, cpu, self.measures)
+            for measure, values in zip(self.measures, fragmentation, strict=True):
+                self.before[measure][rows] = values
+        self.cpu_class[rows] = self.breaks.searchsorted(cpu, side="right")
         if len(self._ids) > 4 * len(self.version) + 1024:  # forget states no node has had for long
             self._ids, rows = {}, np.arange(len(self.version))
             free, models = snapshot.share_free.astype(np.int64), tables.gpu_model
