@@ -579,7 +579,7 @@ static inline int feasible(const Tables *t, const Growth *q, int64_t memory_mib,
  * One decision of a memoised policy in one pass: the nodes that pass every check; on those whose state moved
  * since the memo last saw them, the growth and best score again (written into the memo); each one's score
  * with the scarcity cost of its class and its memory cost when they are not 0; the best, its GPU, how many
- * nodes tie with it (their rows in ``tied``, in node order, when ``want_ties``) and how many passed; each
+ * nodes tie with it and how many passed; when ``want_ties``, the tied rows in ``tied`` (node order) and each
  * node's score and GPU in ``values`` and ``gpus`` (NaN in ``values`` where a node does not pass). */
 static PyObject *choose(PyObject *self, PyObject *args) {
     PyObject *capsule, *o[29];
@@ -644,7 +644,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
     double top = -INFINITY;
     for (int64_t row = 0; row < n; row++) {
         if (!feasible(t, &q, memory_mib, memory_free, extra, full_free, max_free, row)) {
-            values[row] = NAN; /* never tied */
+            if (want_ties) values[row] = NAN; /* never tied */
             continue;
         }
         passed++;
@@ -700,8 +700,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
             gpu = derived_gpu[row];
         }
         if (isnan(value)) value = -INFINITY; /* a NaN score never wins */
-        values[row] = value;
-        gpus[row] = gpu;
+        if (want_ties) { values[row] = value; gpus[row] = gpu; }
         if (best_row < 0 || value > top) {
             top = value; best_row = row; best_gpu = gpu; ties = 1;
         } else if (value == top) {
