@@ -11,7 +11,9 @@ admission takes a submission it has as a duplicate. (Kept in memory: a gateway t
 data loses that window; production runs Apache Kafka with replication, which keeps what it acknowledged.)
 What the store has recorded needs no keeping (a republish leaves it out): ``forget_recorded`` drops those
 every few seconds, so a gateway keeps what admission has not read yet, not every job of the window (with
-tens of thousands of jobs waiting that was about 1.5 KiB each)."""
+tens of thousands of jobs waiting that was about 1.5 KiB each). Each kept record is one compressed blob of
+its value and headers beside its key (``_pack``): a submission's value and four headers as Python objects
+took about 1.7 KiB, as one blob about 0.5 KiB, for some 10 us of CPU when it is published."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import time
+import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -38,6 +41,23 @@ FORGET_CHUNK = 5_000  # kept submissions ``forget_recorded`` asks the store abou
 FORGET_INTERVAL_S = 2.0  # how often a gateway forgets the kept submissions the store has recorded
 
 
+def _pack(value: bytes, headers: list[tuple[str, bytes]]) -> bytes:
+    """A record's value and headers as one compressed blob (each part length-prefixed): kept in memory for
+    the republish window, so small matters more than fast (level 1 all the same)."""
+    parts = [value, *(part for name, header in headers for part in (name.encode(), header))]
+    return zlib.compress(b"".join(len(part).to_bytes(4, "big") + part for part in parts), 1)
+
+
+def _unpack(blob: bytes) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """``_pack``'s value and headers back."""
+    raw, parts, at = zlib.decompress(blob), [], 0
+    while at < len(raw):
+        size = int.from_bytes(raw[at:at + 4], "big")
+        parts.append(raw[at + 4:at + 4 + size])
+        at += 4 + size
+    return parts[0], [(name.decode(), header) for name, header in zip(parts[1::2], parts[2::2], strict=True)]
+
+
 class NotPublished(RuntimeError):
     """The broker did not take the submission (unreachable, or refused it): the caller may retry."""
 
@@ -52,7 +72,8 @@ class SubmissionPublisher:
         self._lock = asyncio.Lock()
         self._republish_s = republish_s
         self._offsets = AckOffsets()
-        self._recent: deque[tuple[float, str, bytes, bytes, list[tuple[str, bytes]]]] = deque(maxlen=REPUBLISH_MAX)
+        # (when, topic, key, ``_pack``ed value and headers) of each record published in the window
+        self._recent: deque[tuple[float, str, bytes, bytes]] = deque(maxlen=REPUBLISH_MAX)
         self.losses = 0  # how often the broker was found to have lost data
         # the job ids among these the store has recorded (set by the gateway once its pool is open): their
         # submissions are not published again, the store has them and the services' passes do the rest
@@ -94,7 +115,7 @@ class SubmissionPublisher:
             await self._reset()
             raise NotPublished(f"the broker did not acknowledge the submission ({type(exc).__name__})") from None
         now = time.monotonic()
-        self._recent.extend((now, topic, key, value, headers) for topic, key, value, headers in outgoing)
+        self._recent.extend((now, topic, key, _pack(value, headers)) for topic, key, value, headers in outgoing)
         while self._recent and self._recent[0][0] < now - self._republish_s:
             self._recent.popleft()
 
@@ -137,7 +158,7 @@ class SubmissionPublisher:
 
     async def _republish(self, producer: AIOKafkaProducer, lost: list[str]) -> None:
         """The broker lost its data: what was published before this batch goes again (signed as it was)."""
-        again = [(topic, key, value, headers) for _, topic, key, value, headers in self._recent]
+        again = [(topic, key, *_unpack(blob)) for _, topic, key, blob in self._recent]
         self.losses += 1
         known: set[str] = set()
         if self.recorded is not None:

@@ -287,8 +287,8 @@ async def test_after_the_broker_lost_its_data_the_gateway_publishes_again_what_i
 async def test_the_gateway_forgets_the_submissions_the_store_has_recorded_and_keeps_the_rest(settings):
     """What the gateway keeps to publish again after a broker lost its data is only what admission has not
     recorded yet: with tens of thousands of jobs waiting it kept every one of the last 15 minutes (about
-    1.5 KiB each, the gateway's memory per waiting job in bench-growth). A store that cannot be read keeps
-    everything until it can."""
+    1.5 KiB each, the gateway's memory per waiting job in bench-growth; each is kept packed since). A store
+    that cannot be read keeps everything until it can."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from gpusched_common.db import create_pool
