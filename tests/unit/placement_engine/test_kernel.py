@@ -234,3 +234,27 @@ def test_nodes_alike_but_for_their_free_cpu_are_told_apart_when_computed_once(mo
         decision = place(snapshot, cpu_only, make_policy("random", seed=i))
         if decision.placed:
             snapshot = apply(snapshot, decision)
+
+
+def test_a_workload_beyond_the_kernel_s_tables_is_decided_by_numpy_the_same_way() -> None:
+    """300 share sizes make 300 GPU groups, more than the kernel's 256: decisions fall back to numpy (the
+    same ones as with the kernel turned off)."""
+    shares = [PodRequest(RequestId(f"s{m}"), GpuShare(m), 1_000) for m in range(100, 400)]
+    workload = workload_from_requests(shares)
+    nodes = [Node(NodeId(f"n{i}"), 64_000, 262_144, tuple(Gpu(g, "T4", 16_000) for g in range(4))) for i in range(6)]
+    decided = []
+    for with_kernel in (True, False):
+        kernel.use(with_kernel)
+        try:
+            snapshot, policy, out = build_snapshot(nodes), make_policy("ours", workload=workload), []
+            for request in shares[::7]:
+                decision = place(snapshot, request, policy)
+                out.append((decision.bindings, decision.reasons))
+                if decision.placed:
+                    snapshot = apply(snapshot, decision)
+            tables = policy.memo.rows.tables
+            assert tables is not None and not kernel.supports(tables)
+            decided.append(out)
+        finally:
+            kernel.use(False)
+    assert decided[0] == decided[1]

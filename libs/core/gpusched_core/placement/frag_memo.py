@@ -89,7 +89,7 @@ class FragmentationMemo:
         """Growth and derived values of ``stale`` nodes, each node state once when there are many (GPU
         memory, which a state leaves out, is then compared node by node)."""
         rows = self.rows
-        if kernel.available() and all(m in rows.before for m in self.measures):
+        if kernel.available() and kernel.supports(tables) and all(m in rows.before for m in self.measures):
             growth = kernel.growth(tables, snapshot, request, stale, rows.count, rows.usable, rows.before,
                                    self.measures)  # fmt: skip
             return growth, (() if self.derive is None else self.derive(growth))

@@ -53,6 +53,19 @@ def available() -> bool:
     return ENABLED
 
 
+_MAX_GPUS, _MAX_GROUPS = 64, 256  # _kernel.c's MAX_GPUS and MAX_GROUPS
+
+
+def supports(tables: GrowthTables) -> bool:
+    """Whether the kernel takes ``tables``: at most 64 GPUs a node and 256 GPU groups in the typical
+    workload (numpy decides beyond)."""
+    return tables.layout.max_gpus <= _MAX_GPUS and tables.group_milli.size <= _MAX_GROUPS
+
+
+# what ``choose`` answers where the kernel does not take the tables: the caller decides with numpy
+UNSUPPORTED = object()
+
+
 def use(enabled: bool) -> bool:
     """Turn the kernel on (where built) or off for this process; returns whether decisions now use it.
     Decisions are the same either way (only their speed differs); a policy's memo is best started after."""
@@ -174,10 +187,13 @@ class Choice:
 def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest,
            extra: np.ndarray | None, derive: Derive, class_cost: np.ndarray | None, node_class: np.ndarray | None,
            memory_ratio: float, memory_weight: float, salt: int | None) -> Choice | None:  # fmt: skip
-    """A memoised policy's decision in one kernel call (None: no node passes). ``tables`` is what
+    """A memoised policy's decision in one kernel call (None: no node passes; ``UNSUPPORTED`` where the
+    kernel does not take the tables, see ``supports``). ``tables`` is what
     ``memo.rows.sync(snapshot, ...)`` returned; ``extra``: nodes allowed besides the checks (a selector, a
     gang's domain); ``class_cost``: each node class's scarcity cost (weighted), ``memory_ratio`` 0 for no
     memory cost; ties go to node order, or to the smallest seeded hash under ``salt``."""
+    if not supports(tables):
+        return UNSUPPORTED  # type: ignore[return-value]
     rows = memo.rows
     entry = memo.entry(tables, request)
     kind, milli, gpu_count, memory = _request(request)

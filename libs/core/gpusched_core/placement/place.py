@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import tiebreak
+from . import kernel, tiebreak
 from .devices import bind
 from .feasibility import explain, feasible_mask
 from .model import Binding, Decision, GangRequest, GpuShare, MigSlice, NodeClassReason, PodRequest, RequestId, WholeGpus
@@ -47,9 +47,10 @@ def _choose(
         choice = policy.choose(snapshot, request, extra, salt)  # type: ignore[attr-defined]
         if choice is None:
             return None
-        binding = bind(snapshot, request, choice.row, choice.share_gpu)
-        return binding, _why(policy, policy.meaning, choice.value, binding, choice.feasible, choice.ties, rule), \
-            choice.value  # fmt: skip
+        if choice is not kernel.UNSUPPORTED:
+            binding = bind(snapshot, request, choice.row, choice.share_gpu)
+            return binding, _why(policy, policy.meaning, choice.value, binding, choice.feasible, choice.ties,
+                                 rule), choice.value  # fmt: skip
     mask = feasible_mask(snapshot, request)
     if allowed is not None:
         mask &= allowed

@@ -70,8 +70,9 @@ class RowState:
         if any(m not in self.before for m in measures):
             self.measures += tuple(m for m in measures if m not in self.before)
             self.snapshot = None  # start over with the new measure (once)
-        if self.in_c != kernel.available():
-            self.in_c, self.snapshot = kernel.available(), None  # start over: state ids are kept for numpy alone
+        in_c = kernel.available() and (self.tables is None or kernel.supports(self.tables))
+        if self.in_c != in_c:
+            self.in_c, self.snapshot = in_c, None  # start over: state ids are kept for numpy alone
         if snapshot is self.snapshot and self.tables is not None:
             return self.tables
         if self.tables is None or self.snapshot is None or not self.tables.serves(snapshot.layout):
@@ -91,6 +92,7 @@ class RowState:
     def _reset(self, snapshot: ClusterSnapshot, layout: ClusterLayout) -> None:
         if self.tables is None or not self.tables.serves(layout):
             self.tables = GrowthTables.of(self.workload, layout)
+        self.in_c = kernel.available() and kernel.supports(self.tables)
         count, groups = layout.node_count, len(self.tables.group_milli)
         self.version, self.state = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
         self.cpu_class = np.zeros(count, dtype=np.int64)
