@@ -185,8 +185,10 @@ class FragAwarePolicy:
         previous, rows = self.memo.rows.last_change
         in_step = kept is not None and kept[0] is classes and self.memo.rows.snapshot is snapshot
         if in_step and previous is not None and rows is not None and kept[1] is previous:  # type: ignore[index]
-            delta = snapshot.share_free_total[rows] - previous.share_free_total[rows]
-            free = kept[2] + np.bincount(classes.node_class[rows], weights=delta, minlength=size)
+            free = kept[2].copy()  # type: ignore[index]
+            now, before, node_class = snapshot.share_free_total, previous.share_free_total, classes.node_class
+            for row in rows.tolist():  # a node or two: plain adds cost less than a bincount
+                free[node_class[row]] += float(now[row] - before[row])
         else:
             free = np.bincount(classes.node_class, weights=snapshot.share_free_total, minlength=size)
         self._class_free = (classes, snapshot, free)

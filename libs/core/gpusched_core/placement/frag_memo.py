@@ -67,6 +67,7 @@ class FragmentationMemo:
     derive: Derive | None = None
     rows: RowState = field(init=False)
     _entries: OrderedDict[tuple[object, ...], _Entry] = field(default_factory=OrderedDict)
+    scratch: dict[int, tuple[np.ndarray, ...]] = field(default_factory=dict)  # ``kernel.choose``'s, per node count
 
     def __post_init__(self) -> None:
         self.rows = RowState(self.workload)

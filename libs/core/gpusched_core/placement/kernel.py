@@ -86,7 +86,7 @@ def _free(snapshot: ClusterSnapshot) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def tables_for(tables: GrowthTables, measures: tuple[str, ...]) -> Any:
     """The kernel's copy of ``tables`` under ``measures`` (kept on the tables: built once)."""
-    key = ("kernel", *sorted(set(measures)))
+    key = ("kernel", measures)
     kept = tables._class_tables.get(key)
     if kept is None:
         breaks, fits, cap = tables.cpu_class_tables(measures)
@@ -184,6 +184,17 @@ class Choice:
     ties: int
 
 
+def _scratch(memo: FragmentationMemo, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``choose``'s per-node scores, GPUs and tied rows for ``count`` nodes, kept on the memo: written and read
+    within one call, and a memo (as the policy it belongs to) serves one decision at a time."""
+    arrays = memo.scratch.get(count)
+    if arrays is None:
+        memo.scratch.clear()
+        arrays = memo.scratch[count] = (np.empty(count), np.empty(count, dtype=np.int64),
+                                        np.empty(count, dtype=np.int64))  # fmt: skip
+    return arrays
+
+
 def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest,
            extra: np.ndarray | None, derive: Derive, class_cost: np.ndarray | None, node_class: np.ndarray | None,
            memory_ratio: float, memory_weight: float, salt: int | None) -> Choice | None:  # fmt: skip
@@ -199,8 +210,7 @@ def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnaps
     kind, milli, gpu_count, memory = _request(request)
     growth = dict(zip(memo.measures, entry.growth, strict=True))
     values, best_gpu = entry.derived
-    count = tables.layout.node_count
-    scores, gpus, tied = np.empty(count), np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
+    scores, gpus, tied = _scratch(memo, tables.layout.node_count)
     passed, row, gpu, value, ties = _kernel.choose(
         tables_for(tables, memo.measures), kind, milli, gpu_count, request.cpu_milli, memory, request.memory_mib,
         request.gpu_milli_total, *_growth_inputs(tables, snapshot, request, rows.count, rows.usable, rows.before),
