@@ -102,8 +102,10 @@ bench-telemetry: install
 bench-quota: install
 	$(BIN)/python benchmarks/bench_quota.py
 
+## bench-placement: the placement policies alone, decisions/s at 1k, 5k and 10k nodes (KERNEL=numpy: without the
+## engine's C kernel, for a comparison in the same run)
 bench-placement: install
-	$(BIN)/python benchmarks/bench_placement.py
+	$(BIN)/python benchmarks/bench_placement.py --kernel $${KERNEL:-c}
 
 schemas: install
 	$(BIN)/gpusched export-schemas
