@@ -732,4 +732,13 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", "Fragmentation kernels (see kernel.py).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernel(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    /* the largest tables it takes (``kernel.supports``) */
+    if (PyModule_AddIntConstant(m, "MAX_GPUS", MAX_GPUS) < 0 || PyModule_AddIntConstant(m, "MAX_GROUPS", MAX_GROUPS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,11 +1,13 @@
-"""Fragmentation statistics and growth of a few nodes in C (``_kernel.c``), when it is built.
+"""The placement engine's C kernel (``_kernel.c``), when it is built: a memoised policy's decision in one call.
 
-Why: a placement decision under ``fgd`` or ``ours`` recomputes the growth of the few nodes that changed
-since the shape asked was last weighed, and the statistics of the node the last decision took. In numpy
-that is some 60 array calls on a few rows, each a microsecond or two of call overhead whatever the rows:
-about two thirds of a decision at 1,000 nodes. The C version does the same arithmetic node by node in one
-call. It computes what ``growth.py`` computes, with the same formula and the same rounding to a millionth
-of a milli (tested equal, and both against the plain reference, in the placement engine's unit tests).
+Why: a decision under ``fgd`` or ``ours`` recomputes the growth of the few nodes that changed since the
+shape asked was last weighed, and the statistics of the node the last decision took. In numpy that is
+some 60 array calls on a few rows, each a microsecond or two of call overhead whatever the rows, besides
+the passes over every node (feasibility, costs, the best): about 300 us a decision at 1,000 nodes.
+``choose`` does all of it node by node in one call; ``stats`` and ``changed`` keep ``RowState`` in step;
+``growth``, ``best`` and ``memory_cost`` serve the numpy-shaped path (``score``) where it still runs. Each
+computes what ``growth.py`` and the policies compute, with the same formulas and the same rounding
+(tested equal, and against the plain reference, in the placement engine's unit tests).
 
 The extension is built by ``pip install`` (``setup.py``, optional: without a C compiler the install still
 succeeds and numpy does the work). The placement service's ``GPUSCHED_PLACEMENT_KERNEL=numpy`` turns it
@@ -33,9 +35,6 @@ try:  # built by setup.py; absent where no C compiler was found at install time
 except ImportError:  # pragma: no cover - depends on the install
     _kernel = None
 
-_KIND = {GpuShare: 2, WholeGpus: 1}
-
-
 # stale nodes in one decision from which nodes alike are computed once (``choose``)
 DEDUPE_FROM = 64
 
@@ -53,13 +52,10 @@ def available() -> bool:
     return ENABLED
 
 
-_MAX_GPUS, _MAX_GROUPS = 64, 256  # _kernel.c's MAX_GPUS and MAX_GROUPS
-
-
 def supports(tables: GrowthTables) -> bool:
-    """Whether the kernel takes ``tables``: at most 64 GPUs a node and 256 GPU groups in the typical
-    workload (numpy decides beyond)."""
-    return tables.layout.max_gpus <= _MAX_GPUS and tables.group_milli.size <= _MAX_GROUPS
+    """Whether the kernel takes ``tables``: at most ``_kernel.MAX_GPUS`` (64) GPUs a node and ``MAX_GROUPS``
+    (256) GPU groups in the typical workload (numpy decides beyond)."""
+    return tables.layout.max_gpus <= _kernel.MAX_GPUS and tables.group_milli.size <= _kernel.MAX_GROUPS
 
 
 # what ``choose`` answers where the kernel does not take the tables: the caller decides with numpy
@@ -240,9 +236,7 @@ def best(growth: np.ndarray, capped: np.ndarray | None, step: float, scale: floa
     _kernel.best(rows, width, np.ascontiguousarray(growth, dtype=np.float64),
                  None if capped is None else np.ascontiguousarray(capped, dtype=np.float64),
                  float(MAX_NODE_SCORE), step, scale, clip, values, gpu)  # fmt: skip
-    if growth.ndim == 1:
-        gpu[:] = 0
-    return values, gpu
+    return values, gpu  # a row of one value: GPU 0
 
 
 def memory_cost(snapshot: ClusterSnapshot, nodes: np.ndarray, ratio: float, request: PodRequest,
