@@ -446,6 +446,17 @@ static PyObject *best(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The growth of the GPU milli a node's free memory can no longer serve at ``ratio`` MiB per milli if a
+ * request of ``gpu_milli`` and ``asked`` (its memory / ratio) went there: max(gpu - g - (memory - asked), 0)
+ * - max(gpu - memory, 0), memory = free MiB / ratio, the same operations in the same order as numpy's. */
+static inline double memory_growth(int64_t total, int64_t memory_free, double ratio, double asked, int64_t gpu_milli) {
+    double gpu = (double)total, memory = (double)memory_free / ratio;
+    double before = gpu - memory, after = gpu - (double)gpu_milli - (memory - asked);
+    before = before > 0.0 ? before : 0.0;
+    after = after > 0.0 ? after : 0.0;
+    return after - before;
+}
+
 /* memory_cost(total (N,) int64, memory_free (N,) int64, nodes (R,) int64, ratio, gpu_milli, memory_mib, weight,
  *             out (R,) f64) -> bool
  * ``FragAwarePolicy._memory_cost``: weight x the growth of the GPU milli each node's free memory can no longer
@@ -474,11 +485,7 @@ static PyObject *memory_cost(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < r; i++) {
         int64_t row = nodes[i];
         if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: node out of range"); return NULL; }
-        double gpu = (double)total[row], memory = (double)memory_free[row] / ratio;
-        double before = gpu - memory, after = gpu - (double)gpu_milli - (memory - asked);
-        before = before > 0.0 ? before : 0.0;
-        after = after > 0.0 ? after : 0.0;
-        double growth = after - before;
+        double growth = memory_growth(total[row], memory_free[row], ratio, asked, gpu_milli);
         any |= growth != 0.0;
         out[i] = weight * growth;
     }
@@ -684,11 +691,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
             costed = 1;
         }
         if (with_memory) {
-            double gpu = (double)q.total[row], memory = (double)memory_free[row] / ratio;
-            double before = gpu - memory, after = gpu - (double)gpu_milli_total - (memory - asked);
-            before = before > 0.0 ? before : 0.0;
-            after = after > 0.0 ? after : 0.0;
-            double m = memory_weight * (after - before);
+            double m = memory_weight * memory_growth(q.total[row], memory_free[row], ratio, asked, gpu_milli_total);
             cost = costed ? cost + m : m;
         }
         double value;
