@@ -209,34 +209,106 @@ static PyObject *stats(PyObject *self, PyObject *args) {
 }
 
 /* changed(gpus, old_share_free (N,G) int32, new_share_free, old_cpu (N,) int64, new_cpu, old_gpu_memory (N,G)
- *         int64 | None, new_gpu_memory | None, out (N,) int64) -> count
+ *         int64 | None, new_gpu_memory | None, out (N,) int64, among (R,) int64 | None) -> count
  * The nodes (ascending, into ``out``) whose free CPU or share-usable GPU milli, or GPU memory when given,
- * differ between two snapshots (``row_state.changed_rows``). */
+ * differ between two snapshots (``row_state.changed_rows``): among all, or among the ascending ``among``. */
 static PyObject *changed(PyObject *self, PyObject *args) {
-    PyObject *o[7];
+    PyObject *o[8];
     Py_ssize_t G;
-    if (!PyArg_ParseTuple(args, "nOOOOOOO", &G, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6])) return NULL;
+    o[7] = Py_None;
+    if (!PyArg_ParseTuple(args, "nOOOOOOO|O", &G, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7]))
+        return NULL;
     Py_ssize_t n = PyObject_Length(o[2]);
     if (n < 0) return NULL;
     Buffers b = {.used = 0};
     int32_t *old_free, *new_free;
-    int64_t *old_cpu, *new_cpu, *old_memory, *new_memory, *out;
+    int64_t *old_cpu, *new_cpu, *old_memory, *new_memory, *out, *among;
+    Py_ssize_t r = n;
+    if (o[7] != Py_None && (r = PyObject_Length(o[7])) < 0) return NULL;
+    if (take(&b, o[7], 0, r, 8, 1, "among", (void **)&among) ||
+        take(&b, o[0], 0, n * G, 4, 0, "old_share_free", (void **)&old_free) ||
+        take(&b, o[1], 0, n * G, 4, 0, "new_share_free", (void **)&new_free) ||
+        take(&b, o[2], 0, n, 8, 0, "old_cpu", (void **)&old_cpu) ||
+        take(&b, o[3], 0, n, 8, 0, "new_cpu", (void **)&new_cpu) ||
+        take(&b, o[4], 0, n * G, 8, 1, "old_gpu_memory", (void **)&old_memory) ||
+        take(&b, o[5], 0, n * G, 8, 1, "new_gpu_memory", (void **)&new_memory) ||
+        take(&b, o[6], 1, r, 8, 0, "out", (void **)&out)) {
+        release_all(&b);
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    int memory = old_memory && new_memory;
+    for (Py_ssize_t i = 0; i < r; i++) {
+        Py_ssize_t row = among ? among[i] : i;
+        if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return NULL; }
+        if (old_cpu[row] != new_cpu[row] || memcmp(old_free + row * G, new_free + row * G, (size_t)G * 4) != 0 ||
+            (memory && memcmp(old_memory + row * G, new_memory + row * G, (size_t)G * 8) != 0))
+            out[k++] = row;
+    }
+    release_all(&b);
+    return PyLong_FromSsize_t(k);
+}
+
+/* step(tables, old_share_free (N,G) int32, new_share_free, old_cpu (N,) int64, new_cpu, old_gpu_memory (N,G)
+ *      int64 | None, new_gpu_memory | None, among (R,) int64 | None, gpu_model (N,G) int64, total (N,) int64,
+ *      version (N,) int64 out, clock, count (N,H) int64 out, usable out, fgd (N,) f64 out | None, capped out | None,
+ *      cpu_class (N,) int64 out, out (R or N,) int64) -> count
+ * ``changed`` and ``stats`` in one pass (``RowState.sync``): the nodes that changed (among all, or among the
+ * ascending ``among``) get version ``clock`` and their statistics again, and are written to ``out``. */
+static PyObject *step(PyObject *self, PyObject *args) {
+    PyObject *capsule, *o[16];
+    long long clock;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOLOOOOOO", &capsule, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7], &o[8], &o[9], &clock, &o[10], &o[11], &o[12], &o[13], &o[14], &o[15]))
+        return NULL;
+    Tables *t = tables_of(capsule);
+    if (t == NULL) return NULL;
+    Py_ssize_t n = PyObject_Length(o[2]), r = n;
+    if (n < 0) return NULL;
+    if (o[6] != Py_None && (r = PyObject_Length(o[6])) < 0) return NULL;
+    Py_ssize_t G = t->gpus, H = t->groups;
+    Buffers b = {.used = 0};
+    int32_t *old_free, *new_free;
+    int64_t *old_cpu, *new_cpu, *old_memory, *new_memory, *among, *gpu_model, *total, *version, *count, *usable,
+        *klass, *out;
+    double *fgd, *capped;
     if (take(&b, o[0], 0, n * G, 4, 0, "old_share_free", (void **)&old_free) ||
         take(&b, o[1], 0, n * G, 4, 0, "new_share_free", (void **)&new_free) ||
         take(&b, o[2], 0, n, 8, 0, "old_cpu", (void **)&old_cpu) ||
         take(&b, o[3], 0, n, 8, 0, "new_cpu", (void **)&new_cpu) ||
         take(&b, o[4], 0, n * G, 8, 1, "old_gpu_memory", (void **)&old_memory) ||
         take(&b, o[5], 0, n * G, 8, 1, "new_gpu_memory", (void **)&new_memory) ||
-        take(&b, o[6], 1, n, 8, 0, "out", (void **)&out)) {
+        take(&b, o[6], 0, r, 8, 1, "among", (void **)&among) ||
+        take(&b, o[7], 0, n * G, 8, 0, "gpu_model", (void **)&gpu_model) ||
+        take(&b, o[8], 0, n, 8, 0, "total", (void **)&total) ||
+        take(&b, o[9], 1, n, 8, 0, "version", (void **)&version) ||
+        take(&b, o[10], 1, n * H, 8, 0, "count", (void **)&count) ||
+        take(&b, o[11], 1, n * H, 8, 0, "usable", (void **)&usable) ||
+        take(&b, o[12], 1, n, 8, 1, "fgd", (void **)&fgd) ||
+        take(&b, o[13], 1, n, 8, 1, "capped", (void **)&capped) ||
+        take(&b, o[14], 1, n, 8, 0, "cpu_class", (void **)&klass) ||
+        take(&b, o[15], 1, r, 8, 0, "out", (void **)&out)) {
         release_all(&b);
         return NULL;
     }
     Py_ssize_t k = 0;
     int memory = old_memory && new_memory;
-    for (Py_ssize_t row = 0; row < n; row++) {
-        if (old_cpu[row] != new_cpu[row] || memcmp(old_free + row * G, new_free + row * G, (size_t)G * 4) != 0 ||
-            (memory && memcmp(old_memory + row * G, new_memory + row * G, (size_t)G * 8) != 0))
-            out[k++] = row;
+    int64_t free_milli[MAX_GPUS];
+    for (Py_ssize_t i = 0; i < r; i++) {
+        Py_ssize_t row = among ? among[i] : i;
+        if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return NULL; }
+        if (old_cpu[row] == new_cpu[row] && memcmp(old_free + row * G, new_free + row * G, (size_t)G * 4) == 0 &&
+            !(memory && memcmp(old_memory + row * G, new_memory + row * G, (size_t)G * 8) != 0))
+            continue;
+        out[k++] = row;
+        version[row] = clock;
+        for (Py_ssize_t g = 0; g < G; g++) free_milli[g] = new_free[row * G + g];
+        group_stats(t, free_milli, gpu_model + row * G, count + row * H, usable + row * H);
+        double a, c;
+        usable_sums(t, count + row * H, usable + row * H, new_cpu[row], &a, &c);
+        if (fgd) fgd[row] = (double)total[row] - a;
+        if (capped) capped[row] = (double)total[row] - c;
+        klass[row] = cpu_class(t, new_cpu[row]);
     }
     release_all(&b);
     return PyLong_FromSsize_t(k);
@@ -728,6 +800,7 @@ static PyMethodDef methods[] = {
     {"best", best, METH_VARARGS, "Each node's best score and GPU from its growth."},
     {"tables", make_tables, METH_VARARGS, "Copy a workload's group and shape tables (a capsule)."},
     {"stats", stats, METH_VARARGS, "Group figures, fragmentation and CPU class of some nodes."},
+    {"step", step, METH_VARARGS, "The nodes that changed between two snapshots, their statistics again."},
     {"growth", growth, METH_VARARGS, "Fragmentation growth of some nodes if a request went there."},
     {NULL, NULL, 0, NULL},
 };

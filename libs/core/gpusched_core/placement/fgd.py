@@ -30,6 +30,8 @@ from .snapshot import ClusterSnapshot
 __all__ = ["FgdPolicy", "FragmentationMemo", "best_fgd_score", "best_per_node", "fgd_scores", "frag_growth",
            "sigmoid_score"]
 
+_NO_SECONDARY = kernel.Derive(False)  # FGD's best score is the truncated sigmoid alone
+
 
 def _frag(free: np.ndarray, cpu: np.ndarray, shapes: ShapeArrays, rows: np.ndarray, measure: str) -> np.ndarray:
     return free.sum(axis=-1) - usable_milli(free, cpu, shapes, rows, measure)
@@ -148,7 +150,7 @@ class FgdPolicy:
                salt: int | None) -> kernel.Choice | None:  # fmt: skip
         """The decision ``score`` and ``place`` would make, in one kernel call (``kernel.choose``)."""
         tables = self.memo.sync(snapshot, request)
-        return kernel.choose(self.memo, tables, snapshot, request, allowed, kernel.Derive(False), None, None, 0.0,
+        return kernel.choose(self.memo, tables, snapshot, request, allowed, _NO_SECONDARY, None, None, 0.0,
                              0.0, salt)  # fmt: skip
 
     def fast(self, request: PodRequest) -> bool:

@@ -68,19 +68,23 @@ class FragAwarePolicy:
     scarcity_slack: float = 0.8
     memory_weight: float = 2.0
     memo: FragmentationMemo = field(init=False)
-    _pressure: tuple[ClusterLayout, np.ndarray | None, NodeClasses] | None = field(init=False, default=None)
-    _class_free: tuple[NodeClasses, ClusterSnapshot, np.ndarray] | None = field(init=False, default=None)
+    _pressure: tuple[ClusterLayout, np.ndarray | None, NodeClasses, list[float]] | None = field(init=False,
+                                                                                            default=None)  # fmt: skip
+    _class_free: tuple[NodeClasses, ClusterSnapshot, list[float]] | None = field(init=False, default=None)
+    _derive: kernel.Derive = field(init=False)
 
     def __post_init__(self) -> None:
         typical = self.workload.most_popular(self.popularity)
         self.memo = FragmentationMemo(typical, ("fgd", "capped"), derive=lambda growth: self._best(*growth))
+        self._derive = kernel.Derive(True, self.secondary_step_milli, _SECONDARY_SCALE, _SECONDARY_CLIP)
 
     def pressure_for(self, layout: ClusterLayout) -> np.ndarray | None:
         """Pressure of constrained demand on each of the layout's node classes (None: none)."""
         if self._pressure is None or self._pressure[0] is not layout:
             classes = NodeClasses.of(layout)
             pressure = class_pressure(self.workload, classes) if self.scarcity_weight else None
-            self._pressure = (layout, pressure if pressure is not None and pressure.any() else None, classes)
+            pressure = pressure if pressure is not None and pressure.any() else None
+            self._pressure = (layout, pressure, classes, [] if pressure is None else pressure.tolist())
         return self._pressure[1]
 
     def score(self, candidates: Candidates) -> NodeScores:
@@ -127,8 +131,7 @@ class FragAwarePolicy:
         ratio = self.workload.memory_per_milli
         memory = ratio if self.memory_weight and ratio is not None and request.memory_mib else 0.0
         classes = None if cost is None else self._pressure[2].node_class  # type: ignore[index]
-        derive = kernel.Derive(True, self.secondary_step_milli, _SECONDARY_SCALE, _SECONDARY_CLIP)
-        return kernel.choose(self.memo, tables, snapshot, request, allowed, derive, cost, classes, memory,
+        return kernel.choose(self.memo, tables, snapshot, request, allowed, self._derive, cost, classes, memory,
                              self.memory_weight, salt)  # fmt: skip
 
     def fast(self, request: PodRequest) -> bool:
@@ -146,17 +149,18 @@ class FragAwarePolicy:
     def _class_cost(self, snapshot: ClusterSnapshot, request: PodRequest) -> np.ndarray | None:
         """(K + 1,) the weighted scarcity cost of a node of each class, or None where it is 0 for every
         class (see ``_scarcity``)."""
-        pressure = self.pressure_for(snapshot.layout)
-        if pressure is None:
+        if self.pressure_for(snapshot.layout) is None:
             return None
-        classes = self._pressure[2]  # type: ignore[index]
+        _, pressure, classes, pressure_list = self._pressure  # type: ignore[misc]
         free = self._free_per_class(snapshot, classes, pressure.size)  # in step on every decision
-        if request.gpu_milli_total == 0:
+        milli = request.gpu_milli_total
+        if milli == 0:
             return None
-        per_class = class_excess(pressure, classes, free, request, self.scarcity_slack)
-        if per_class is None or not per_class.any():
+        per_class = class_excess(pressure_list, classes, free, request, self.scarcity_slack)
+        if per_class is None or not any(per_class):
             return None
-        return self.scarcity_weight * (np.minimum(per_class, _MAX_PRESSURE) * request.gpu_milli_total)
+        weight = self.scarcity_weight  # the same operations, in the same order, as numpy's on the array
+        return np.array([weight * (min(x, _MAX_PRESSURE) * milli) for x in per_class])
 
     def _memory_cost(self, snapshot: ClusterSnapshot, request: PodRequest, nodes: np.ndarray) -> np.ndarray | None:
         """(len(nodes),) weighted growth of the GPU milli each node's free memory can no longer serve at
@@ -175,8 +179,8 @@ class FragAwarePolicy:
             return None
         return self.memory_weight * growth
 
-    def _free_per_class(self, snapshot: ClusterSnapshot, classes: NodeClasses, size: int) -> np.ndarray:
-        """(K,) free share-usable GPU milli per class. A decision changes a node or two: the last sums
+    def _free_per_class(self, snapshot: ClusterSnapshot, classes: NodeClasses, size: int) -> list[float]:
+        """(K) free share-usable GPU milli per class. A decision changes a node or two: the last sums
         move by what the memo's rows saw change since the snapshot they were taken on (whole milli:
         the float sums are exact either way), instead of a sum over every node per decision."""
         kept = self._class_free
@@ -190,7 +194,7 @@ class FragAwarePolicy:
             for row in rows.tolist():  # a node or two: plain adds cost less than a bincount
                 free[node_class[row]] += float(now[row] - before[row])
         else:
-            free = np.bincount(classes.node_class, weights=snapshot.share_free_total, minlength=size)
+            free = np.bincount(classes.node_class, weights=snapshot.share_free_total, minlength=size).tolist()
         self._class_free = (classes, snapshot, free)
         return free
 

@@ -104,14 +104,15 @@ def gpu_models(tables: GrowthTables) -> np.ndarray:
     return kept
 
 
-def changed(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np.ndarray:
-    """``row_state.changed_rows`` in one pass."""
-    out = np.empty(new.layout.node_count, dtype=np.int64)
+def changed(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool, among: np.ndarray | None = None) -> np.ndarray:
+    """``row_state.changed_rows`` in one pass (over ``among`` alone when given)."""
+    out = np.empty(new.layout.node_count if among is None else among.size, dtype=np.int64)
     gpus = new.layout.max_gpus
     count = _kernel.changed(gpus, np.ascontiguousarray(old.share_free, dtype=np.int32),
                             np.ascontiguousarray(new.share_free, dtype=np.int32), _i64(old.cpu_free),
                             _i64(new.cpu_free), _i64(old.gpu_memory_free) if memory else None,
-                            _i64(new.gpu_memory_free) if memory else None, out)  # fmt: skip
+                            _i64(new.gpu_memory_free) if memory else None, out,
+                            None if among is None else _i64(among))  # fmt: skip
     return out[:count]
 
 
@@ -122,6 +123,19 @@ def stats(tables: GrowthTables, measures: tuple[str, ...], snapshot: ClusterSnap
     share_free, total, cpu = _free(snapshot)
     _kernel.stats(tables_for(tables, measures), share_free, gpu_models(tables), total, cpu, _i64(rows), count, usable,
                   before.get("fgd"), before.get("capped"), cpu_class)  # fmt: skip
+
+
+def step(tables: GrowthTables, measures: tuple[str, ...], old: ClusterSnapshot, new: ClusterSnapshot, memory: bool,
+         among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray, usable: np.ndarray,
+         before: dict[str, np.ndarray], cpu_class: np.ndarray) -> np.ndarray:  # fmt: skip
+    """``changed`` then ``stats`` on the nodes that changed, in one call: returns those nodes, now at
+    version ``clock`` with their statistics again (``RowState.sync``)."""
+    out = np.empty(new.layout.node_count if among is None else among.size, dtype=np.int64)
+    k = _kernel.step(tables_for(tables, measures), old.share_free, new.share_free, old.cpu_free, new.cpu_free,
+                     old.gpu_memory_free if memory else None, new.gpu_memory_free if memory else None, among,
+                     gpu_models(tables), new.share_free_total, version, clock, count, usable, before.get("fgd"),
+                     before.get("capped"), cpu_class, out)  # fmt: skip
+    return out[:k]
 
 
 def _request(request: PodRequest) -> tuple[int, int, int, int]:
@@ -198,24 +212,29 @@ def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnaps
     kernel does not take the tables, see ``supports``). ``tables`` is what
     ``memo.rows.sync(snapshot, ...)`` returned; ``extra``: nodes allowed besides the checks (a selector, a
     gang's domain); ``class_cost``: each node class's scarcity cost (weighted), ``memory_ratio`` 0 for no
-    memory cost; ties go to node order, or to the smallest seeded hash under ``salt``."""
+    memory cost; ties go to node order, or to the smallest seeded hash under ``salt``.
+
+    Every decision passes here: the snapshot's arrays go to the kernel as they are (their dtypes are fixed
+    where snapshots are made; the kernel checks each array's size and raises on a mismatch)."""
     if not supports(tables):
         return UNSUPPORTED  # type: ignore[return-value]
     rows = memo.rows
     entry = memo.entry(tables, request)
     kind, milli, gpu_count, memory = _request(request)
-    growth = dict(zip(memo.measures, entry.growth, strict=True))
+    growth, measures = entry.growth, memo.measures
+    capped = growth[measures.index("capped")] if "capped" in measures else None
     values, best_gpu = entry.derived
     scores, gpus, tied = _scratch(memo, tables.layout.node_count)
+    allowed = tables.layout.model_mask(request.allowed_models) if request.allowed_models and kind else None
+    before = rows.before
     passed, row, gpu, value, ties = _kernel.choose(
         tables_for(tables, memo.measures), kind, milli, gpu_count, request.cpu_milli, memory, request.memory_mib,
-        request.gpu_milli_total, *_growth_inputs(tables, snapshot, request, rows.count, rows.usable, rows.before),
-        _i64(snapshot.memory_free), extra, rows.version, entry.version, growth.get("fgd"), growth.get("capped"),
-        values, best_gpu, class_cost, None if node_class is None else _i64(node_class),
-        np.ascontiguousarray(snapshot.full_free_count, dtype=np.int32),
-        np.ascontiguousarray(snapshot.max_share_free, dtype=np.int32), memory_ratio, memory_weight,
-        float(MAX_NODE_SCORE), derive.step, derive.scale, derive.clip, derive.secondary, scores, gpus, tied,
-        salt is not None, DEDUPE_FROM)  # fmt: skip
+        request.gpu_milli_total, snapshot.share_free, gpu_models(tables), allowed,
+        snapshot.gpu_memory_free if memory else None, snapshot.share_free_total, snapshot.cpu_free, rows.count,
+        rows.usable, before.get("fgd"), before.get("capped"), snapshot.memory_free, extra, rows.version,
+        entry.version, growth[measures.index("fgd")], capped, values, best_gpu, class_cost, None if node_class is None else _i64(node_class),
+        snapshot.full_free_count, snapshot.max_share_free, memory_ratio, memory_weight, _MAX_SCORE, derive.step,
+        derive.scale, derive.clip, derive.secondary, scores, gpus, tied, salt is not None, DEDUPE_FROM)  # fmt: skip
     if passed == 0:
         return None
     if salt is not None and ties > 1:
@@ -223,6 +242,9 @@ def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnaps
         row = int(candidates[np.argmin(tiebreak.keys(candidates, salt))])
         gpu = int(gpus[row])
     return Choice(row, gpu if kind == 2 else None, value, passed, ties)
+
+
+_MAX_SCORE = float(MAX_NODE_SCORE)
 
 
 def best(growth: np.ndarray, capped: np.ndarray | None, step: float, scale: float,

@@ -21,9 +21,18 @@ from .snapshot import ClusterSnapshot
 
 
 def changed_rows(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np.ndarray:
-    """Nodes whose free CPU or share-usable GPU milli (and GPU memory when ``memory``) differ."""
+    """Nodes whose free CPU or share-usable GPU milli (and GPU memory when ``memory``) differ: among the
+    nodes the updates from ``old`` to ``new`` touched where ``new``'s lineage tells them (a decision's
+    node or two instead of a pass over every node), else among all."""
+    among = new.touched_since(old) if old.layout is new.layout else None
     if kernel.available() and old.layout.max_gpus == new.layout.max_gpus:
-        return kernel.changed(old, new, memory)
+        return kernel.changed(old, new, memory, among)
+    if among is not None:
+        mark = old.cpu_free[among] != new.cpu_free[among]
+        mark |= (old.share_free[among] != new.share_free[among]).any(axis=1)
+        if memory:
+            mark |= (old.gpu_memory_free[among] != new.gpu_memory_free[among]).any(axis=1)
+        return among[mark]
     mark = old.cpu_free != new.cpu_free
     mark[_rows_differing(old.share_free, new.share_free)] = True
     if memory:
@@ -58,7 +67,6 @@ class RowState:
         self.memory = False  # GPU memory compared too (from the first request that asks for some)
         self.in_c = kernel.available()  # kept by the C kernel: no state ids (its choice compares nodes in full)
         self._ids: dict[bytes, int] = {}
-        self._model_free: np.ndarray | None = None  # (models + 1,) free share-usable milli per GPU model
         # (previous snapshot, nodes that differ from it) of the last step in step: what a caller keeping
         # sums over nodes adds up instead of summing again; (None, None) after starting over
         self.last_change: tuple[ClusterSnapshot | None, np.ndarray | None] = (None, None)
@@ -75,15 +83,20 @@ class RowState:
             self.in_c, self.snapshot = in_c, None  # start over: state ids are kept for numpy alone
         if snapshot is self.snapshot and self.tables is not None:
             return self.tables
-        if self.tables is None or self.snapshot is None or not self.tables.serves(snapshot.layout):
+        old = self.snapshot
+        if self.tables is None or old is None or not self.tables.serves(snapshot.layout):
             self._reset(snapshot, snapshot.layout)
             self.last_change = (None, None)
+        elif self.in_c and self.measures:  # found and recomputed in one kernel call
+            among = snapshot.touched_since(old) if old.layout is snapshot.layout else None
+            rows = kernel.step(self.tables, self.measures, old, snapshot, self.memory, among, self.version,
+                               self.clock + 1, self.count, self.usable, self.before, self.cpu_class)  # fmt: skip
+            self.clock += 1 if rows.size else 0
+            self.last_change = (old, rows)
         else:
-            rows = changed_rows(self.snapshot, snapshot, self.memory)
-            self.last_change = (self.snapshot, rows)
+            rows = changed_rows(old, snapshot, self.memory)
+            self.last_change = (old, rows)
             if rows.size:
-                if self._model_free is not None:
-                    self._model_free += self._free_by_model(snapshot, rows, self.snapshot)
                 self._recompute(snapshot, rows)
         self.snapshot = snapshot
         assert self.tables is not None
@@ -99,7 +112,7 @@ class RowState:
         self.count, self.usable = np.zeros((count, groups), dtype=np.int64), np.zeros((count, groups), dtype=np.int64)
         self.before = {m: np.zeros(count) for m in self.measures}
         self.breaks = self.tables.cpu_breaks_for(self.measures) if self.measures else np.zeros(1, dtype=np.int64)
-        self._ids, self._model_free = {}, None
+        self._ids = {}
         self._recompute(snapshot, np.arange(count))
 
     def _recompute(self, snapshot: ClusterSnapshot, rows: np.ndarray) -> None:
@@ -134,22 +147,3 @@ class RowState:
         width = len(self.breaks) + 1
         after = self.breaks.searchsorted(self.snapshot.cpu_free[rows] - cpu_milli, side="right")
         return (self.state[rows] * width + self.cpu_class[rows]) * width + after
-
-    def _free_by_model(self, snapshot: ClusterSnapshot, rows: np.ndarray | None = None,
-                       old: ClusterSnapshot | None = None) -> np.ndarray:  # fmt: skip
-        """Free share-usable milli per GPU model (of ``rows``; what they gained since ``old``)."""
-        assert self.tables is not None
-        models, free = self.tables.gpu_model, snapshot.share_free
-        if rows is not None:
-            models, free = models[rows], free[rows]
-            if old is not None:
-                free = free - old.share_free[rows]
-        size = len(self.tables.layout.models) + 1
-        return np.bincount(models.ravel(), weights=free.ravel(), minlength=size).astype(np.int64)
-
-    def model_free(self) -> np.ndarray:
-        """(models,) free share-usable GPU milli of each GPU model in the last snapshot (float, exact)."""
-        assert self.tables is not None and self.snapshot is not None
-        if self._model_free is None:
-            self._model_free = self._free_by_model(self.snapshot)
-        return self._model_free[:-1].astype(np.float64)

@@ -30,6 +30,7 @@ asked`` (see ``scarcity_cost``). A request that fits one class pays nothing (its
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -54,6 +55,11 @@ class NodeClasses:
     models: tuple[tuple[str, ...], ...]  # (K,) the models of one node's GPUs
     cpu_milli: tuple[int, ...]  # (K,) one node's CPU
     _fits: dict[tuple[int, int, frozenset[str]], tuple[bool, ...]] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def counts(self) -> tuple[float, ...]:
+        """``count`` as Python floats."""
+        return tuple(self.count.tolist())
 
     @classmethod
     def of(cls, layout: ClusterLayout) -> NodeClasses:
@@ -108,32 +114,32 @@ def scarcity_cost(pressure: np.ndarray, classes: NodeClasses, snapshot: ClusterS
     """
     size = pressure.size
     free = np.bincount(classes.class_of.ravel(), weights=snapshot.share_free.ravel(), minlength=size + 1)[:size]
-    per_class = class_excess(pressure, classes, free, request, slack)
+    per_class = class_excess(pressure.tolist(), classes, free.tolist(), request, slack)
     if per_class is None:
         return np.zeros((nodes.size, classes.class_of.shape[1]))
-    per_node = np.minimum(per_class[classes.node_class[nodes]], _MAX_PRESSURE) * request.gpu_milli_total
+    per_node = np.minimum(np.array(per_class)[classes.node_class[nodes]], _MAX_PRESSURE) * request.gpu_milli_total
     return np.repeat(per_node[:, None], classes.class_of.shape[1], axis=1)
 
 
-def class_excess(pressure: np.ndarray, classes: NodeClasses, free: np.ndarray, request: PodRequest,
-                 slack: float = 0.8) -> np.ndarray | None:  # fmt: skip
-    """(K + 1,) how far each class's tightness exceeds what the request pays nothing for (see
-    ``scarcity_cost``; the last entry, no GPU, is 0), from the free GPU milli of each class (K,);
+def class_excess(pressure: list[float], classes: NodeClasses, free: list[float], request: PodRequest,
+                 slack: float = 0.8) -> list[float] | None:  # fmt: skip
+    """(K + 1) how far each class's tightness exceeds what the request pays nothing for (see
+    ``scarcity_cost``; the last entry, no GPU, is 0), from each class's pressure and free GPU milli (K);
     None when the cluster has no GPU or the request fits no class.
 
     A handful of classes: plain float arithmetic (the same IEEE operations, in the same order, as
     numpy's elementwise ones) costs less than a dozen numpy calls on every decision."""
-    counts, frees = classes.count.tolist(), free.tolist()
+    counts = classes.counts
     capacity = float(sum(counts)) * MILLI_PER_GPU
     if capacity <= 0:
         return None
-    still_free = float(sum(frees)) / capacity
-    tight = [p * c * MILLI_PER_GPU * still_free / max(f, 1.0) for p, c, f in zip(pressure.tolist(), counts, frees)]
+    still_free = float(sum(free)) / capacity
+    tight = [p * c * MILLI_PER_GPU * still_free / max(f, 1.0) for p, c, f in zip(pressure, counts, free)]
     usable = classes.fits(request.cpu_milli, gpus_asked(request), request.allowed_models)
     if not any(usable):
         return None
     least = max(min(t for t, u in zip(tight, usable, strict=True) if u), slack)
-    return np.array([max(t - least, 0.0) if u else 0.0 for t, u in zip(tight, usable, strict=True)] + [0.0])
+    return [max(t - least, 0.0) if u else 0.0 for t, u in zip(tight, usable, strict=True)] + [0.0]
 
 
 def gpus_asked(request: PodRequest) -> int:

@@ -11,6 +11,7 @@ beyond capacity, and an allocation id is granted at most once.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 import numpy as np
@@ -46,6 +47,26 @@ class ClusterSnapshot:
     max_share_free: np.ndarray
     share_free_total: np.ndarray
     allocations: Allocations
+    # the snapshot this one was made from by an update (held weakly: no chain of old snapshots is kept
+    # alive) and the nodes the update touched (a superset of those whose free capacity changed), or None
+    lineage: tuple[weakref.ref[ClusterSnapshot], np.ndarray] | None = None
+
+    def touched_since(self, other: ClusterSnapshot, hops: int = 4) -> np.ndarray | None:
+        """The nodes touched by the updates that led from ``other`` to this snapshot (ascending; a
+        superset of those whose free capacity differs), or None where the lineage does not reach
+        ``other`` within ``hops`` updates (a snapshot built or rebuilt anew, or one whose parent is gone)."""
+        parts, current = [], self
+        for _ in range(hops):
+            if current.lineage is None:
+                return None
+            parent, rows = current.lineage[0](), current.lineage[1]
+            if parent is None:
+                return None
+            parts.append(rows)
+            if parent is other:
+                return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+            current = parent
+        return None
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -79,13 +100,13 @@ def _derive_rows(layout: ClusterLayout, milli_free, healthy, mig_mode, rows=None
     return share, full, share.max(axis=1), share.sum(axis=1)
 
 
-def _assemble(layout, cpu, memory, milli, gmem, mig, healthy, mig_mode, allocations, derived=None):
+def _assemble(layout, cpu, memory, milli, gmem, mig, healthy, mig_mode, allocations, derived=None, lineage=None):
     if derived is None:
         derived = _derive_rows(layout, milli, healthy, mig_mode)
     arrays = (cpu, memory, milli, gmem, mig, healthy, mig_mode, *derived)
     for array in arrays:
         readonly(array)
-    return ClusterSnapshot(layout, *arrays, allocations=allocations)
+    return ClusterSnapshot(layout, *arrays, allocations=allocations, lineage=lineage)
 
 
 def build_snapshot(nodes: Iterable[Node]) -> ClusterSnapshot:
@@ -194,7 +215,7 @@ class _Draft:
             else base.allocations
         return _assemble(
             self.layout, self.cpu, self.memory, self.milli, self.gmem, self.mig,
-            self.healthy, self.mig_mode, allocations, derived,
+            self.healthy, self.mig_mode, allocations, derived, (weakref.ref(base), readonly(rows)),
         )  # fmt: skip
 
 
