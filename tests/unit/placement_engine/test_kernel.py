@@ -258,3 +258,32 @@ def test_a_workload_beyond_the_kernel_s_tables_is_decided_by_numpy_the_same_way(
         finally:
             kernel.use(False)
     assert decided[0] == decided[1]
+
+
+@given(ratio=st.floats(0.5, 200.0), asked_mib=st.integers(1, 400_000), offsets=st.lists(st.integers(-3, 3), min_size=6,
+                                                                                          max_size=6))  # fmt: skip
+@settings(max_examples=60, deadline=None)
+def test_nodes_at_the_edge_of_the_memory_cost_score_as_numpy_does(ratio: float, asked_mib: int,
+                                                                   offsets: list[int]) -> None:  # fmt: skip
+    """The kernel tells a node with no memory growth by a multiplication instead of the division: nodes
+    whose free memory sits a few MiB either side of what their free GPU milli and the request need at the
+    workload's ratio get the same scores and decision as numpy's."""
+    milli = 2_000  # two whole GPUs asked
+    beyond = max(asked_mib / ratio - milli, 0.0)
+    nodes = []
+    for i, offset in enumerate(offsets):
+        gpus = 4 if i % 2 else 8
+        edge = int((gpus * 1_000 + beyond) * ratio)
+        nodes.append(Node(NodeId(f"n{i}"), 64_000, max(edge + offset * (1 + i), asked_mib),
+                          tuple(Gpu(g, "A100-SXM4-80GB", 80_000) for g in range(gpus))))  # fmt: skip
+    request = PodRequest(RequestId("edge"), WholeGpus(2), 1_000, asked_mib)
+    workload = dataclasses.replace(workload_from_requests([request]), memory_per_milli=ratio)
+    decided = []
+    for with_kernel in (True, False):
+        kernel.use(with_kernel)
+        try:
+            decision = place(build_snapshot(nodes), request, FragAwarePolicy(workload))
+            decided.append((decision.bindings, decision.reasons, decision.score))
+        finally:
+            kernel.use(False)
+    assert decided[0] == decided[1]
