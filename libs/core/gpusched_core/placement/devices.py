@@ -28,15 +28,17 @@ def _share_gpu(snapshot: ClusterSnapshot, request: PodRequest, row: int, free: n
 
 
 def select_whole_gpus(free: np.ndarray, domains: np.ndarray, count: int) -> tuple[int, ...]:
-    """``count`` fully free GPU indices, in as few NVLink domains as possible (-1 = no NVLink)."""
-    full = np.flatnonzero(free == MILLI_PER_GPU)
-    if full.size < count:
-        raise ValueError("not enough fully free GPUs")
+    """``count`` fully free GPU indices, in as few NVLink domains as possible (-1 = no NVLink). A node's
+    handful of GPUs: plain Python over their lists (every whole-GPU decision binds here)."""
     groups: dict[int, list[int]] = {}
-    for index in full.tolist():
-        domain = int(domains[index])
-        key = domain if domain >= 0 else -1 - index  # a GPU without NVLink is a domain of its own
-        groups.setdefault(key, []).append(index)
+    found = 0
+    for index, (milli, domain) in enumerate(zip(free.tolist(), domains.tolist())):
+        if milli == MILLI_PER_GPU:
+            key = domain if domain >= 0 else -1 - index  # a GPU without NVLink is a domain of its own
+            groups.setdefault(key, []).append(index)
+            found += 1
+    if found < count:
+        raise ValueError("not enough fully free GPUs")
     fitting = [g for g in groups.values() if len(g) >= count]
     if fitting:
         tightest = min(fitting, key=lambda g: (len(g), g[0]))

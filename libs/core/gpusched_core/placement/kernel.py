@@ -54,8 +54,12 @@ def available() -> bool:
 
 def supports(tables: GrowthTables) -> bool:
     """Whether the kernel takes ``tables``: at most ``_kernel.MAX_GPUS`` (64) GPUs a node and ``MAX_GROUPS``
-    (256) GPU groups in the typical workload (numpy decides beyond)."""
-    return tables.layout.max_gpus <= _kernel.MAX_GPUS and tables.group_milli.size <= _kernel.MAX_GROUPS
+    (256) GPU groups in the typical workload (numpy decides beyond). Kept on the tables (asked per decision)."""
+    kept = tables._class_tables.get(("kernel-supports",))
+    if kept is None:
+        fits = tables.layout.max_gpus <= _kernel.MAX_GPUS and tables.group_milli.size <= _kernel.MAX_GROUPS
+        kept = tables._class_tables[("kernel-supports",)] = (fits,)  # type: ignore[assignment]
+    return kept[0]  # type: ignore[return-value]
 
 
 # what ``choose`` answers where the kernel does not take the tables: the caller decides with numpy

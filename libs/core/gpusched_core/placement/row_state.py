@@ -67,6 +67,7 @@ class RowState:
         self.memory = False  # GPU memory compared too (from the first request that asks for some)
         self.in_c = kernel.available()  # kept by the C kernel: no state ids (its choice compares nodes in full)
         self._ids: dict[bytes, int] = {}
+        self._asked: tuple[str, ...] | None = None  # the measures last asked for, all kept since
         # (previous snapshot, nodes that differ from it) of the last step in step: what a caller keeping
         # sums over nodes adds up instead of summing again; (None, None) after starting over
         self.last_change: tuple[ClusterSnapshot | None, np.ndarray | None] = (None, None)
@@ -75,9 +76,11 @@ class RowState:
         """Bring every node up to ``snapshot``, keeping ``measures`` too; returns the layout's tables."""
         if memory and not self.memory:
             self.memory, self.snapshot = True, None  # start over: earlier memory changes went unseen
-        if any(m not in self.before for m in measures):
-            self.measures += tuple(m for m in measures if m not in self.before)
-            self.snapshot = None  # start over with the new measure (once)
+        if measures is not self._asked:  # a policy asks with the same tuple every time
+            if any(m not in self.before for m in measures):
+                self.measures += tuple(m for m in measures if m not in self.before)
+                self.snapshot = None  # start over with the new measure (once)
+            self._asked = measures
         in_c = kernel.available() and (self.tables is None or kernel.supports(self.tables))
         if self.in_c != in_c:
             self.in_c, self.snapshot = in_c, None  # start over: state ids are kept for numpy alone

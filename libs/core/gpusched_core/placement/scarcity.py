@@ -135,6 +135,8 @@ def class_excess(pressure: list[float], classes: NodeClasses, free: list[float],
         return None
     still_free = float(sum(free)) / capacity
     tight = [p * c * MILLI_PER_GPU * still_free / max(f, 1.0) for p, c, f in zip(pressure, counts, free)]
+    if max(tight, default=0.0) <= slack:  # no class is tight beyond the slack: nothing to pay anywhere
+        return [0.0] * (len(tight) + 1)
     usable = classes.fits(request.cpu_milli, gpus_asked(request), request.allowed_models)
     if not any(usable):
         return None
