@@ -569,23 +569,41 @@ static PyObject *memory_cost(PyObject *self, PyObject *args) {
 /* Nodes already computed in one pass, by their GPUs' models and free milli and their free CPU class before
  * and after the request: nodes alike in all of these have the same growth (``RowState.classes``), so a
  * shape's first use over thousands of nodes computes each such kind of node once (from ``dedupe_from`` stale
- * nodes on). Open addressing on a hash; a hit is compared in full. A slot holds (hash, classes, row) or row
- * -1. */
+ * nodes on). Open addressing on a hash; a hit is compared in full. The table's memory is kept between calls (the
+ * module's, one decision at a time under the GIL) and a slot is empty unless it holds this pass's stamp: a shape's
+ * first use neither allocates nor clears a table the size of the cluster. */
 typedef struct {
-    int64_t *slots; /* capacity x (hash, class before, class after, row) */
+    int64_t *slots; /* capacity x (hash, class before, class after, row, stamp) */
     size_t mask;
+    int64_t stamp;
     const int32_t *share_free;
     const int64_t *gpu_model;
     Py_ssize_t gpus;
 } Seen;
 
+enum { SLOT = 5 };
+static int64_t *seen_store = NULL;
+static size_t seen_capacity = 0;
+static int64_t seen_stamp = 0;
+
+/* Ready for ``n`` nodes at most; -1 (no memory: nothing changed) or 0. */
 static int seen_init(Seen *s, Py_ssize_t n, const int32_t *share_free, const int64_t *gpu_model, Py_ssize_t gpus) {
     size_t capacity = 64;
     while (capacity < (size_t)n * 2) capacity <<= 1;
-    s->slots = malloc(capacity * 4 * sizeof(int64_t));
-    if (s->slots == NULL) return -1;
-    for (size_t i = 0; i < capacity; i++) s->slots[i * 4 + 3] = -1;
-    s->mask = capacity - 1;
+    if (capacity > seen_capacity) {
+        int64_t *grown = malloc(capacity * SLOT * sizeof(int64_t));
+        if (grown == NULL) return -1;
+        for (size_t i = 0; i < capacity; i++) grown[i * SLOT + 4] = 0;
+        free(seen_store);
+        seen_store = grown; seen_capacity = capacity; seen_stamp = 0;
+    }
+    if (++seen_stamp == INT64_MAX) { /* never in practice: start the stamps again */
+        for (size_t i = 0; i < seen_capacity; i++) seen_store[i * SLOT + 4] = 0;
+        seen_stamp = 1;
+    }
+    s->slots = seen_store;
+    s->mask = capacity - 1; /* the first ``capacity`` slots of the store */
+    s->stamp = seen_stamp;
     s->share_free = share_free; s->gpu_model = gpu_model; s->gpus = gpus;
     return 0;
 }
@@ -604,9 +622,9 @@ static int64_t seen_find(Seen *s, int64_t row, int64_t before, int64_t after) {
     for (Py_ssize_t g = 0; g < G; g++) h = mix(h, ((uint64_t)(uint32_t)free_milli[g] << 20) ^ (uint64_t)model[g]);
     h ^= h >> 31;
     for (size_t i = (size_t)h & s->mask;; i = (i + 1) & s->mask) {
-        int64_t *slot = s->slots + i * 4;
-        if (slot[3] < 0) {
-            slot[0] = (int64_t)h; slot[1] = before; slot[2] = after; slot[3] = row;
+        int64_t *slot = s->slots + i * SLOT;
+        if (slot[4] != s->stamp) {
+            slot[0] = (int64_t)h; slot[1] = before; slot[2] = after; slot[3] = row; slot[4] = s->stamp;
             return -1;
         }
         if ((uint64_t)slot[0] == h && slot[1] == before && slot[2] == after) {
@@ -755,7 +773,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         if (entry_version[row] != row_version[row]) {
             int64_t like = -1;
             if (++stale > dedupe_from && !q.gpu_memory && seen.slots == NULL &&
-                seen_init(&seen, n, q.share_free, q.gpu_model, t->gpus) < 0) {
+                seen_init(&seen, m, q.share_free, q.gpu_model, t->gpus) < 0) {
                 release_all(&b);
                 return PyErr_NoMemory(); /* seen.slots is NULL here */
             }
@@ -778,7 +796,6 @@ static PyObject *choose(PyObject *self, PyObject *args) {
             int64_t k = node_class[row];
             if (k < 0 || k >= classes) {
                 release_all(&b);
-                free(seen.slots);
                 PyErr_SetString(PyExc_IndexError, "kernel: node class out of range");
                 return NULL;
             }
@@ -818,7 +835,6 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         }
     }
     release_all(&b);
-    free(seen.slots);
     return Py_BuildValue("nLLdn", passed, (long long)best_row, (long long)best_gpu, top, ties);
 }
 
