@@ -134,7 +134,7 @@ static inline double rounded(double growth) {
 }
 
 typedef struct {
-    Py_buffer views[32];
+    Py_buffer views[48];
     int used;
 } Buffers;
 
@@ -147,6 +147,10 @@ static void release_all(Buffers *b) {
 static int take(Buffers *b, PyObject *obj, int writable, Py_ssize_t count, Py_ssize_t size, int optional,
                 const char *name, void **out) {
     if (obj == Py_None && optional) { *out = NULL; return 0; }
+    if (b->used >= (int)(sizeof(b->views) / sizeof(b->views[0]))) {
+        PyErr_SetString(PyExc_RuntimeError, "kernel: too many arrays in one call");
+        return -1;
+    }
     Py_buffer *view = &b->views[b->used];
     if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0) return -1;
     b->used++;
@@ -249,69 +253,107 @@ static PyObject *changed(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(k);
 }
 
-/* step(tables, old_share_free (N,G) int32, new_share_free, old_cpu (N,) int64, new_cpu, old_gpu_memory (N,G)
- *      int64 | None, new_gpu_memory | None, among (R,) int64 | None, gpu_model (N,G) int64, total (N,) int64,
- *      version (N,) int64 out, clock, count (N,H) int64 out, usable out, fgd (N,) f64 out | None, capped out | None,
- *      cpu_class (N,) int64 out, out (R or N,) int64) -> count
- * ``changed`` and ``stats`` in one pass (``RowState.sync``): the nodes that changed (among all, or among the
- * ascending ``among``) get version ``clock`` and their statistics again, and are written to ``out``. */
-static PyObject *step(PyObject *self, PyObject *args) {
-    PyObject *capsule, *o[16];
-    long long clock;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOLOOOOOO", &capsule, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &o[7], &o[8], &o[9], &clock, &o[10], &o[11], &o[12], &o[13], &o[14], &o[15]))
-        return NULL;
-    Tables *t = tables_of(capsule);
-    if (t == NULL) return NULL;
-    Py_ssize_t n = PyObject_Length(o[2]), r = n;
-    if (n < 0) return NULL;
-    if (o[6] != Py_None && (r = PyObject_Length(o[6])) < 0) return NULL;
-    Py_ssize_t G = t->gpus, H = t->groups;
-    Buffers b = {.used = 0};
+/* A step's inputs (``step`` and ``choose``): a tuple (old_share_free (N,G) int32, new_share_free, old_cpu (N,) int64,
+ * new_cpu, old_gpu_memory (N,G) int64 | None, new_gpu_memory | None, among (R,) int64 | None, gpu_model (N,G) int64,
+ * total (N,) int64, version (N,) int64 out, clock, count (N,H) int64 out, usable out, fgd (N,) f64 out | None,
+ * capped out | None, cpu_class (N,) int64 out, out (R or N,) int64, old_total (N,) int64 | None, node_class (N,)
+ * int64 | None, class_free (K,) int64 out | None). */
+typedef struct {
     int32_t *old_free, *new_free;
     int64_t *old_cpu, *new_cpu, *old_memory, *new_memory, *among, *gpu_model, *total, *version, *count, *usable,
-        *klass, *out;
+        *klass, *out, *old_total, *node_class, *class_free;
     double *fgd, *capped;
-    if (take(&b, o[0], 0, n * G, 4, 0, "old_share_free", (void **)&old_free) ||
-        take(&b, o[1], 0, n * G, 4, 0, "new_share_free", (void **)&new_free) ||
-        take(&b, o[2], 0, n, 8, 0, "old_cpu", (void **)&old_cpu) ||
-        take(&b, o[3], 0, n, 8, 0, "new_cpu", (void **)&new_cpu) ||
-        take(&b, o[4], 0, n * G, 8, 1, "old_gpu_memory", (void **)&old_memory) ||
-        take(&b, o[5], 0, n * G, 8, 1, "new_gpu_memory", (void **)&new_memory) ||
-        take(&b, o[6], 0, r, 8, 1, "among", (void **)&among) ||
-        take(&b, o[7], 0, n * G, 8, 0, "gpu_model", (void **)&gpu_model) ||
-        take(&b, o[8], 0, n, 8, 0, "total", (void **)&total) ||
-        take(&b, o[9], 1, n, 8, 0, "version", (void **)&version) ||
-        take(&b, o[10], 1, n * H, 8, 0, "count", (void **)&count) ||
-        take(&b, o[11], 1, n * H, 8, 0, "usable", (void **)&usable) ||
-        take(&b, o[12], 1, n, 8, 1, "fgd", (void **)&fgd) ||
-        take(&b, o[13], 1, n, 8, 1, "capped", (void **)&capped) ||
-        take(&b, o[14], 1, n, 8, 0, "cpu_class", (void **)&klass) ||
-        take(&b, o[15], 1, r, 8, 0, "out", (void **)&out)) {
-        release_all(&b);
-        return NULL;
+    long long clock;
+    Py_ssize_t r, classes;
+} StepIn;
+
+static int step_take(Buffers *b, const Tables *t, PyObject *args, Py_ssize_t n, StepIn *s) {
+    PyObject *o[20];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &s->clock, &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &o[17],
+                          &o[18]))
+        return -1;
+    Py_ssize_t G = t->gpus, H = t->groups;
+    s->r = n;
+    s->classes = 0;
+    if (o[6] != Py_None && (s->r = PyObject_Length(o[6])) < 0) return -1;
+    if (o[18] != Py_None && (s->classes = PyObject_Length(o[18])) < 0) return -1;
+    if (take(b, o[0], 0, n * G, 4, 0, "old_share_free", (void **)&s->old_free) ||
+        take(b, o[1], 0, n * G, 4, 0, "new_share_free", (void **)&s->new_free) ||
+        take(b, o[2], 0, n, 8, 0, "old_cpu", (void **)&s->old_cpu) ||
+        take(b, o[3], 0, n, 8, 0, "new_cpu", (void **)&s->new_cpu) ||
+        take(b, o[4], 0, n * G, 8, 1, "old_gpu_memory", (void **)&s->old_memory) ||
+        take(b, o[5], 0, n * G, 8, 1, "new_gpu_memory", (void **)&s->new_memory) ||
+        take(b, o[6], 0, s->r, 8, 1, "among", (void **)&s->among) ||
+        take(b, o[7], 0, n * G, 8, 0, "gpu_model", (void **)&s->gpu_model) ||
+        take(b, o[8], 0, n, 8, 0, "total", (void **)&s->total) ||
+        take(b, o[9], 1, n, 8, 0, "version", (void **)&s->version) ||
+        take(b, o[10], 1, n * H, 8, 0, "count", (void **)&s->count) ||
+        take(b, o[11], 1, n * H, 8, 0, "usable", (void **)&s->usable) ||
+        take(b, o[12], 1, n, 8, 1, "fgd", (void **)&s->fgd) ||
+        take(b, o[13], 1, n, 8, 1, "capped", (void **)&s->capped) ||
+        take(b, o[14], 1, n, 8, 0, "cpu_class", (void **)&s->klass) ||
+        take(b, o[15], 1, s->r, 8, 1, "out", (void **)&s->out) ||
+        take(b, o[16], 0, n, 8, 1, "old_total", (void **)&s->old_total) ||
+        take(b, o[17], 0, n, 8, 1, "node_class", (void **)&s->node_class) ||
+        take(b, o[18], 1, s->classes, 8, 1, "class_free", (void **)&s->class_free))
+        return -1;
+    if (s->class_free && !(s->old_total && s->node_class)) {
+        PyErr_SetString(PyExc_ValueError, "kernel: free GPU per class kept in step needs node classes and old totals");
+        return -1;
     }
-    Py_ssize_t k = 0;
-    int memory = old_memory && new_memory;
+    return 0;
+}
+
+/* The nodes that changed get version ``clock``, their statistics again and (when kept) their class's free GPU
+ * moved by what they gained; written to ``out`` when given. Returns how many changed, or -1 (an error set). */
+static Py_ssize_t step_run(const Tables *t, StepIn *s, Py_ssize_t n) {
+    Py_ssize_t G = t->gpus, H = t->groups, k = 0;
+    int memory = s->old_memory && s->new_memory;
     int64_t free_milli[MAX_GPUS];
-    for (Py_ssize_t i = 0; i < r; i++) {
-        Py_ssize_t row = among ? among[i] : i;
-        if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return NULL; }
-        if (old_cpu[row] == new_cpu[row] && memcmp(old_free + row * G, new_free + row * G, (size_t)G * 4) == 0 &&
-            !(memory && memcmp(old_memory + row * G, new_memory + row * G, (size_t)G * 8) != 0))
+    for (Py_ssize_t i = 0; i < s->r; i++) {
+        Py_ssize_t row = s->among ? s->among[i] : i;
+        if (row < 0 || row >= n) { PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return -1; }
+        if (s->old_cpu[row] == s->new_cpu[row] &&
+            memcmp(s->old_free + row * G, s->new_free + row * G, (size_t)G * 4) == 0 &&
+            !(memory && memcmp(s->old_memory + row * G, s->new_memory + row * G, (size_t)G * 8) != 0))
             continue;
-        out[k++] = row;
-        version[row] = clock;
-        for (Py_ssize_t g = 0; g < G; g++) free_milli[g] = new_free[row * G + g];
-        group_stats(t, free_milli, gpu_model + row * G, count + row * H, usable + row * H);
+        if (s->class_free) {
+            int64_t c = s->node_class[row];
+            if (c < 0 || c >= s->classes) { PyErr_SetString(PyExc_IndexError, "kernel: node class out of range"); return -1; }
+            s->class_free[c] += s->total[row] - s->old_total[row];
+        }
+        if (s->out) s->out[k] = row;
+        k++;
+        s->version[row] = s->clock;
+        for (Py_ssize_t g = 0; g < G; g++) free_milli[g] = s->new_free[row * G + g];
+        group_stats(t, free_milli, s->gpu_model + row * G, s->count + row * H, s->usable + row * H);
         double a, c;
-        usable_sums(t, count + row * H, usable + row * H, new_cpu[row], &a, &c);
-        if (fgd) fgd[row] = (double)total[row] - a;
-        if (capped) capped[row] = (double)total[row] - c;
-        klass[row] = cpu_class(t, new_cpu[row]);
+        usable_sums(t, s->count + row * H, s->usable + row * H, s->new_cpu[row], &a, &c);
+        if (s->fgd) s->fgd[row] = (double)s->total[row] - a;
+        if (s->capped) s->capped[row] = (double)s->total[row] - c;
+        s->klass[row] = cpu_class(t, s->new_cpu[row]);
     }
+    return k;
+}
+
+/* step(tables, inputs) -> count: ``changed`` and ``stats`` in one pass (``RowState.sync``): the nodes that changed
+ * (among all, or among the ascending ``among``) get version ``clock`` and their statistics again, and are written
+ * to ``out`` (see ``StepIn`` for the inputs). */
+static PyObject *step(PyObject *self, PyObject *args) {
+    PyObject *capsule, *inputs;
+    if (!PyArg_ParseTuple(args, "OO!", &capsule, &PyTuple_Type, &inputs)) return NULL;
+    Tables *t = tables_of(capsule);
+    if (t == NULL) return NULL;
+    if (PyTuple_GET_SIZE(inputs) < 3) { PyErr_SetString(PyExc_ValueError, "kernel: step needs its inputs"); return NULL; }
+    Py_ssize_t n = PyObject_Length(PyTuple_GET_ITEM(inputs, 2));
+    if (n < 0) return NULL;
+    Buffers b = {.used = 0};
+    StepIn s;
+    if (step_take(&b, t, inputs, n, &s)) { release_all(&b); return NULL; }
+    Py_ssize_t k = step_run(t, &s, n);
     release_all(&b);
-    return PyLong_FromSsize_t(k);
+    return k < 0 ? NULL : PyLong_FromSsize_t(k);
 }
 
 enum { KIND_NONE = 0, KIND_WHOLE = 1, KIND_SHARE = 2 };
@@ -665,6 +707,63 @@ static inline int feasible(const Tables *t, const Growth *q, int64_t memory_mib,
     return 1;
 }
 
+/* Scarcity (``FragAwarePolicy``, ``scarcity.class_excess``): a tuple (pressure (K,) f64, counts (K,) f64, class_free
+ * (K,) int64 (the free share-usable GPU milli of each class, kept in step), usable (K,) uint8 (the classes an empty
+ * node of which fits the request), node_class (N,) int64, slack, weight, max_pressure). */
+typedef struct {
+    double *pressure, *counts;
+    int64_t *class_free, *node_class;
+    uint8_t *usable;
+    double slack, weight, max_pressure;
+    Py_ssize_t classes;
+} Scarcity;
+
+static int scarcity_take(Buffers *b, PyObject *args, Py_ssize_t n, Scarcity *sc) {
+    PyObject *o[5];
+    if (!PyArg_ParseTuple(args, "OOOOOddd", &o[0], &o[1], &o[2], &o[3], &o[4], &sc->slack, &sc->weight,
+                          &sc->max_pressure))
+        return -1;
+    if ((sc->classes = PyObject_Length(o[0])) < 0) return -1;
+    Py_ssize_t k = sc->classes;
+    return take(b, o[0], 0, k, 8, 0, "pressure", (void **)&sc->pressure) ||
+           take(b, o[1], 0, k, 8, 0, "counts", (void **)&sc->counts) ||
+           take(b, o[2], 1, k, 8, 0, "class_free", (void **)&sc->class_free) ||
+           take(b, o[3], 0, k, 1, 0, "usable", (void **)&sc->usable) ||
+           take(b, o[4], 0, n, 8, 0, "node_class", (void **)&sc->node_class) ? -1 : 0;
+}
+
+/* Each class's weighted scarcity cost for a request of ``gpu_milli`` into ``cost`` (K + 1: the last, no GPU, is 0);
+ * 0 where it is 0 for every class. The operations of ``class_excess`` and ``FragAwarePolicy._class_cost``, in
+ * their order: tightness p * c * 1000 * still_free / max(free, 1), what exceeds the least tight usable class (and
+ * the slack), min(that, max_pressure) * milli, times the weight. */
+static int scarcity_costs(const Scarcity *sc, long long gpu_milli, double *cost) {
+    Py_ssize_t k = sc->classes;
+    if (gpu_milli == 0) return 0;
+    double count_sum = 0.0, free_sum = 0.0;
+    for (Py_ssize_t i = 0; i < k; i++) count_sum += sc->counts[i];
+    double capacity = count_sum * MILLI_PER_GPU;
+    if (capacity <= 0) return 0;
+    for (Py_ssize_t i = 0; i < k; i++) free_sum += (double)sc->class_free[i];
+    double still_free = free_sum / capacity, top = 0.0, least = 0.0;
+    int any_usable = 0;
+    for (Py_ssize_t i = 0; i < k; i++) { /* the tightness, kept in ``cost`` for now */
+        double f = (double)sc->class_free[i];
+        cost[i] = sc->pressure[i] * sc->counts[i] * MILLI_PER_GPU * still_free / (f < 1.0 ? 1.0 : f);
+        if (i == 0 || cost[i] > top) top = cost[i];
+        if (sc->usable[i] && (!any_usable || cost[i] < least)) { least = cost[i]; any_usable = 1; }
+    }
+    if (k == 0 || top <= sc->slack || !any_usable) return 0;
+    if (least < sc->slack) least = sc->slack;
+    int any = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        double excess = sc->usable[i] && cost[i] - least > 0.0 ? cost[i] - least : 0.0;
+        any |= excess != 0.0;
+        cost[i] = sc->weight * ((excess < sc->max_pressure ? excess : sc->max_pressure) * (double)gpu_milli);
+    }
+    cost[k] = sc->weight * (0.0 * (double)gpu_milli);
+    return any;
+}
+
 /* choose(tables, kind, milli, gpu_count, cpu_milli, gpu_memory, memory_mib, gpu_milli_total,
  *        share_free, gpu_model, allowed, gpu_memory_free, total, cpu_free, count, usable, before_fgd,
  *        before_capped, memory_free (N,) int64, extra (N,) bool | None, row_version (N,) int64,
@@ -700,12 +799,37 @@ static PyObject *choose(PyObject *self, PyObject *args) {
     if (n < 0) return NULL;
     Py_ssize_t width = q.kind == KIND_SHARE ? t->gpus : 1;
     Buffers b = {.used = 0};
-    int64_t *memory_free, *row_version, *entry_version, *derived_gpu, *node_class, *gpus, *tied;
+    int64_t *memory_free, *row_version, *entry_version, *derived_gpu, *node_class = NULL, *gpus, *tied;
     int32_t *full_free, *max_free;
     uint8_t *extra;
-    double *entry_fgd, *entry_capped, *derived_values, *class_cost, *values;
+    double *entry_fgd, *entry_capped, *derived_values, *class_cost = NULL, *values;
     Py_ssize_t classes = 0;
-    if (o[18] != Py_None && (classes = PyObject_Length(o[18])) < 0) return NULL;
+    StepIn st;
+    Py_ssize_t changed = 0;
+    Scarcity sc;
+    if (o[19] != Py_None && !PyTuple_Check(o[19])) { PyErr_SetString(PyExc_TypeError, "kernel: step is a tuple"); return NULL; }
+    if (o[18] != Py_None && !PyTuple_Check(o[18])) { PyErr_SetString(PyExc_TypeError, "kernel: scarcity is a tuple"); return NULL; }
+    if ((o[19] != Py_None && step_take(&b, t, o[19], n, &st)) ||
+        (o[18] != Py_None && scarcity_take(&b, o[18], n, &sc))) {
+        release_all(&b);
+        return NULL;
+    }
+    if (o[19] != Py_None) { /* the nodes that changed since the memo's last snapshot, first */
+        if (st.class_free && (o[18] == Py_None || st.class_free != sc.class_free || st.classes != sc.classes)) {
+            release_all(&b);
+            PyErr_SetString(PyExc_ValueError, "kernel: the free GPU per class stepped is the scarcity's");
+            return NULL;
+        }
+        if ((changed = step_run(t, &st, n)) < 0) { release_all(&b); return NULL; }
+    }
+    double cost_buffer[64], *cost_heap = NULL;
+    if (o[18] != Py_None) { /* each class's scarcity cost, or none where it is 0 everywhere */
+        classes = sc.classes + 1;
+        class_cost = classes <= 64 ? cost_buffer : (cost_heap = malloc((size_t)classes * sizeof(double)));
+        if (class_cost == NULL) { release_all(&b); return PyErr_NoMemory(); }
+        if (!scarcity_costs(&sc, gpu_milli_total, class_cost)) class_cost = NULL;
+        node_class = sc.node_class;
+    }
     if (growth_inputs(&b, t, o, n, &q) ||
         take(&b, o[10], 0, n, 8, 0, "memory_free", (void **)&memory_free) ||
         take(&b, o[11], 0, n, 1, 1, "extra", (void **)&extra) ||
@@ -715,8 +839,6 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         take(&b, o[15], 1, n * width, 8, 1, "entry_capped", (void **)&entry_capped) ||
         take(&b, o[16], 1, n, 8, 0, "derived_values", (void **)&derived_values) ||
         take(&b, o[17], 1, n, 8, 0, "derived_gpu", (void **)&derived_gpu) ||
-        take(&b, o[18], 0, classes, 8, 1, "class_cost", (void **)&class_cost) ||
-        take(&b, o[19], 0, n, 8, 1, "node_class", (void **)&node_class) ||
         take(&b, o[23], 0, n, 4, 0, "full_free_count", (void **)&full_free) ||
         take(&b, o[24], 0, n, 4, 0, "max_share_free", (void **)&max_free) ||
 
@@ -724,10 +846,12 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         take(&b, o[21], 1, n, 8, 0, "gpus", (void **)&gpus) ||
         take(&b, o[22], 1, n, 8, 0, "tied", (void **)&tied)) {
         release_all(&b);
+        free(cost_heap);
         return NULL;
     }
     if (!entry_fgd || !q.before_fgd || (entry_capped && !q.before_capped) || (class_cost && !node_class)) {
         release_all(&b);
+        free(cost_heap);
         PyErr_SetString(PyExc_ValueError, "kernel: choose needs the fgd growth and its inputs");
         return NULL;
     }
@@ -775,6 +899,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
             if (++stale > dedupe_from && !q.gpu_memory && seen.slots == NULL &&
                 seen_init(&seen, m, q.share_free, q.gpu_model, t->gpus) < 0) {
                 release_all(&b);
+                free(cost_heap);
                 return PyErr_NoMemory(); /* seen.slots is NULL here */
             }
             if (seen.slots)
@@ -796,6 +921,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
             int64_t k = node_class[row];
             if (k < 0 || k >= classes) {
                 release_all(&b);
+                free(cost_heap);
                 PyErr_SetString(PyExc_IndexError, "kernel: node class out of range");
                 return NULL;
             }
@@ -835,7 +961,8 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         }
     }
     release_all(&b);
-    return Py_BuildValue("nLLdn", passed, (long long)best_row, (long long)best_gpu, top, ties);
+    free(cost_heap);
+    return Py_BuildValue("nLLdnn", passed, (long long)best_row, (long long)best_gpu, top, ties, changed);
 }
 
 static PyMethodDef methods[] = {

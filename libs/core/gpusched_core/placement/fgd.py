@@ -149,9 +149,7 @@ class FgdPolicy:
     def choose(self, snapshot: ClusterSnapshot, request: PodRequest, allowed: np.ndarray | None,
                salt: int | None) -> kernel.Choice | None:  # fmt: skip
         """The decision ``score`` and ``place`` would make, in one kernel call (``kernel.choose``)."""
-        tables = self.memo.sync(snapshot, request)
-        return kernel.choose(self.memo, tables, snapshot, request, allowed, _NO_SECONDARY, None, None, 0.0,
-                             0.0, salt)  # fmt: skip
+        return self.memo.choose(snapshot, request, allowed, salt, _NO_SECONDARY)
 
     def fast(self, request: PodRequest) -> bool:
         """Whether ``choose`` may decide ``request`` (the published, truncated score only)."""

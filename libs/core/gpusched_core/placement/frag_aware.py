@@ -44,7 +44,7 @@ from .fragmentation import WorkloadDistribution
 from .layout import ClusterLayout
 from .model import GpuShare, MigSlice, PodRequest
 from .policies import Candidates, NodeScores, mig_packing_scores
-from .scarcity import _MAX_PRESSURE, NodeClasses, class_excess, class_pressure
+from .scarcity import _MAX_PRESSURE, NodeClasses, class_excess, class_pressure, gpus_asked
 from .snapshot import ClusterSnapshot
 
 # The secondary criterion moves a score by less than 0.1, so it only orders FGD's ties.
@@ -72,6 +72,10 @@ class FragAwarePolicy:
                                                                                             default=None)  # fmt: skip
     _class_free: tuple[NodeClasses, ClusterSnapshot, list[float]] | None = field(init=False, default=None)
     _derive: kernel.Derive = field(init=False)
+    # the kernel's free GPU milli per class (int64), the snapshot it is as of; each request's classes it fits
+    _class_free_kept: tuple[NodeClasses, ClusterSnapshot, np.ndarray] | None = field(init=False, default=None)
+    _usable: dict[tuple[int, int, frozenset[str]], bytes] = field(init=False, default_factory=dict)
+    _usable_of: NodeClasses | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         typical = self.workload.most_popular(self.popularity)
@@ -126,13 +130,31 @@ class FragAwarePolicy:
         """The decision ``score`` and ``place`` would make, in one kernel call (``kernel.choose``): the
         same node, GPU, score, ties and count of feasible nodes. Only where ``kernel.available()`` and the
         request is not a MIG slice (``place`` asks ``fast``)."""
-        tables = self.memo.sync(snapshot, request)
-        cost = self._class_cost(snapshot, request)
         ratio = self.workload.memory_per_milli
         memory = ratio if self.memory_weight and ratio is not None and request.memory_mib else 0.0
-        classes = None if cost is None else self._pressure[2].node_class  # type: ignore[index]
-        return kernel.choose(self.memo, tables, snapshot, request, allowed, self._derive, cost, classes, memory,
-                             self.memory_weight, salt)  # fmt: skip
+        scarcity = None
+        if self.pressure_for(snapshot.layout) is not None:
+            scarcity = lambda at: self._scarcity_inputs(at, snapshot, request)  # noqa: E731
+        return self.memo.choose(snapshot, request, allowed, salt, self._derive, memory, self.memory_weight, scarcity)
+
+    def _scarcity_inputs(self, at: ClusterSnapshot, snapshot: ClusterSnapshot, request: PodRequest) -> tuple[object, ...]:
+        """What the kernel computes each class's scarcity cost from (``class_excess`` and ``_class_cost`` in
+        C): the pressure, the GPUs and free GPU milli of each class (int64, as of ``at``, where the memo's node
+        state steps from: the kernel moves it to ``snapshot``), the classes the request fits, node classes."""
+        _, pressure, classes, _ = self._pressure  # type: ignore[misc]
+        kept = self._class_free_kept
+        if kept is None or kept[0] is not classes or kept[1] is not at:
+            free = np.bincount(classes.node_class, weights=at.share_free_total, minlength=pressure.size)
+            kept = (classes, at, free.astype(np.int64))
+        self._class_free_kept = (classes, snapshot, kept[2])  # where the call leaves it
+        key = (request.cpu_milli, gpus_asked(request), request.allowed_models)
+        usable = self._usable.get(key) if self._usable_of is classes else None
+        if usable is None:
+            if self._usable_of is not classes:
+                self._usable, self._usable_of = {}, classes
+            usable = self._usable[key] = bytes(classes.fits(*key))
+        return (pressure, classes.count, kept[2], usable, classes.node_class, self.scarcity_slack,
+                self.scarcity_weight, _MAX_PRESSURE)  # fmt: skip
 
     def fast(self, request: PodRequest) -> bool:
         """Whether ``choose`` may decide ``request``."""

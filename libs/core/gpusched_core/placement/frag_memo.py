@@ -112,6 +112,34 @@ class FragmentationMemo:
         """Every node's kept state brought up to ``snapshot`` (``RowState.sync``) for ``request``'s kind."""
         return self.rows.sync(snapshot, self.measures, _asks_memory(request))
 
+    def choose(self, snapshot: ClusterSnapshot, request: PodRequest, allowed: np.ndarray | None, salt: int | None,
+               derive: kernel.Derive, memory_ratio: float = 0.0, memory_weight: float = 0.0,
+               scarcity: Callable[[ClusterSnapshot], tuple[object, ...] | None] | None = None,
+               ) -> kernel.Choice | None:  # fmt: skip
+        """``kernel.choose`` on ``snapshot``, the kept node state brought up to it in the same call
+        (``RowState.begin``/``end``). ``scarcity(at)``: the scarcity inputs with the free GPU per class as of
+        ``at``, the snapshot the state steps from (the kernel steps those sums too)."""
+        rows = self.rows
+        tables, old, among = rows.begin(snapshot, self.measures, _asks_memory(request))
+        inputs = None if scarcity is None else scarcity(snapshot if old is None else old)
+        step = None
+        if old is not None:
+            class_free = None if inputs is None else (inputs[4], inputs[2])
+            step = kernel.step_inputs(tables, self.measures, old, snapshot, rows.memory, among, rows.version,
+                                      rows.clock + 1, rows.count, rows.usable, rows.before, rows.cpu_class, None,
+                                      class_free)  # fmt: skip
+        try:
+            choice = kernel.choose(self, tables, snapshot, request, allowed, derive, inputs, memory_ratio,
+                                   memory_weight, salt, step)  # fmt: skip
+        except BaseException:
+            rows.snapshot = None  # a call that failed may have stepped some nodes: start over next time
+            raise
+        if choice is kernel.UNSUPPORTED:  # tables beyond the kernel: kept by numpy (``begin`` stepped them)
+            return choice
+        if old is not None:
+            rows.end(snapshot, old, choice.changed)
+        return None if choice.feasible == 0 else choice
+
     def entry(self, tables: GrowthTables, request: PodRequest) -> _Entry:
         """The memo of ``request``'s shape over ``tables`` (rows not refreshed: ``kernel.choose`` does)."""
         return self._entry(tables, request)

@@ -129,16 +129,28 @@ def stats(tables: GrowthTables, measures: tuple[str, ...], snapshot: ClusterSnap
                   before.get("fgd"), before.get("capped"), cpu_class)  # fmt: skip
 
 
+def step_inputs(tables: GrowthTables, measures: tuple[str, ...], old: ClusterSnapshot, new: ClusterSnapshot,
+                memory: bool, among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray,
+                usable: np.ndarray, before: dict[str, np.ndarray], cpu_class: np.ndarray, out: np.ndarray | None,
+                class_free: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[object, ...]:  # fmt: skip
+    """What ``step`` (and ``choose``, which steps first when given them) takes: the two snapshots, the nodes to
+    compare (all when ``among`` is None), ``RowState``'s arrays to update, and ``class_free`` (node classes, free
+    GPU milli per class) when a sum per class is kept in step too."""
+    node_class, free = (None, None) if class_free is None else class_free
+    return (old.share_free, new.share_free, old.cpu_free, new.cpu_free, old.gpu_memory_free if memory else None,
+            new.gpu_memory_free if memory else None, among, gpu_models(tables), new.share_free_total, version, clock,
+            count, usable, before.get("fgd"), before.get("capped"), cpu_class, out,
+            None if class_free is None else old.share_free_total, node_class, free)  # fmt: skip
+
+
 def step(tables: GrowthTables, measures: tuple[str, ...], old: ClusterSnapshot, new: ClusterSnapshot, memory: bool,
          among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray, usable: np.ndarray,
          before: dict[str, np.ndarray], cpu_class: np.ndarray) -> np.ndarray:  # fmt: skip
     """``changed`` then ``stats`` on the nodes that changed, in one call: returns those nodes, now at
     version ``clock`` with their statistics again (``RowState.sync``)."""
     out = np.empty(new.layout.node_count if among is None else among.size, dtype=np.int64)
-    k = _kernel.step(tables_for(tables, measures), old.share_free, new.share_free, old.cpu_free, new.cpu_free,
-                     old.gpu_memory_free if memory else None, new.gpu_memory_free if memory else None, among,
-                     gpu_models(tables), new.share_free_total, version, clock, count, usable, before.get("fgd"),
-                     before.get("capped"), cpu_class, out)  # fmt: skip
+    k = _kernel.step(tables_for(tables, measures), step_inputs(tables, measures, old, new, memory, among, version,
+                                                               clock, count, usable, before, cpu_class, out))  # fmt: skip
     return out[:k]
 
 
@@ -189,13 +201,14 @@ class Derive:
 @dataclass(frozen=True, slots=True)
 class Choice:
     """One decision's outcome (``choose``): the best node and GPU, its score, how many nodes passed every
-    check and how many tie for the best."""
+    check and how many tie for the best, and how many nodes' state it brought up to the snapshot."""
 
-    row: int
+    row: int  # -1 where no node passes (``feasible`` 0)
     share_gpu: int | None
     value: float
     feasible: int
     ties: int
+    changed: int = 0  # nodes whose state the call stepped (see ``choose``'s ``step``)
 
 
 def _scratch(memo: FragmentationMemo, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -210,13 +223,15 @@ def _scratch(memo: FragmentationMemo, count: int) -> tuple[np.ndarray, np.ndarra
 
 
 def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnapshot, request: PodRequest,
-           extra: np.ndarray | None, derive: Derive, class_cost: np.ndarray | None, node_class: np.ndarray | None,
-           memory_ratio: float, memory_weight: float, salt: int | None) -> Choice | None:  # fmt: skip
+           extra: np.ndarray | None, derive: Derive, scarcity: tuple[object, ...] | None, memory_ratio: float,
+           memory_weight: float, salt: int | None, step: tuple[object, ...] | None = None) -> Choice | None:  # fmt: skip
     """A memoised policy's decision in one kernel call (None: no node passes; ``UNSUPPORTED`` where the
-    kernel does not take the tables, see ``supports``). ``tables`` is what
-    ``memo.rows.sync(snapshot, ...)`` returned; ``extra``: nodes allowed besides the checks (a selector, a
-    gang's domain); ``class_cost``: each node class's scarcity cost (weighted), ``memory_ratio`` 0 for no
-    memory cost; ties go to node order, or to the smallest seeded hash under ``salt``.
+    kernel does not take the tables, see ``supports``). ``tables`` is what ``memo.rows`` keeps; ``step``: the
+    inputs of ``step`` (``step_inputs``) where the memo's node state is to be brought up to ``snapshot`` first
+    (``RowState.begin``; the caller ends it with the count ``Choice.changed``); ``extra``: nodes allowed besides
+    the checks (a selector, a gang's domain); ``scarcity``: what ``FragAwarePolicy`` computes each class's
+    scarcity cost from (``_scarcity_inputs``), None for none; ``memory_ratio`` 0 for no memory cost; ties go to
+    node order, or to the smallest seeded hash under ``salt``.
 
     Every decision passes here: the snapshot's arrays go to the kernel as they are (their dtypes are fixed
     where snapshots are made; the kernel checks each array's size and raises on a mismatch)."""
@@ -231,21 +246,21 @@ def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnaps
     scores, gpus, tied = _scratch(memo, tables.layout.node_count)
     allowed = tables.layout.model_mask(request.allowed_models) if request.allowed_models and kind else None
     before = rows.before
-    passed, row, gpu, value, ties = _kernel.choose(
-        tables_for(tables, memo.measures), kind, milli, gpu_count, request.cpu_milli, memory, request.memory_mib,
+    passed, row, gpu, value, ties, changed = _kernel.choose(
+        tables_for(tables, measures), kind, milli, gpu_count, request.cpu_milli, memory, request.memory_mib,
         request.gpu_milli_total, snapshot.share_free, gpu_models(tables), allowed,
         snapshot.gpu_memory_free if memory else None, snapshot.share_free_total, snapshot.cpu_free, rows.count,
         rows.usable, before.get("fgd"), before.get("capped"), snapshot.memory_free, extra, rows.version,
-        entry.version, growth[measures.index("fgd")], capped, values, best_gpu, class_cost, None if node_class is None else _i64(node_class),
+        entry.version, growth[measures.index("fgd")], capped, values, best_gpu, scarcity, step,
         snapshot.full_free_count, snapshot.max_share_free, memory_ratio, memory_weight, _MAX_SCORE, derive.step,
         derive.scale, derive.clip, derive.secondary, scores, gpus, tied, salt is not None, DEDUPE_FROM)  # fmt: skip
     if passed == 0:
-        return None
+        return Choice(-1, None, 0.0, 0, 0, changed)
     if salt is not None and ties > 1:
         candidates = tied[:ties]
         row = int(candidates[np.argmin(tiebreak.keys(candidates, salt))])
         gpu = int(gpus[row])
-    return Choice(row, gpu if kind == 2 else None, value, passed, ties)
+    return Choice(row, gpu if kind == 2 else None, value, passed, ties, changed)
 
 
 _MAX_SCORE = float(MAX_NODE_SCORE)

@@ -74,6 +74,18 @@ class RowState:
 
     def sync(self, snapshot: ClusterSnapshot, measures: tuple[str, ...], memory: bool = False) -> GrowthTables:
         """Bring every node up to ``snapshot``, keeping ``measures`` too; returns the layout's tables."""
+        tables, old, among = self.begin(snapshot, measures, memory)
+        if old is not None:  # found and recomputed in one kernel call
+            rows = kernel.step(tables, self.measures, old, snapshot, self.memory, among, self.version, self.clock + 1,
+                               self.count, self.usable, self.before, self.cpu_class)  # fmt: skip
+            self.end(snapshot, old, rows.size, rows)
+        return tables
+
+    def begin(self, snapshot: ClusterSnapshot, measures: tuple[str, ...],
+              memory: bool = False) -> tuple[GrowthTables, ClusterSnapshot | None, np.ndarray | None]:  # fmt: skip
+        """``sync`` up to the kernel's step: (the layout's tables, the snapshot the kernel is to step from and
+        the nodes to compare, None for all), or (tables, None, None) where every node is at ``snapshot``
+        already or was brought there here (a start over, numpy). After the kernel's step, ``end``."""
         if memory and not self.memory:
             self.memory, self.snapshot = True, None  # start over: earlier memory changes went unseen
         if measures is not self._asked:  # a policy asks with the same tuple every time
@@ -84,18 +96,14 @@ class RowState:
         in_c = kernel.available() and (self.tables is None or kernel.supports(self.tables))
         if self.in_c != in_c:
             self.in_c, self.snapshot = in_c, None  # start over: state ids are kept for numpy alone
-        if snapshot is self.snapshot and self.tables is not None:
-            return self.tables
-        old = self.snapshot
-        if self.tables is None or old is None or not self.tables.serves(snapshot.layout):
+        tables, old = self.tables, self.snapshot
+        if snapshot is old and tables is not None:
+            return tables, None, None
+        if tables is None or old is None or not tables.serves(snapshot.layout):
             self._reset(snapshot, snapshot.layout)
             self.last_change = (None, None)
-        elif self.in_c and self.measures:  # found and recomputed in one kernel call
-            among = snapshot.touched_since(old) if old.layout is snapshot.layout else None
-            rows = kernel.step(self.tables, self.measures, old, snapshot, self.memory, among, self.version,
-                               self.clock + 1, self.count, self.usable, self.before, self.cpu_class)  # fmt: skip
-            self.clock += 1 if rows.size else 0
-            self.last_change = (old, rows)
+        elif self.in_c and self.measures:
+            return tables, old, (snapshot.touched_since(old) if old.layout is snapshot.layout else None)
         else:
             rows = changed_rows(old, snapshot, self.memory)
             self.last_change = (old, rows)
@@ -103,7 +111,15 @@ class RowState:
                 self._recompute(snapshot, rows)
         self.snapshot = snapshot
         assert self.tables is not None
-        return self.tables
+        return self.tables, None, None
+
+    def end(self, snapshot: ClusterSnapshot, old: ClusterSnapshot, changed: int,
+            rows: np.ndarray | None = None) -> None:  # fmt: skip
+        """The kernel stepped every node from ``old`` (``begin``) to ``snapshot``: ``changed`` of them got
+        version ``clock + 1`` (``rows`` where the call said which; else sums over nodes start over)."""
+        self.clock += 1 if changed else 0
+        self.last_change = (old, rows) if rows is not None else (None, None)
+        self.snapshot = snapshot
 
     def _reset(self, snapshot: ClusterSnapshot, layout: ClusterLayout) -> None:
         if self.tables is None or not self.tables.serves(layout):
