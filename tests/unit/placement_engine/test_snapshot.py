@@ -98,3 +98,56 @@ def test_many_allocations_at_once_equal_one_by_one_and_are_checked_the_same() ->
         apply_many(snapshot, [*items, (RequestId("d"), [Binding(NodeId("n1"), (2,), gpu_milli=800)])])
     with pytest.raises(PlacementError, match="already exists"):
         apply_many(snapshot, [items[0], items[0]])
+
+
+def test_an_update_remembers_its_parent_weakly_and_the_nodes_it_touched() -> None:
+    snapshot = a_cluster(a_node("n1").gpus(2), a_node("n2").gpus(2), a_node("n3").gpus(2))
+    first = apply_bindings(snapshot, RequestId("a"), [Binding(NodeId("n2"), (0,), gpu_milli=500)])
+    second = apply_bindings(first, RequestId("b"), [Binding(NodeId("n3"), (1,), gpu_milli=1_000),
+                                                    Binding(NodeId("n1"), (), cpu_milli=100)])  # fmt: skip
+    assert first.touched_since(snapshot).tolist() == [1]
+    assert second.touched_since(first).tolist() == [0, 2]
+    assert second.touched_since(snapshot).tolist() == [0, 1, 2]  # two updates: the union
+    assert snapshot.touched_since(first) is None  # not an ancestor
+    released = release(second, RequestId("a"))
+    assert released.touched_since(second).tolist() == [1]
+    del first  # nothing else holds it: the lineage through it ends
+    assert second.touched_since(snapshot) is None
+    assert a_cluster(a_node("n1").gpus(2)).lineage is None  # a snapshot built anew has none
+
+
+def test_the_engine_state_stepped_over_the_touched_nodes_equals_a_full_comparison() -> None:
+    """``RowState`` steps over the nodes an update touched when the lineage tells them, else compares every
+    node: both leave the same state (the kernel's step and numpy's)."""
+    from gpusched_core.placement import kernel, make_policy, place, workload_from_requests
+    from gpusched_core.placement.row_state import RowState
+
+    from .builders import a_request
+
+    nodes = [a_node(f"n{i}").gpus(4).cpu(32_000) for i in range(12)]
+    requests = [(a_request(f"r{i}").whole(1 + i % 3) if i % 2 else a_request(f"r{i}").share(250 * (1 + i % 3)))
+                .cpu(1_000 * (1 + i % 5)).build() for i in range(20)]  # fmt: skip
+    workload = workload_from_requests(requests)
+    for in_c in ([True, False] if kernel.built() else [False]):
+        enabled = kernel.ENABLED
+        kernel.use(in_c)
+        try:
+            snapshot, policy = a_cluster(*nodes), make_policy("bestfit")
+            stepped, compared = RowState(workload), RowState(workload)
+            stepped.sync(snapshot, ("fgd", "capped"))
+            compared.sync(snapshot, ("fgd", "capped"))
+            for request in requests:
+                decision = place(snapshot, request, policy)
+                if not decision.placed:
+                    continue
+                parent, snapshot = snapshot, apply_bindings(snapshot, request.id, decision.bindings)
+                assert snapshot.touched_since(parent) is not None
+                stepped.sync(snapshot, ("fgd", "capped"))
+                compared.snapshot = parent.__class__(**{**parent.__dict__, "lineage": None})  # same state, no lineage
+                compared.sync(snapshot, ("fgd", "capped"))
+                for mine, theirs in ((stepped.version, compared.version), (stepped.count, compared.count),
+                                     (stepped.usable, compared.usable), (stepped.cpu_class, compared.cpu_class),
+                                     (stepped.before["fgd"], compared.before["fgd"])):  # fmt: skip
+                    np.testing.assert_array_equal(mine, theirs)
+        finally:
+            kernel.use(enabled)
