@@ -128,6 +128,21 @@ static inline void group_stats(const Tables *t, const int64_t *free_milli, const
     }
 }
 
+/* A node's kept figures (``RowState``): its group figures, fragmentation under each measure asked (free milli -
+ * usable) and free CPU class, from its GPUs' free milli (``share_free`` row) and models. */
+static inline void node_stats(const Tables *t, const int32_t *share_free, const int64_t *model, int64_t total,
+                              int64_t cpu, int64_t *count, int64_t *usable, double *fgd, double *capped,
+                              int64_t *klass) {
+    int64_t free_milli[MAX_GPUS];
+    for (Py_ssize_t g = 0; g < t->gpus; g++) free_milli[g] = share_free[g];
+    group_stats(t, free_milli, model, count, usable);
+    double a, c;
+    usable_sums(t, count, usable, cpu, &a, &c);
+    if (fgd) *fgd = (double)total - a;
+    if (capped) *capped = (double)total - c;
+    *klass = cpu_class(t, cpu);
+}
+
 static inline double rounded(double growth) {
     /* numpy's ndarray.round(6) (multiply, rint, divide), then + 0.0: a zero is +0.0 */
     return rint(growth * 1e6) / 1e6 + 0.0;
@@ -196,17 +211,11 @@ static PyObject *stats(PyObject *self, PyObject *args) {
         release_all(&b);
         return NULL;
     }
-    int64_t free_milli[MAX_GPUS];
     for (Py_ssize_t i = 0; i < r; i++) {
         int64_t row = rows[i];
         if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return NULL; }
-        for (Py_ssize_t g = 0; g < G; g++) free_milli[g] = share_free[row * G + g];
-        group_stats(t, free_milli, gpu_model + row * G, count + row * H, usable + row * H);
-        double a, c;
-        usable_sums(t, count + row * H, usable + row * H, cpu_free[row], &a, &c);
-        if (fgd) fgd[row] = (double)total[row] - a;
-        if (capped) capped[row] = (double)total[row] - c;
-        klass[row] = cpu_class(t, cpu_free[row]);
+        node_stats(t, share_free + row * G, gpu_model + row * G, total[row], cpu_free[row], count + row * H,
+                   usable + row * H, fgd ? fgd + row : NULL, capped ? capped + row : NULL, klass + row);
     }
     release_all(&b);
     Py_RETURN_NONE;
@@ -310,7 +319,6 @@ static int step_take(Buffers *b, const Tables *t, PyObject *args, Py_ssize_t n, 
 static Py_ssize_t step_run(const Tables *t, StepIn *s, Py_ssize_t n) {
     Py_ssize_t G = t->gpus, H = t->groups, k = 0;
     int memory = s->old_memory && s->new_memory;
-    int64_t free_milli[MAX_GPUS];
     for (Py_ssize_t i = 0; i < s->r; i++) {
         Py_ssize_t row = s->among ? s->among[i] : i;
         if (row < 0 || row >= n) { PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return -1; }
@@ -326,13 +334,9 @@ static Py_ssize_t step_run(const Tables *t, StepIn *s, Py_ssize_t n) {
         if (s->out) s->out[k] = row;
         k++;
         s->version[row] = s->clock;
-        for (Py_ssize_t g = 0; g < G; g++) free_milli[g] = s->new_free[row * G + g];
-        group_stats(t, free_milli, s->gpu_model + row * G, s->count + row * H, s->usable + row * H);
-        double a, c;
-        usable_sums(t, s->count + row * H, s->usable + row * H, s->new_cpu[row], &a, &c);
-        if (s->fgd) s->fgd[row] = (double)s->total[row] - a;
-        if (s->capped) s->capped[row] = (double)s->total[row] - c;
-        s->klass[row] = cpu_class(t, s->new_cpu[row]);
+        node_stats(t, s->new_free + row * G, s->gpu_model + row * G, s->total[row], s->new_cpu[row],
+                   s->count + row * H, s->usable + row * H, s->fgd ? s->fgd + row : NULL,
+                   s->capped ? s->capped + row : NULL, s->klass + row);
     }
     return k;
 }
