@@ -287,3 +287,31 @@ def test_nodes_at_the_edge_of_the_memory_cost_score_as_numpy_does(ratio: float, 
         finally:
             kernel.use(False)
     assert decided[0] == decided[1]
+
+
+def test_a_decision_call_that_fails_after_stepping_the_node_state_starts_over_the_next_time() -> None:
+    """The kernel steps the node state before it reads the rest of a decision's arrays: when a later array is
+    wrong the call raises (a clear error, no crash) and every later decision is still numpy's."""
+    rng = np.random.default_rng(5)
+    snapshot = a_mixed_cluster(rng, 30)
+    requests = [r for r in a_mixed_stream(rng, 120) if not isinstance(r, GangRequest)]
+    workload = workload_from_requests(_pods(requests), popularity=0.9)
+    kernel.use(True)
+    try:
+        policy, reference = make_policy("ours", workload=workload), make_policy("ours", workload=workload)
+        failed = 0
+        for i, request in enumerate(requests):
+            if i % 10 == 5 and policy.fast(request):  # type: ignore[attr-defined]
+                with pytest.raises(ValueError, match="extra"):
+                    policy.choose(snapshot, request, np.ones(3, dtype=bool), None)  # type: ignore[attr-defined]
+                failed += 1
+            decision = place(snapshot, request, policy)
+            kernel.use(False)
+            want = place(snapshot, request, reference)
+            kernel.use(True)
+            assert (decision.bindings, decision.reasons) == (want.bindings, want.reasons)
+            if decision.placed:
+                snapshot = apply(snapshot, decision)
+        assert failed
+    finally:
+        kernel.use(False)
