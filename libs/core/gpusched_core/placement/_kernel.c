@@ -768,19 +768,24 @@ static int scarcity_costs(const Scarcity *sc, long long gpu_milli, double *cost)
     return any;
 }
 
-/* choose(tables, kind, milli, gpu_count, cpu_milli, gpu_memory, memory_mib, gpu_milli_total,
- *        share_free, gpu_model, allowed, gpu_memory_free, total, cpu_free, count, usable, before_fgd,
- *        before_capped, memory_free (N,) int64, extra (N,) bool | None, row_version (N,) int64,
- *        entry_version (N,) int64 (updated), entry_fgd | None, entry_capped | None (updated: (N,G) for a share,
- *        else (N,)), derived_values (N,) f64, derived_gpu (N,) int64 (updated), class_cost (K,) f64 | None,
- *        node_class (N,) int64 | None, full_free_count (N,) int32, max_share_free (N,) int32, ratio, memory_weight, max_score, step, scale, clip, secondary,
- *        values (N,) f64 out, gpus (N,) int64 out, tied (N,) int64 out, want_ties, dedupe_from)
- *        -> (feasible, row, gpu, value, ties)
- * One decision of a memoised policy in one pass: the nodes that pass every check; on those whose state moved
- * since the memo last saw them, the growth and best score again (written into the memo); each one's score
- * with the scarcity cost of its class and its memory cost when they are not 0; the best, its GPU, how many
- * nodes tie with it and how many passed; when ``want_ties``, the tied rows in ``tied`` (node order) and each
- * node's score and GPU in ``values`` and ``gpus`` (NaN in ``values`` where a node does not pass). */
+/* choose(memo, entry, snapshot, call) -> (feasible, row, gpu, value, ties, changed), four tuples (``kernel.choose``
+ * keeps the first two between decisions):
+ *   memo: (tables, gpu_model (N,G) int64, count (N,H) int64, usable, before_fgd (N,) f64, before_capped | None,
+ *          row_version (N,) int64, values (N,) f64 out, gpus (N,) int64 out, tied (N,) int64 out, max_score, step,
+ *          scale, clip, secondary, dedupe_from);
+ *   entry (a request shape's memo): (kind, milli, gpu_count, cpu_milli, gpu_memory, gpu_milli_total, allowed (N,G)
+ *          bool | None, entry_version (N,) int64 (updated), entry_fgd, entry_capped | None (updated: (N,G) for a
+ *          share, else (N,)), derived_values (N,) f64, derived_gpu (N,) int64 (updated));
+ *   snapshot: (share_free (N,G) int32, total (N,) int64, cpu_free (N,) int64, memory_free (N,) int64,
+ *          full_free_count (N,) int32, max_share_free (N,) int32);
+ *   call: (memory_mib, gpu_memory_free (N,G) int64 | None, extra (N,) bool | None, scarcity | None, step | None,
+ *          ratio, memory_weight, want_ties).
+ * One decision of a memoised policy in one pass: the node state stepped to the snapshot (``step``, see ``StepIn``),
+ * each class's scarcity cost (``Scarcity``), the nodes that pass every check; on those whose state moved since
+ * the memo last saw them, the growth and best score again (written into the memo); each one's score with the
+ * scarcity cost of its class and its memory cost when they are not 0; the best, its GPU, how many nodes tie with
+ * it and how many passed; when ``want_ties``, the tied rows in ``tied`` (node order) and each candidate's score
+ * and GPU in ``values`` and ``gpus``; and how many nodes the step changed. */
 static PyObject *choose(PyObject *self, PyObject *args) {
     PyObject *capsule, *o[29];
     Growth q = {0};
@@ -789,12 +794,16 @@ static PyObject *choose(PyObject *self, PyObject *args) {
     double ratio, memory_weight;
     int secondary, want_ties;
     Py_ssize_t dedupe_from;
-    if (!PyArg_ParseTuple(args, "OiLLLLLLOOOOOOOOOOOOOOOOOOOOOOddddddpOOOpn", &capsule, &q.kind, &milli, &gpu_count,
-                          &cpu_milli, &gpu_memory, &memory_mib, &gpu_milli_total, &o[0], &o[1], &o[2], &o[3], &o[4],
-                          &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16],
-                          &o[17], &o[18], &o[19], &o[23], &o[24], &ratio, &memory_weight, &d.max_score, &d.step, &d.scale, &d.clip,
-                          &secondary, &o[20], &o[21], &o[22], &want_ties,
-                          &dedupe_from))
+    PyObject *memo_part, *entry_part, *snapshot_part, *call_part;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyTuple_Type, &memo_part, &PyTuple_Type, &entry_part, &PyTuple_Type,
+                          &snapshot_part, &PyTuple_Type, &call_part) ||
+        !PyArg_ParseTuple(memo_part, "OOOOOOOOOOddddpn", &capsule, &o[1], &o[6], &o[7], &o[8], &o[9], &o[12], &o[20],
+                          &o[21], &o[22], &d.max_score, &d.step, &d.scale, &d.clip, &secondary, &dedupe_from) ||
+        !PyArg_ParseTuple(entry_part, "iLLLLLOOOOOO", &q.kind, &milli, &gpu_count, &cpu_milli, &gpu_memory,
+                          &gpu_milli_total, &o[2], &o[13], &o[14], &o[15], &o[16], &o[17]) ||
+        !PyArg_ParseTuple(snapshot_part, "OOOOOO", &o[0], &o[4], &o[5], &o[10], &o[23], &o[24]) ||
+        !PyArg_ParseTuple(call_part, "LOOOOddp", &memory_mib, &o[3], &o[11], &o[18], &o[19], &ratio, &memory_weight,
+                          &want_ties))
         return NULL;
     q.milli = milli; q.gpu_count = gpu_count; q.cpu_milli = cpu_milli; q.gpu_memory = gpu_memory;
     Tables *t = tables_of(capsule);

@@ -45,6 +45,7 @@ class _Entry:
     growth: tuple[np.ndarray, ...]  # per measure: (nodes, gpus) for a share, (nodes,) otherwise
     version: np.ndarray  # (nodes,) the node version each row was computed at (0: never)
     derived: tuple[np.ndarray, ...] = ()
+    kernel_args: tuple[object, ...] | None = None  # ``kernel.choose``'s arguments of this shape (built once)
 
 
 def _stale(entry: _Entry, version: np.ndarray, nodes: np.ndarray) -> np.ndarray:
@@ -68,6 +69,7 @@ class FragmentationMemo:
     rows: RowState = field(init=False)
     _entries: OrderedDict[tuple[object, ...], _Entry] = field(default_factory=OrderedDict)
     scratch: dict[int, tuple[np.ndarray, ...]] = field(default_factory=dict)  # ``kernel.choose``'s, per node count
+    kernel_args: tuple[object, ...] | None = None  # ``kernel.choose``'s arguments kept while the node state is
 
     def __post_init__(self) -> None:
         self.rows = RowState(self.workload)

@@ -237,30 +237,45 @@ def choose(memo: FragmentationMemo, tables: GrowthTables, snapshot: ClusterSnaps
     where snapshots are made; the kernel checks each array's size and raises on a mismatch)."""
     if not supports(tables):
         return UNSUPPORTED  # type: ignore[return-value]
-    rows = memo.rows
+    memo_part = _memo_part(memo, tables, derive)
     entry = memo.entry(tables, request)
-    kind, milli, gpu_count, memory = _request(request)
-    growth, measures = entry.growth, memo.measures
-    capped = growth[measures.index("capped")] if "capped" in measures else None
-    values, best_gpu = entry.derived
-    scores, gpus, tied = _scratch(memo, tables.layout.node_count)
-    allowed = tables.layout.model_mask(request.allowed_models) if request.allowed_models and kind else None
-    before = rows.before
-    passed, row, gpu, value, ties, changed = _kernel.choose(
-        tables_for(tables, measures), kind, milli, gpu_count, request.cpu_milli, memory, request.memory_mib,
-        request.gpu_milli_total, snapshot.share_free, gpu_models(tables), allowed,
-        snapshot.gpu_memory_free if memory else None, snapshot.share_free_total, snapshot.cpu_free, rows.count,
-        rows.usable, before.get("fgd"), before.get("capped"), snapshot.memory_free, extra, rows.version,
-        entry.version, growth[measures.index("fgd")], capped, values, best_gpu, scarcity, step,
-        snapshot.full_free_count, snapshot.max_share_free, memory_ratio, memory_weight, _MAX_SCORE, derive.step,
-        derive.scale, derive.clip, derive.secondary, scores, gpus, tied, salt is not None, DEDUPE_FROM)  # fmt: skip
+    entry_part = entry.kernel_args
+    if entry_part is None:  # once per shape: what its requests all ask, and its memo's arrays
+        kind, milli, gpu_count, memory = _request(request)
+        growth, measures = entry.growth, memo.measures
+        allowed = tables.layout.model_mask(request.allowed_models) if request.allowed_models and kind else None
+        entry_part = entry.kernel_args = (
+            kind, milli, gpu_count, request.cpu_milli, memory, request.gpu_milli_total, allowed, entry.version,
+            growth[measures.index("fgd")], growth[measures.index("capped")] if "capped" in measures else None,
+            *entry.derived)  # fmt: skip
+    snapshot_part = (snapshot.share_free, snapshot.share_free_total, snapshot.cpu_free, snapshot.memory_free,
+                     snapshot.full_free_count, snapshot.max_share_free)  # fmt: skip
+    call_part = (request.memory_mib, snapshot.gpu_memory_free if entry_part[4] else None, extra, scarcity, step,
+                 memory_ratio, memory_weight, salt is not None)  # fmt: skip
+    passed, row, gpu, value, ties, changed = _kernel.choose(memo_part, entry_part, snapshot_part, call_part)
     if passed == 0:
         return Choice(-1, None, 0.0, 0, 0, changed)
     if salt is not None and ties > 1:
-        candidates = tied[:ties]
+        candidates = memo_part[9][:ties]  # the tied rows
         row = int(candidates[np.argmin(tiebreak.keys(candidates, salt))])
-        gpu = int(gpus[row])
-    return Choice(row, gpu if kind == 2 else None, value, passed, ties, changed)
+        gpu = int(memo_part[8][row])  # its GPU
+    return Choice(row, gpu if entry_part[0] == 2 else None, value, passed, ties, changed)
+
+
+def _memo_part(memo: FragmentationMemo, tables: GrowthTables, derive: Derive) -> tuple[object, ...]:
+    """``choose``'s arguments that stay while the memo's node state keeps its arrays (kept on the memo)."""
+    rows = memo.rows
+    kept = memo.kernel_args
+    if kept is not None and kept[0] is tables and kept[1] is rows.version and kept[2] is derive and \
+            kept[3] == DEDUPE_FROM:  # fmt: skip
+        return kept[4]  # type: ignore[no-any-return]
+    scores, gpus, tied = _scratch(memo, tables.layout.node_count)
+    before = rows.before
+    part = (tables_for(tables, memo.measures), gpu_models(tables), rows.count, rows.usable, before.get("fgd"),
+            before.get("capped"), rows.version, scores, gpus, tied, _MAX_SCORE, derive.step, derive.scale, derive.clip,
+            derive.secondary, DEDUPE_FROM)  # fmt: skip
+    memo.kernel_args = (tables, rows.version, derive, DEDUPE_FROM, part)
+    return part
 
 
 _MAX_SCORE = float(MAX_NODE_SCORE)
