@@ -162,3 +162,27 @@ def test_a_request_that_finds_no_room_finds_none_once_more_is_placed(snapshot, b
         if decision.placed:
             snapshot = apply(snapshot, decision)
             assert not any(place(snapshot, r, policy).placed for r in refused)
+
+
+@PROPERTY_SETTINGS
+@given(clusters(), st.lists(requests(), min_size=1, max_size=8, unique_by=lambda r: r.id),
+       st.sampled_from(policy_names()))  # fmt: skip
+def test_the_summaries_an_update_keeps_equal_those_worked_out_afresh(snapshot, stream, policy_name) -> None:  # noqa: ANN001
+    """An update recomputes the summaries of the nodes it touched only (in plain Python for a few): after any
+    run of grants and releases they equal the summaries of the whole snapshot worked out again."""
+    from gpusched_core.placement.snapshot import _derive_rows
+
+    policy = make_policy(policy_name)
+    placed = []
+    for request in stream:
+        decision = place(snapshot, request, policy)
+        if decision.placed:
+            snapshot = apply(snapshot, decision)
+            placed.append(decision.request_id)
+        if len(placed) > 2:
+            snapshot = release(snapshot, placed.pop(0))
+        afresh = _derive_rows(snapshot.layout, snapshot.gpu_milli_free, snapshot.gpu_healthy, snapshot.gpu_mig_mode)
+        for name, values in zip(("share_free", "full_free_count", "max_share_free", "share_free_total"), afresh,
+                                strict=True):  # fmt: skip
+            kept = getattr(snapshot, name)
+            assert kept.dtype == values.dtype and np.array_equal(kept, values), name

@@ -100,6 +100,9 @@ def _derive_rows(layout: ClusterLayout, milli_free, healthy, mig_mode, rows=None
     return share, full, share.max(axis=1), share.sum(axis=1)
 
 
+_FEW_ROWS = 4  # rows an update touches up to which their summaries are worked out in plain Python
+
+
 def _assemble(layout, cpu, memory, milli, gmem, mig, healthy, mig_mode, allocations, derived=None, lineage=None):
     if derived is None:
         derived = _derive_rows(layout, milli, healthy, mig_mode)
@@ -141,7 +144,8 @@ class _Draft:
         self.memory = snapshot.memory_free.copy()
         self.milli = snapshot.gpu_milli_free.copy()
         self.gmem = snapshot.gpu_memory_free.copy()
-        self.mig = snapshot.mig_used.copy()
+        self.mig = snapshot.mig_used  # shared until a MIG slice is granted or released (``_grant_mig`` copies)
+        self._mig_copied = False
         self.healthy = snapshot.gpu_healthy
         self.mig_mode = snapshot.gpu_mig_mode
         self.granted: dict[RequestId, tuple[Binding, ...]] = {}
@@ -181,6 +185,8 @@ class _Draft:
         if sign > 0 and not self.mig_mode[row, gpu]:
             raise PlacementError(f"GPU {binding.node_id}/{gpu} is not in MIG mode")
         mask = profile.mask_at(binding.mig.start)
+        if not self._mig_copied:
+            self.mig, self._mig_copied = self.mig.copy(), True
         used = int(self.mig[row, gpu])
         if sign > 0 and used & mask:
             raise PlacementError(f"MIG slices {binding.mig} on {binding.node_id}/{gpu} already used")
@@ -190,14 +196,15 @@ class _Draft:
 
     def _check_row(self, row: int, node_id: NodeId) -> None:
         layout = self.layout
-        if self.cpu[row] < 0 or self.memory[row] < 0:
+        cpu, memory = int(self.cpu[row]), int(self.memory[row])
+        if cpu < 0 or memory < 0:
             raise PlacementError(f"node {node_id}: CPU or memory over capacity")
-        if self.cpu[row] > layout.cpu_capacity[row] or self.memory[row] > layout.memory_capacity[row]:
+        if cpu > layout.cpu_capacity[row] or memory > layout.memory_capacity[row]:
             raise PlacementError(f"node {node_id}: released more CPU or memory than allocated")
-        milli, gmem = self.milli[row], self.gmem[row]
-        if (milli < 0).any() or (gmem < 0).any():
+        milli, gmem = self.milli[row].tolist(), self.gmem[row].tolist()  # a node's GPUs: plain Python
+        if min(milli, default=0) < 0 or min(gmem, default=0) < 0:
             raise PlacementError(f"node {node_id}: GPU milli or GPU memory over capacity")
-        if (milli > MILLI_PER_GPU).any() or (gmem > layout.gpu_memory_mib[row]).any():
+        if max(milli, default=0) > MILLI_PER_GPU or any(g > c for g, c in zip(gmem, layout.gpu_memory_mib[row].tolist())):
             raise PlacementError(f"node {node_id}: released more GPU than allocated")
 
     def freeze(self) -> ClusterSnapshot:
@@ -207,7 +214,18 @@ class _Draft:
             a.copy() for a in (base.share_free, base.full_free_count, base.max_share_free, base.share_free_total)
         )
         rows = np.array(sorted(self.touched), dtype=np.int64)
-        if rows.size:
+        if 0 < rows.size <= _FEW_ROWS:  # an update's node or two: plain Python over their GPUs
+            share_free, full, top, total = derived
+            present = self.layout.gpu_present
+            for row in rows.tolist():
+                share = [m if p and h and not g else 0 for m, p, h, g in zip(
+                    self.milli[row].tolist(), present[row].tolist(), self.healthy[row].tolist(),
+                    self.mig_mode[row].tolist())]  # fmt: skip
+                share_free[row] = share
+                full[row] = sum(1 for m in share if m == MILLI_PER_GPU)
+                top[row] = max(share, default=0)
+                total[row] = sum(share)
+        elif rows.size:
             fresh = _derive_rows(self.layout, self.milli, self.healthy, self.mig_mode, rows)
             for target, values in zip(derived, fresh, strict=True):
                 target[rows] = values
