@@ -888,19 +888,21 @@ static PyObject *choose(PyObject *self, PyObject *args) {
      * without a branch per node (the outcomes are data: a branch per node mispredicts). */
     int64_t *candidate = tied;
     Py_ssize_t m = 0;
+    int64_t cpu_floor = cpu_milli ? cpu_milli : INT64_MIN, memory_floor = memory_mib ? memory_mib : INT64_MIN;
+    int64_t asked = q.kind == KIND_WHOLE ? q.gpu_count : q.kind == KIND_SHARE ? q.milli : INT32_MIN;
+    int32_t gpu_floor = (int32_t)(asked > INT32_MAX ? INT32_MAX : asked < INT32_MIN ? INT32_MIN : asked);
+    const int32_t *summary = q.kind == KIND_WHOLE ? full_free : max_free;
     if (!q.allowed && !(q.kind == KIND_SHARE && q.gpu_memory && q.gpu_memory_free)) {
-        int64_t cpu_floor = cpu_milli ? cpu_milli : INT64_MIN, memory_floor = memory_mib ? memory_mib : INT64_MIN;
-        int64_t asked = q.kind == KIND_WHOLE ? q.gpu_count : q.kind == KIND_SHARE ? q.milli : INT32_MIN;
-        int32_t gpu_floor = (int32_t)(asked > INT32_MAX ? INT32_MAX : asked < INT32_MIN ? INT32_MIN : asked);
-        const int32_t *summary = q.kind == KIND_WHOLE ? full_free : max_free;
         for (int64_t row = 0; row < n; row++) {
             candidate[m] = row;
             m += (q.cpu_free[row] >= cpu_floor) & (memory_free[row] >= memory_floor) & (summary[row] >= gpu_floor) &
                  (extra ? extra[row] != 0 : 1);
         }
-    } else {
+    } else { /* GPUs told apart by model or memory: the summaries rule nodes out (a model mask or GPU memory only
+              * takes GPUs away), the rest are checked GPU by GPU */
         for (int64_t row = 0; row < n; row++)
-            if (feasible(t, &q, memory_mib, memory_free, extra, full_free, max_free, row)) candidate[m++] = row;
+            if (summary[row] >= gpu_floor &&
+                feasible(t, &q, memory_mib, memory_free, extra, full_free, max_free, row)) candidate[m++] = row;
     }
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t row = candidate[i];
