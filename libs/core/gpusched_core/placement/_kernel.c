@@ -520,6 +520,8 @@ static inline void row_best(const Derive *d, const double *growth, const double 
     double top = 0.0;
     int64_t at = -1;
     for (Py_ssize_t g = 0; g < width; g++) {
+        if (g > 0 && growth[g] == growth[g - 1] && (!capped || capped[g] == capped[g - 1]))
+            continue; /* a GPU alike to the one before (a node's free GPUs): the same score, never above it */
         double x = growth[g] + cost, score;
         if (isinf(x)) {
             score = -INFINITY;
