@@ -102,8 +102,8 @@ bench-telemetry: install
 bench-quota: install
 	$(BIN)/python benchmarks/bench_quota.py
 
-## bench-placement: the placement policies alone, decisions/s at 1k, 5k and 10k nodes (KERNEL=numpy: without the
-## engine's C kernel, for a comparison in the same run)
+## bench-placement: the placement policies alone, decisions/s at 1k, 5k and 10k nodes, cold (a fresh policy) and
+## steady (every shape seen once before) (KERNEL=numpy: without the engine's C kernel, for a comparison in the same run)
 bench-placement: install
 	$(BIN)/python benchmarks/bench_placement.py --kernel $${KERNEL:-c}
 

@@ -4,7 +4,9 @@ Run: ``python benchmarks/bench_placement.py [--sizes 1000,5000,10000] [--decisio
 Prints a table and writes ``bench-results/placement.json``. Each decision is ``place`` on the
 current snapshot followed by ``apply`` of the result (the loop a placement service runs); the rate
 counts ``place`` time only, and every policy is also reported as a ratio to ``bestfit`` measured in
-the same run (machines are noisy: compare ratios, not absolute times).
+the same run (machines are noisy: compare ratios, not absolute times). Each policy is timed cold (a
+fresh policy, every shape's first use counted) and steady (``--no-steady`` leaves it out: the policy has
+first been shown every request once, as a service that has run for a while has seen its users' shapes).
 """
 
 from __future__ import annotations
