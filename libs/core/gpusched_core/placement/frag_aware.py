@@ -135,7 +135,12 @@ class FragAwarePolicy:
         scarcity = None
         if self.pressure_for(snapshot.layout) is not None:
             scarcity = lambda at: self._scarcity_inputs(at, snapshot, request)  # noqa: E731
-        return self.memo.choose(snapshot, request, allowed, salt, self._derive, memory, self.memory_weight, scarcity)
+        try:
+            return self.memo.choose(snapshot, request, allowed, salt, self._derive, memory, self.memory_weight,
+                                    scarcity)  # fmt: skip
+        except BaseException:
+            self._class_free_kept = None  # the call may have failed before stepping the sums: work them out again
+            raise
 
     def _scarcity_inputs(self, at: ClusterSnapshot, snapshot: ClusterSnapshot, request: PodRequest) -> tuple[object, ...]:
         """What the kernel computes each class's scarcity cost from (``class_excess`` and ``_class_cost`` in
