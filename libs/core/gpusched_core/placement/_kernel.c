@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef KERNEL_SOURCE /* the digest of this file, given by setup.py */
+#define KERNEL_SOURCE "unknown"
+#endif
 #define MILLI_PER_GPU 1000
 #define MAX_GPUS 64
 #define MAX_GROUPS 256
@@ -219,47 +222,6 @@ static PyObject *stats(PyObject *self, PyObject *args) {
     }
     release_all(&b);
     Py_RETURN_NONE;
-}
-
-/* changed(gpus, old_share_free (N,G) int32, new_share_free, old_cpu (N,) int64, new_cpu, old_gpu_memory (N,G)
- *         int64 | None, new_gpu_memory | None, out (N,) int64, among (R,) int64 | None) -> count
- * The nodes (ascending, into ``out``) whose free CPU or share-usable GPU milli, or GPU memory when given,
- * differ between two snapshots (``row_state.changed_rows``): among all, or among the ascending ``among``. */
-static PyObject *changed(PyObject *self, PyObject *args) {
-    PyObject *o[8];
-    Py_ssize_t G;
-    o[7] = Py_None;
-    if (!PyArg_ParseTuple(args, "nOOOOOOO|O", &G, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7]))
-        return NULL;
-    Py_ssize_t n = PyObject_Length(o[2]);
-    if (n < 0) return NULL;
-    Buffers b = {.used = 0};
-    int32_t *old_free, *new_free;
-    int64_t *old_cpu, *new_cpu, *old_memory, *new_memory, *out, *among;
-    Py_ssize_t r = n;
-    if (o[7] != Py_None && (r = PyObject_Length(o[7])) < 0) return NULL;
-    if (take(&b, o[7], 0, r, 8, 1, "among", (void **)&among) ||
-        take(&b, o[0], 0, n * G, 4, 0, "old_share_free", (void **)&old_free) ||
-        take(&b, o[1], 0, n * G, 4, 0, "new_share_free", (void **)&new_free) ||
-        take(&b, o[2], 0, n, 8, 0, "old_cpu", (void **)&old_cpu) ||
-        take(&b, o[3], 0, n, 8, 0, "new_cpu", (void **)&new_cpu) ||
-        take(&b, o[4], 0, n * G, 8, 1, "old_gpu_memory", (void **)&old_memory) ||
-        take(&b, o[5], 0, n * G, 8, 1, "new_gpu_memory", (void **)&new_memory) ||
-        take(&b, o[6], 1, r, 8, 0, "out", (void **)&out)) {
-        release_all(&b);
-        return NULL;
-    }
-    Py_ssize_t k = 0;
-    int memory = old_memory && new_memory;
-    for (Py_ssize_t i = 0; i < r; i++) {
-        Py_ssize_t row = among ? among[i] : i;
-        if (row < 0 || row >= n) { release_all(&b); PyErr_SetString(PyExc_IndexError, "kernel: row out of range"); return NULL; }
-        if (old_cpu[row] != new_cpu[row] || memcmp(old_free + row * G, new_free + row * G, (size_t)G * 4) != 0 ||
-            (memory && memcmp(old_memory + row * G, new_memory + row * G, (size_t)G * 8) != 0))
-            out[k++] = row;
-    }
-    release_all(&b);
-    return PyLong_FromSsize_t(k);
 }
 
 /* A step's inputs (``step`` and ``choose``): a tuple (old_share_free (N,G) int32, new_share_free, old_cpu (N,) int64,
@@ -891,8 +853,8 @@ static PyObject *choose(PyObject *self, PyObject *args) {
     int64_t *candidate = tied;
     Py_ssize_t m = 0;
     int64_t cpu_floor = cpu_milli ? cpu_milli : INT64_MIN, memory_floor = memory_mib ? memory_mib : INT64_MIN;
-    int64_t asked = q.kind == KIND_WHOLE ? q.gpu_count : q.kind == KIND_SHARE ? q.milli : INT32_MIN;
-    int32_t gpu_floor = (int32_t)(asked > INT32_MAX ? INT32_MAX : asked < INT32_MIN ? INT32_MIN : asked);
+    int64_t gpu_asked = q.kind == KIND_WHOLE ? q.gpu_count : q.kind == KIND_SHARE ? q.milli : INT32_MIN;
+    int32_t gpu_floor = (int32_t)(gpu_asked > INT32_MAX ? INT32_MAX : gpu_asked < INT32_MIN ? INT32_MIN : gpu_asked);
     const int32_t *summary = q.kind == KIND_WHOLE ? full_free : max_free;
     if (!q.allowed && !(q.kind == KIND_SHARE && q.gpu_memory && q.gpu_memory_free)) {
         for (int64_t row = 0; row < n; row++) {
@@ -983,7 +945,6 @@ static PyObject *choose(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"changed", changed, METH_VARARGS, "The nodes whose free capacity differs between two snapshots."},
     {"choose", choose, METH_VARARGS, "One decision of a memoised policy in one pass."},
     {"memory_cost", memory_cost, METH_VARARGS, "Weighted growth of the GPU milli free memory cannot serve."},
     {"best", best, METH_VARARGS, "Each node's best score and GPU from its growth."},
@@ -1001,7 +962,8 @@ PyMODINIT_FUNC PyInit__kernel(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     /* the largest tables it takes (``kernel.supports``) */
-    if (PyModule_AddIntConstant(m, "MAX_GPUS", MAX_GPUS) < 0 || PyModule_AddIntConstant(m, "MAX_GROUPS", MAX_GROUPS) < 0) {
+    if (PyModule_AddIntConstant(m, "MAX_GPUS", MAX_GPUS) < 0 || PyModule_AddIntConstant(m, "MAX_GROUPS", MAX_GROUPS) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCE", KERNEL_SOURCE) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -126,8 +126,8 @@ class FragmentationMemo:
         inputs = None if scarcity is None else scarcity(snapshot if old is None else old)
         step = None
         if old is not None:
-            class_free = None if inputs is None else (inputs[4], inputs[2])
-            step = kernel.step_inputs(tables, self.measures, old, snapshot, rows.memory, among, rows.version,
+            class_free = None if inputs is None else (inputs[4], inputs[2])  # (node classes, free per class)
+            step = kernel.step_inputs(tables, old, snapshot, rows.memory, among, rows.version,
                                       rows.clock + 1, rows.count, rows.usable, rows.before, rows.cpu_class, None,
                                       class_free)  # fmt: skip
         try:

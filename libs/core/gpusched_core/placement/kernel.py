@@ -4,7 +4,7 @@ Why: a decision under ``fgd`` or ``ours`` recomputes the growth of the few nodes
 shape asked was last weighed, and the statistics of the node the last decision took. In numpy that is
 some 60 array calls on a few rows, each a microsecond or two of call overhead whatever the rows, besides
 the passes over every node (feasibility, costs, the best): about 300 us a decision at 1,000 nodes.
-``choose`` does all of it node by node in one call; ``stats`` and ``changed`` keep ``RowState`` in step;
+``choose`` does all of it node by node in one call; ``stats`` and ``step`` keep ``RowState`` in step;
 ``growth``, ``best`` and ``memory_cost`` serve the numpy-shaped path (``score``) where it still runs. Each
 computes what ``growth.py`` and the policies compute, with the same formulas and the same rounding
 (tested equal, and against the plain reference, in the placement engine's unit tests).
@@ -108,18 +108,6 @@ def gpu_models(tables: GrowthTables) -> np.ndarray:
     return kept
 
 
-def changed(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool, among: np.ndarray | None = None) -> np.ndarray:
-    """``row_state.changed_rows`` in one pass (over ``among`` alone when given)."""
-    out = np.empty(new.layout.node_count if among is None else among.size, dtype=np.int64)
-    gpus = new.layout.max_gpus
-    count = _kernel.changed(gpus, np.ascontiguousarray(old.share_free, dtype=np.int32),
-                            np.ascontiguousarray(new.share_free, dtype=np.int32), _i64(old.cpu_free),
-                            _i64(new.cpu_free), _i64(old.gpu_memory_free) if memory else None,
-                            _i64(new.gpu_memory_free) if memory else None, out,
-                            None if among is None else _i64(among))  # fmt: skip
-    return out[:count]
-
-
 def stats(tables: GrowthTables, measures: tuple[str, ...], snapshot: ClusterSnapshot, rows: np.ndarray,
           count: np.ndarray, usable: np.ndarray, before: dict[str, np.ndarray], cpu_class: np.ndarray) -> None:  # fmt: skip
     """Write ``rows``' group figures into ``count``/``usable``, their fragmentation per measure into
@@ -129,9 +117,8 @@ def stats(tables: GrowthTables, measures: tuple[str, ...], snapshot: ClusterSnap
                   before.get("fgd"), before.get("capped"), cpu_class)  # fmt: skip
 
 
-def step_inputs(tables: GrowthTables, measures: tuple[str, ...], old: ClusterSnapshot, new: ClusterSnapshot,
-                memory: bool, among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray,
-                usable: np.ndarray, before: dict[str, np.ndarray], cpu_class: np.ndarray, out: np.ndarray | None,
+def step_inputs(tables: GrowthTables, old: ClusterSnapshot, new: ClusterSnapshot, memory: bool,
+                among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray, usable: np.ndarray, before: dict[str, np.ndarray], cpu_class: np.ndarray, out: np.ndarray | None,
                 class_free: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[object, ...]:  # fmt: skip
     """What ``step`` (and ``choose``, which steps first when given them) takes: the two snapshots, the nodes to
     compare (all when ``among`` is None), ``RowState``'s arrays to update, and ``class_free`` (node classes, free
@@ -146,11 +133,11 @@ def step_inputs(tables: GrowthTables, measures: tuple[str, ...], old: ClusterSna
 def step(tables: GrowthTables, measures: tuple[str, ...], old: ClusterSnapshot, new: ClusterSnapshot, memory: bool,
          among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray, usable: np.ndarray,
          before: dict[str, np.ndarray], cpu_class: np.ndarray) -> np.ndarray:  # fmt: skip
-    """``changed`` then ``stats`` on the nodes that changed, in one call: returns those nodes, now at
+    """The nodes that changed between two snapshots, and ``stats`` on them, in one call: returns those nodes, now at
     version ``clock`` with their statistics again (``RowState.sync``)."""
     out = np.empty(new.layout.node_count if among is None else among.size, dtype=np.int64)
-    k = _kernel.step(tables_for(tables, measures), step_inputs(tables, measures, old, new, memory, among, version,
-                                                               clock, count, usable, before, cpu_class, out))  # fmt: skip
+    k = _kernel.step(tables_for(tables, measures), step_inputs(tables, old, new, memory, among, version, clock,
+                                                               count, usable, before, cpu_class, out))  # fmt: skip
     return out[:k]
 
 

@@ -25,8 +25,6 @@ def changed_rows(old: ClusterSnapshot, new: ClusterSnapshot, memory: bool) -> np
     nodes the updates from ``old`` to ``new`` touched where ``new``'s lineage tells them (a decision's
     node or two instead of a pass over every node), else among all."""
     among = new.touched_since(old) if old.layout is new.layout else None
-    if kernel.available() and old.layout.max_gpus == new.layout.max_gpus:
-        return kernel.changed(old, new, memory, among)
     if among is not None:
         mark = old.cpu_free[among] != new.cpu_free[among]
         mark |= (old.share_free[among] != new.share_free[among]).any(axis=1)

@@ -103,6 +103,20 @@ def _derive_rows(layout: ClusterLayout, milli_free, healthy, mig_mode, rows=None
 _FEW_ROWS = 4  # rows an update touches up to which their summaries are worked out in plain Python
 
 
+def _derive_few(layout: ClusterLayout, milli_free, healthy, mig_mode, rows, derived) -> None:
+    """``_derive_rows`` for an update's node or two, written into ``derived`` (its four arrays) in plain
+    Python over their GPUs: a dozen numpy calls cost more than the arithmetic."""
+    share_free, full, top, total = derived
+    for row in rows.tolist():
+        share = [m if p and h and not g else 0 for m, p, h, g in zip(
+            milli_free[row].tolist(), layout.gpu_present[row].tolist(), healthy[row].tolist(),
+            mig_mode[row].tolist())]  # fmt: skip
+        share_free[row] = share
+        full[row] = sum(1 for m in share if m == MILLI_PER_GPU)
+        top[row] = max(share, default=0)
+        total[row] = sum(share)
+
+
 def _assemble(layout, cpu, memory, milli, gmem, mig, healthy, mig_mode, allocations, derived=None, lineage=None):
     if derived is None:
         derived = _derive_rows(layout, milli, healthy, mig_mode)
@@ -145,7 +159,6 @@ class _Draft:
         self.milli = snapshot.gpu_milli_free.copy()
         self.gmem = snapshot.gpu_memory_free.copy()
         self.mig = snapshot.mig_used  # shared until a MIG slice is granted or released (``_grant_mig`` copies)
-        self._mig_copied = False
         self.healthy = snapshot.gpu_healthy
         self.mig_mode = snapshot.gpu_mig_mode
         self.granted: dict[RequestId, tuple[Binding, ...]] = {}
@@ -185,8 +198,8 @@ class _Draft:
         if sign > 0 and not self.mig_mode[row, gpu]:
             raise PlacementError(f"GPU {binding.node_id}/{gpu} is not in MIG mode")
         mask = profile.mask_at(binding.mig.start)
-        if not self._mig_copied:
-            self.mig, self._mig_copied = self.mig.copy(), True
+        if self.mig is self.base.mig_used:
+            self.mig = self.mig.copy()
         used = int(self.mig[row, gpu])
         if sign > 0 and used & mask:
             raise PlacementError(f"MIG slices {binding.mig} on {binding.node_id}/{gpu} already used")
@@ -214,17 +227,8 @@ class _Draft:
             a.copy() for a in (base.share_free, base.full_free_count, base.max_share_free, base.share_free_total)
         )
         rows = np.array(sorted(self.touched), dtype=np.int64)
-        if 0 < rows.size <= _FEW_ROWS:  # an update's node or two: plain Python over their GPUs
-            share_free, full, top, total = derived
-            present = self.layout.gpu_present
-            for row in rows.tolist():
-                share = [m if p and h and not g else 0 for m, p, h, g in zip(
-                    self.milli[row].tolist(), present[row].tolist(), self.healthy[row].tolist(),
-                    self.mig_mode[row].tolist())]  # fmt: skip
-                share_free[row] = share
-                full[row] = sum(1 for m in share if m == MILLI_PER_GPU)
-                top[row] = max(share, default=0)
-                total[row] = sum(share)
+        if 0 < rows.size <= _FEW_ROWS:
+            _derive_few(self.layout, self.milli, self.healthy, self.mig_mode, rows, derived)
         elif rows.size:
             fresh = _derive_rows(self.layout, self.milli, self.healthy, self.mig_mode, rows)
             for target, values in zip(derived, fresh, strict=True):
