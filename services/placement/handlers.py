@@ -36,12 +36,14 @@ from services.placement.store import SERVICE
 
 # the job events placement claims (as ``topics.INBOX_READERS`` says: the relay counts on it)
 CLAIMED_JOB_EVENTS = (ev.QuotaReserved, ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld)
-# messages that may write nodes, GPUs or allocations: they take the cycle lock first (see ClusterCache)
 log = logging.getLogger(__name__)
 CYCLE_KEY = "cluster"  # placement's one cycle over the whole cluster, as its pacer knows it
 DEFER_CHUNK = 500  # deferrals a cycle records at once (their job streams read and written together)
 REFUSED = RefusalCounts(SERVICE)  # node reports no enrolled node signed
-_WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported)
+# messages that may write nodes, GPUs or allocations, or placement's queue: they take the cycle lock first
+# (see ClusterCache). A reservation judges its job under it: read outside it, the job could be placed by a
+# cycle committing between the read and the queueing, and be queued again while it holds its GPUs
+_WRITES_CLUSTER = (ev.JobCancelled, ev.NodeRegistered, ev.GpuHealthChanged, ev.JobExitReported, ev.QuotaReserved)
 
 
 def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache, *,
@@ -302,6 +304,14 @@ async def run_cycle(conn: asyncpg.Connection, now: datetime, policy: engine.Plac
     if not pending:
         return
     nodes, snapshot = await cache.load(conn, version)
+    if stray := [job.job_id for job in pending if engine.RequestId(job.job_id) in snapshot.allocations]:
+        # queued while it holds GPUs (placed already): a row the store should not have, which would fail every
+        # cycle on the job's allocation; it waits for nothing, so it goes (its stream is the recovery pass's)
+        log.warning("placement: %d queued job(s) hold GPUs already (%s); no longer queued", len(stray),
+                    ", ".join(stray[:5]))
+        await store.forget_pending_many(conn, stray)
+        gone = set(stray)
+        pending = [job for job in pending if job.job_id not in gone]
     # the plan is pure and may take a while with thousands waiting: in a worker thread, so this process's
     # event loop goes on with heartbeats, lease checks and its relay meanwhile (the cycle lock, held, keeps
     # every other user of ``policy`` out until this cycle commits)

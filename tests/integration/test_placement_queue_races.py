@@ -1,0 +1,93 @@
+"""A job in placement's queue is one that waits for GPUs, on real PostgreSQL: a reservation handled while
+another transaction places the same job (the store's pass queued it first, its message came late) does not
+put it back in the queue; and a queued job that holds GPUs already does not stop a cycle placing the others.
+
+Found in `gpusched bench-scale` (1,000 nodes, a burst of 3,000 jobs): placement lagged more than the
+recovery pass's 10 s behind quota, the pass queued the reserved jobs from the store, a cycle placed one of
+them while the job's own QuotaReserved was being handled on the other connection, and that handler, which
+had read the job as still Queued, queued it again. Every cycle after that failed on the job's allocation
+(``allocation ... already exists``): batches split down to single messages, and reservations were
+dead-lettered, until the pass forgot the row 10-20 s later."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpusched_common.db import connect
+from gpusched_common.jobs import load_job
+from gpusched_common.stores.cluster import ClusterCache
+from gpusched_core.lifecycle import JobStatus
+from services.placement import handlers, store
+from tests.builders import T0
+from tests.integration.test_placement_leases import apply, heartbeat, history, queue_job, registered
+
+POLICY = handlers.engine.make_policy("bestfit")
+
+
+@pytest.fixture
+async def two(database_url):
+    """Two connections to a store with n1 (4 GPUs, its lease)."""
+    first, second = await connect(database_url), await connect(database_url)
+    async with first.transaction():
+        await apply(first, registered("n1", gpus=4), T0)
+        await apply(first, heartbeat("n1"), T0)
+    yield first, second
+    await first.close()
+    await second.close()
+
+
+async def pending(conn) -> list[str]:
+    return [r["job_id"] for r in await conn.fetch("SELECT job_id FROM placement_pending ORDER BY job_id")]
+
+
+async def waits_on_a_lock(conn, other) -> None:
+    """Until ``other``'s backend waits on a lock (a positive signal that it got that far)."""
+    pid = other.get_server_pid()
+    for _ in range(500):
+        if await conn.fetchval("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the other transaction never waited on a lock")
+
+
+async def test_a_reservation_handled_while_a_cycle_places_its_job_does_not_queue_it_again(two):
+    placer, consumer = two
+    async with placer.transaction():
+        reserved = await queue_job(placer, "x", 2)
+        await store.queue_for_placement(placer, "x", (await load_job(placer, "x")).spec)  # the store's pass
+    placing = placer.transaction()
+    await placing.start()
+    await handlers.run_cycle(placer, T0, POLICY, ClusterCache())  # places x, not committed yet
+    handling = consumer.transaction()
+    await handling.start()
+    late = asyncio.create_task(handlers.apply(consumer, reserved, T0))  # x's own QuotaReserved, late
+    await waits_on_a_lock(placer, consumer)
+    await placing.commit()
+    assert await late is False  # placed already: nothing queued, no cycle needed
+    await handling.commit()
+
+    assert (await load_job(placer, "x")).status is JobStatus.PLACED
+    assert await pending(placer) == []
+    assert [node for kind, node in await history(placer, "x") if kind == "JobPlaced"] == ["n1"]
+
+
+async def test_a_queued_job_that_holds_gpus_already_does_not_stop_the_cycle(two):
+    conn, _ = two
+    async with conn.transaction():
+        await store.queue_for_placement(conn, "x", (await queue_job(conn, "x", 2)).spec)
+        await handlers.run_cycle(conn, T0, POLICY, ClusterCache())
+    async with conn.transaction():  # x queued again, as the race above did: its row and its GPUs disagree
+        await store.queue_for_placement(conn, "x", (await load_job(conn, "x")).spec)
+        await store.queue_for_placement(conn, "y", (await queue_job(conn, "y", 2)).spec)
+    assert await pending(conn) == ["x", "y"]
+
+    for cache in (ClusterCache(), None):  # a cached cluster or one loaded from the store
+        async with conn.transaction():
+            await handlers.run_cycle(conn, T0, POLICY, cache)
+    assert await pending(conn) == []  # y placed, x's stray row forgotten
+    assert [node for kind, node in await history(conn, "y") if kind == "JobPlaced"] == ["n1"]
+    assert [node for kind, node in await history(conn, "x") if kind == "JobPlaced"] == ["n1"]  # once
+    held = await conn.fetch("SELECT job_id, count(*) AS n FROM gpu_allocations GROUP BY job_id ORDER BY job_id")
+    assert [(r["job_id"], r["n"]) for r in held] == [("x", 2), ("y", 2)]
