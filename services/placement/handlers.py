@@ -160,8 +160,8 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
 async def on_reserved(conn: asyncpg.Connection, reserved: ev.QuotaReserved, now: datetime) -> bool:
     if (await load_job(conn, reserved.job_id)).status is not lifecycle.JobStatus.QUEUED:
         return False  # placed already (the store's pass queued it before this message came), or gone
-    await store.queue_for_placement(conn, reserved.job_id, bound_to_charge(reserved.spec, reserved.gpu_model))
-    return True
+    # the batch may have read the job before the cycle lock: the store's rows decide (``queue_if_waiting``)
+    return await store.queue_if_waiting(conn, reserved.job_id, bound_to_charge(reserved.spec, reserved.gpu_model))
 
 
 async def on_cancelled(conn: asyncpg.Connection, cancelled: ev.JobCancelled, now: datetime) -> bool:

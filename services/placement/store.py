@@ -27,15 +27,34 @@ ALLOCATION_COLUMNS = ("node_id", "gpu_index", "job_id", "allocated_at", "milli",
                       "mig_start", "mig_memory_slices", "host_cpu_milli", "host_memory_mib")
 
 
-async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
+def _pending_row(job_id: str, spec: ev.JobSpec) -> tuple:
     share = spec.gpu_share
+    return (job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, spec.nodes, share.milli if share else None,
+            share.memory_mib if share else None, spec.mig_profile, spec.cpu_milli, spec.memory_mib,
+            dict(required_labels(spec)))
+
+
+_PENDING_COLUMNS = ("placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
+                    " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector)")
+
+
+async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
+    """Queue a job its caller judged, under the cycle lock, from what it read under that lock."""
     await conn.execute(
-        "INSERT INTO placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
-        " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector) VALUES ($1, $2, $3, $4, $5,"
-        " (SELECT submitted_at FROM jobs WHERE job_id = $1), $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING",
-        job_id, spec.tenant, spec.gpus, spec.gpu_model, spec.priority, spec.nodes, share.milli if share else None,
-        share.memory_mib if share else None, spec.mig_profile, spec.cpu_milli, spec.memory_mib,
-        dict(required_labels(spec)))
+        f"INSERT INTO {_PENDING_COLUMNS} VALUES ($1, $2, $3, $4, $5, (SELECT submitted_at FROM jobs WHERE job_id = $1),"
+        " $6, $7, $8, $9, $10, $11, $12) ON CONFLICT DO NOTHING", *_pending_row(job_id, spec))
+
+
+async def queue_if_waiting(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> bool:
+    """Queue the job unless the store has it other than Queued, or holding GPUs; whether it was queued. For a
+    caller that may have read the job's stream before it took the cycle lock (a batch reads its messages'
+    streams at its start): the rows this statement reads under the lock have the last word, so a job a cycle
+    placed in between is never queued again."""
+    return await conn.fetchval(
+        f"WITH queued AS (INSERT INTO {_PENDING_COLUMNS} SELECT $1, $2, $3, $4, $5, j.submitted_at, $6, $7, $8, $9,"
+        " $10, $11, $12 FROM jobs j WHERE j.job_id = $1 AND j.status = 'Queued'"
+        " AND NOT EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = $1)"
+        " ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) > 0 FROM queued", *_pending_row(job_id, spec))
 
 
 async def set_last_reasons_many(conn: asyncpg.Connection, reasons: list[tuple[str, tuple[str, ...]]]) -> None:

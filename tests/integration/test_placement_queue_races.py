@@ -16,7 +16,9 @@ import asyncio
 import pytest
 
 from gpusched_common.db import connect
+from gpusched_common.ids import job_stream
 from gpusched_common.jobs import load_job
+from gpusched_common.store import BATCH_READS, read_for_batch
 from gpusched_common.stores.cluster import ClusterCache
 from gpusched_core.lifecycle import JobStatus
 from services.placement import handlers, store
@@ -62,7 +64,12 @@ async def test_a_reservation_handled_while_a_cycle_places_its_job_does_not_queue
     await handlers.run_cycle(placer, T0, POLICY, ClusterCache())  # places x, not committed yet
     handling = consumer.transaction()
     await handling.start()
-    late = asyncio.create_task(handlers.apply(consumer, reserved, T0))  # x's own QuotaReserved, late
+    # x's own QuotaReserved, late, in a batch that read x's stream at its start (x still Queued then)
+    token = BATCH_READS.set(await read_for_batch(consumer, store.SERVICE, [], [job_stream("x")]))
+    try:
+        late = asyncio.create_task(handlers.apply(consumer, reserved, T0))
+    finally:
+        BATCH_READS.reset(token)
     await waits_on_a_lock(placer, consumer)
     await placing.commit()
     assert await late is False  # placed already: nothing queued, no cycle needed
@@ -78,6 +85,7 @@ async def test_a_queued_job_that_holds_gpus_already_does_not_stop_the_cycle(two)
     async with conn.transaction():
         await store.queue_for_placement(conn, "x", (await queue_job(conn, "x", 2)).spec)
         await handlers.run_cycle(conn, T0, POLICY, ClusterCache())
+    assert not await store.queue_if_waiting(conn, "x", (await load_job(conn, "x")).spec)  # placed: refused
     async with conn.transaction():  # x queued again, as the race above did: its row and its GPUs disagree
         await store.queue_for_placement(conn, "x", (await load_job(conn, "x")).spec)
         await store.queue_for_placement(conn, "y", (await queue_job(conn, "y", 2)).spec)
