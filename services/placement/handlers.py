@@ -90,7 +90,9 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
                 cycle_after(batch, clock, policy, cache, pacer)
             return
         await flush_reports(conn, batch)  # what follows may read a job whose start or end is still to be written
-        if await apply(conn, payload, clock()):
+        if isinstance(payload, _WRITES_CLUSTER):
+            await _lock_cycle_once(conn, batch)  # taken once a batch (a batch of reservations: one round trip)
+        if await apply(conn, payload, clock(), locked=True):
             cycle_after(batch, clock, policy, cache, pacer)
 
     return on_message
@@ -138,10 +140,11 @@ async def process(conn: asyncpg.Connection, payload: ev.Payload, now: datetime, 
         await run_cycle(conn, now, policy, cache)
 
 
-async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) -> bool:
+async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime, *, locked: bool = False) -> bool:
     """Record one message's effect; True when free capacity or pending work may have changed. What a node
     tells is checked first (``gpusched_core.bulkheads``): an impossible registration quarantines the node,
-    a heartbeat or report out of range is ignored and counted (``OUT_OF_RANGE``)."""
+    a heartbeat or report out of range is ignored and counted (``OUT_OF_RANGE``). ``locked``: the caller holds
+    the cycle lock already."""
     refused = _out_of_range(payload)
     if refused:
         if isinstance(payload, ev.NodeRegistered):
@@ -151,7 +154,7 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime) ->
             return True
         OUT_OF_RANGE.note(payload.TYPE, "; ".join(refused))
         return False
-    if isinstance(payload, _WRITES_CLUSTER):
+    if isinstance(payload, _WRITES_CLUSTER) and not locked:
         await lock_cycle(conn)
     handler = _HANDLERS.get(type(payload))
     return False if handler is None else await handler(conn, payload, now)

@@ -47,7 +47,9 @@ class Recovered:
 
     @property
     def cluster_changed(self) -> bool:
-        return bool(self.queued or self.forgotten or self.released)
+        """Whether the pass changed what a cycle's cluster holds (GPUs released, holds dropped with the jobs it
+        forgot); the jobs it queued are read by the next cycle as any new job is (none weighed them yet)."""
+        return bool(self.forgotten or self.released)
 
     def summary(self) -> str:
         parts = [f"{name} {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}"

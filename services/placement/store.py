@@ -50,11 +50,11 @@ async def queue_if_waiting(conn: asyncpg.Connection, job_id: str, spec: ev.JobSp
     caller that may have read the job's stream before it took the cycle lock (a batch reads its messages'
     streams at its start): the rows this statement reads under the lock have the last word, so a job a cycle
     placed in between is never queued again."""
-    return await conn.fetchval(
-        f"WITH queued AS (INSERT INTO {_PENDING_COLUMNS} SELECT $1, $2, $3, $4, $5, j.submitted_at, $6, $7, $8, $9,"
-        " $10, $11, $12 FROM jobs j WHERE j.job_id = $1 AND j.status = 'Queued'"
+    return bool(await conn.fetchval(
+        f"INSERT INTO {_PENDING_COLUMNS} SELECT $1, $2, $3, $4, $5, j.submitted_at, $6, $7, $8, $9, $10, $11, $12"
+        " FROM jobs j WHERE j.job_id = $1 AND j.status = 'Queued'"
         " AND NOT EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = $1)"
-        " ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) > 0 FROM queued", *_pending_row(job_id, spec))
+        " ON CONFLICT DO NOTHING RETURNING true", *_pending_row(job_id, spec)))
 
 
 async def set_last_reasons_many(conn: asyncpg.Connection, reasons: list[tuple[str, tuple[str, ...]]]) -> None:
