@@ -26,11 +26,12 @@ from gpusched_common.topics import JOBS_EVENTS, NODES_REPORTS
 
 from gpusched_core import bulkheads, lifecycle
 from gpusched_core import placement as engine
-from gpusched_core.placement.cycle import Deferral, Placement, bound_to_charge, run_plan
+from gpusched_core.placement.cycle import Deferral, Placement, run_plan
 from gpusched_core.placement.launch import start_commands
 from gpusched_core.placement.leases import is_stale, select_expired
 from services.placement import starts, store
 from services.placement.ends import on_exited, record_exit, requeue
+from services.placement.reservations import defer_reservation, flush_reservations, lock_cycle_once, on_reserved
 from services.placement.reports import defer_heartbeat, flush_reports, load_senders, record_start, this_run
 from services.placement.store import SERVICE
 
@@ -85,13 +86,18 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
             await record_start(conn, payload, batch, clock())
             return
         if isinstance(payload, ev.JobExitReported) and not _out_of_range(payload):
-            await _lock_cycle_once(conn, batch)  # it gives GPUs back
+            await lock_cycle_once(conn, batch)  # it gives GPUs back
             if await record_exit(conn, payload, batch, clock()):
                 cycle_after(batch, clock, policy, cache, pacer)
             return
+        if isinstance(payload, ev.QuotaReserved):
+            if await defer_reservation(conn, payload, batch):
+                cycle_after(batch, clock, policy, cache, pacer)
+            return
+        await flush_reservations(conn, batch)  # what follows (a cancel, a hold) may concern a job reserved before it
         await flush_reports(conn, batch)  # what follows may read a job whose start or end is still to be written
         if isinstance(payload, _WRITES_CLUSTER):
-            await _lock_cycle_once(conn, batch)  # taken once a batch (a batch of reservations: one round trip)
+            await lock_cycle_once(conn, batch)  # taken once a batch (a batch of reservations: one round trip)
         if await apply(conn, payload, clock(), locked=True):
             cycle_after(batch, clock, policy, cache, pacer)
 
@@ -101,16 +107,13 @@ def make_handler(clock: Callable[[], datetime], policy: engine.PlacementPolicy, 
 def cycle_after(batch: Batch, clock: Callable[[], datetime], policy: engine.PlacementPolicy, cache: ClusterCache,
                 pacer: CyclePacer) -> None:
     """The batch's placement cycle at its end, or, when the last cycle ended too recently for ``pacer``, due
-    once the batch committed (``pacing.run_due`` runs it from the store, over everything queued meanwhile)."""
-    batch.after("placement-cycle", lambda conn: pacer.run_or_defer(
-        CYCLE_KEY, batch, lambda: run_cycle(conn, clock(), policy, cache)))
+    once the batch committed (``pacing.run_due`` runs it from the store, over everything queued meanwhile);
+    either way the batch's reservations are queued first."""
+    async def at_end(conn: asyncpg.Connection) -> None:
+        await flush_reservations(conn, batch)
+        await pacer.run_or_defer(CYCLE_KEY, batch, lambda: run_cycle(conn, clock(), policy, cache))
 
-
-async def _lock_cycle_once(conn: asyncpg.Connection, batch: Batch) -> None:
-    """The cycle lock for the rest of the batch's transaction, taken at its first need (one round trip a batch)."""
-    if "cycle-locked" not in batch.memo:
-        await lock_cycle(conn)
-        batch.memo["cycle-locked"] = True
+    batch.after("placement-cycle", at_end)
 
 
 async def on_enrolment(conn: asyncpg.Connection, message: Incoming, request: ev.NodeEnrolmentRequested,
@@ -158,13 +161,6 @@ async def apply(conn: asyncpg.Connection, payload: ev.Payload, now: datetime, *,
         await lock_cycle(conn)
     handler = _HANDLERS.get(type(payload))
     return False if handler is None else await handler(conn, payload, now)
-
-
-async def on_reserved(conn: asyncpg.Connection, reserved: ev.QuotaReserved, now: datetime) -> bool:
-    if (await load_job(conn, reserved.job_id)).status is not lifecycle.JobStatus.QUEUED:
-        return False  # placed already (the store's pass queued it before this message came), or gone
-    # the batch may have read the job before the cycle lock: the store's rows decide (``queue_if_waiting``)
-    return await store.queue_if_waiting(conn, reserved.job_id, bound_to_charge(reserved.spec, reserved.gpu_model))
 
 
 async def on_cancelled(conn: asyncpg.Connection, cancelled: ev.JobCancelled, now: datetime) -> bool:

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from gpusched_common import events as ev
-from gpusched_common.jobs import load_job
+from gpusched_common.jobs import load_job, load_jobs
 from gpusched_core.lifecycle import HOLDS_GPUS, JobStatus
 from gpusched_core.placement.cycle import bound_to_charge
 from gpusched_core.placement.drift import NodeAccount, judge_drift
@@ -64,14 +64,15 @@ async def recover(conn: asyncpg.Connection, now: datetime, *, resend_s: float, s
     costs one more StopJob)."""
     settled = now - timedelta(seconds=settle_s)
     done = Recovered()
-    for row in await conn.fetch(
-            "SELECT j.job_id FROM jobs j WHERE j.status = 'Queued' AND j.updated_at < $1"
-            " AND NOT EXISTS (SELECT 1 FROM placement_pending p WHERE p.job_id = j.job_id)"
-            " AND NOT EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id) LIMIT $2", settled, limit):
-        state = await load_job(conn, row["job_id"])
-        if state.status is JobStatus.QUEUED and state.spec is not None:
-            await store.queue_for_placement(conn, state.job_id, bound_to_charge(state.spec, state.charged_model))
-            done.queued.append(state.job_id)
+    lost = await conn.fetch(  # in the order quota reserved them, as their messages would have queued them
+        "SELECT j.job_id FROM jobs j WHERE j.status = 'Queued' AND j.updated_at < $1"
+        " AND NOT EXISTS (SELECT 1 FROM placement_pending p WHERE p.job_id = j.job_id)"
+        " AND NOT EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = j.job_id)"
+        " ORDER BY j.updated_at, j.job_id LIMIT $2", settled, limit)
+    states = await load_jobs(conn, [row["job_id"] for row in lost])  # one query, one statement: the lock is held
+    done.queued += await store.queue_many_if_waiting(conn, [
+        (state.job_id, bound_to_charge(state.spec, state.charged_model)) for state in states.values()
+        if state.status is JobStatus.QUEUED and state.spec is not None])
     for row in await conn.fetch(
             "SELECT p.job_id FROM placement_pending p JOIN jobs j ON j.job_id = p.job_id"
             " WHERE j.status <> 'Queued' AND j.updated_at < $1 LIMIT $2", settled, limit):

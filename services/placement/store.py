@@ -36,6 +36,8 @@ def _pending_row(job_id: str, spec: ev.JobSpec) -> tuple:
 
 _PENDING_COLUMNS = ("placement_pending (job_id, tenant, gpus, gpu_model, priority, submitted_at, nodes, share_milli,"
                     " share_memory_mib, mig_profile, cpu_milli, memory_mib, node_selector)")
+_PENDING_FIELDS = ("job_id", "tenant", "gpus", "gpu_model", "priority", "nodes", "share_milli", "share_memory_mib",
+                   "mig_profile", "cpu_milli", "memory_mib", "node_selector")
 
 
 async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> None:
@@ -46,15 +48,30 @@ async def queue_for_placement(conn: asyncpg.Connection, job_id: str, spec: ev.Jo
 
 
 async def queue_if_waiting(conn: asyncpg.Connection, job_id: str, spec: ev.JobSpec) -> bool:
-    """Queue the job unless the store has it other than Queued, or holding GPUs; whether it was queued. For a
-    caller that may have read the job's stream before it took the cycle lock (a batch reads its messages'
-    streams at its start): the rows this statement reads under the lock have the last word, so a job a cycle
-    placed in between is never queued again."""
-    return bool(await conn.fetchval(
-        f"INSERT INTO {_PENDING_COLUMNS} SELECT $1, $2, $3, $4, $5, j.submitted_at, $6, $7, $8, $9, $10, $11, $12"
-        " FROM jobs j WHERE j.job_id = $1 AND j.status = 'Queued'"
-        " AND NOT EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = $1)"
-        " ON CONFLICT DO NOTHING RETURNING true", *_pending_row(job_id, spec)))
+    """``queue_many_if_waiting`` for one job: whether it was queued."""
+    return bool(await queue_many_if_waiting(conn, [(job_id, spec)]))
+
+
+async def queue_many_if_waiting(conn: asyncpg.Connection, jobs: list[tuple[str, ev.JobSpec]]) -> list[str]:
+    """Queue these jobs, in this order, in one statement, leaving out each the store has other than Queued or
+    holding GPUs (or queued already); the jobs queued. Called under the cycle lock by callers that may have
+    read a job's stream before they took it (a batch reads its messages' streams at its start): the rows this
+    statement reads under the lock have the last word, so a job a cycle placed in between is never queued
+    again."""
+    if not jobs:
+        return []
+    rows = json.dumps([{**dict(zip(_PENDING_FIELDS, _pending_row(job_id, spec), strict=True)), "ord": i}
+                       for i, (job_id, spec) in enumerate(jobs)])
+    queued = await conn.fetch(
+        f"INSERT INTO {_PENDING_COLUMNS} SELECT r.job_id, r.tenant, r.gpus, r.gpu_model, r.priority, j.submitted_at,"
+        " r.nodes, r.share_milli, r.share_memory_mib, r.mig_profile, r.cpu_milli, r.memory_mib, r.node_selector"
+        " FROM jsonb_to_recordset($1::text::jsonb) AS r(job_id text, tenant text, gpus integer,"
+        " gpu_model text, priority integer, nodes integer, share_milli integer, share_memory_mib integer,"
+        " mig_profile text, cpu_milli integer, memory_mib bigint, node_selector jsonb, ord integer)"
+        " JOIN jobs j ON j.job_id = r.job_id AND j.status = 'Queued'"
+        " WHERE NOT EXISTS (SELECT 1 FROM gpu_allocations a WHERE a.job_id = r.job_id)"
+        " ORDER BY r.ord ON CONFLICT DO NOTHING RETURNING job_id", rows)
+    return [r["job_id"] for r in queued]
 
 
 async def set_last_reasons_many(conn: asyncpg.Connection, reasons: list[tuple[str, tuple[str, ...]]]) -> None:

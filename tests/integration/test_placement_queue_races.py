@@ -15,7 +15,11 @@ import asyncio
 
 import pytest
 
+from gpusched_common import store as event_store
+from gpusched_common.batching import Batch
 from gpusched_common.db import connect
+from gpusched_common.messaging import Incoming
+from gpusched_common.topics import JOBS_EVENTS
 from gpusched_common.ids import job_stream
 from gpusched_common.jobs import load_job
 from gpusched_common.store import BATCH_READS, read_for_batch
@@ -99,3 +103,59 @@ async def test_a_queued_job_that_holds_gpus_already_does_not_stop_the_cycle(two)
     assert [node for kind, node in await history(conn, "x") if kind == "JobPlaced"] == ["n1"]  # once
     held = await conn.fetch("SELECT job_id, count(*) AS n FROM gpu_allocations GROUP BY job_id ORDER BY job_id")
     assert [(r["job_id"], r["n"]) for r in held] == [("x", 2), ("y", 2)]
+
+
+def as_message(stored, offset: int) -> Incoming:
+    envelope = stored.envelope
+    return Incoming(JOBS_EVENTS.name, 0, offset, envelope.stream_id.removeprefix("job-"),
+                    envelope.model_dump_json().encode(), {"event-type": envelope.type})
+
+
+async def reservation_of(conn, job_id: str):
+    return next(e for e in await event_store.load(conn, job_stream(job_id)) if e.envelope.type == "QuotaReserved")
+
+
+async def test_a_batch_queues_its_reservations_together_under_the_lock_and_the_store_decides(two, caplog):
+    """A batch of reservations queues its jobs in one statement at its end, before its cycle: a job a cycle
+    on another connection placed after the batch read it (the batch's early read says Queued) is not queued
+    again; the others are queued in the order of their messages and placed."""
+    placer, consumer = two
+    async with placer.transaction():
+        for job_id in ("a", "b", "c"):
+            await queue_job(placer, job_id, 1)
+        await store.queue_for_placement(placer, "c", (await load_job(placer, "c")).spec)  # the store's pass
+    reservations = [await reservation_of(placer, job_id) for job_id in ("a", "b", "c")]
+    messages = [as_message(stored, i) for i, stored in enumerate(reservations)]
+    handler = handlers.make_handler(lambda: T0, POLICY, ClusterCache(), accept_unsigned=True)
+    batch = Batch(tuple(messages))
+    async with consumer.transaction():
+        token = BATCH_READS.set(await read_for_batch(consumer, store.SERVICE, [r.envelope.event_id for r in reservations],
+                                                     [job_stream(j) for j in ("a", "b", "c")]))
+        try:
+            for message in messages:
+                await handler(consumer, message, batch)
+            assert await pending(placer) == ["c"]  # nothing written yet: the batch queues at its end
+            async with placer.transaction():
+                await handlers.run_cycle(placer, T0, POLICY, ClusterCache())  # c placed meanwhile
+            await batch.finish(consumer)
+        finally:
+            BATCH_READS.reset(token)
+    assert await pending(placer) == []
+    assert "hold GPUs already" not in caplog.text  # c was never queued again (not merely forgotten by the cycle)
+    for job_id in ("a", "b", "c"):
+        assert [node for kind, node in await history(placer, job_id) if kind == "JobPlaced"] == ["n1"], job_id
+
+
+async def test_jobs_queued_together_keep_their_order_and_only_waiting_ones_go_in(two):
+    conn, _ = two
+    async with conn.transaction():
+        for job_id in ("p", "q", "r"):
+            await queue_job(conn, job_id, 1)
+        specs = {j: (await load_job(conn, j)).spec for j in ("p", "q", "r")}
+        specs["s"] = specs["p"]
+        await conn.execute("UPDATE jobs SET status = 'Held' WHERE job_id = 'q'")  # waits for no GPUs now
+        queued = await store.queue_many_if_waiting(conn, [(j, specs[j]) for j in ("r", "q", "s", "p")])
+        again = await store.queue_many_if_waiting(conn, [("p", specs["p"])])
+    assert queued == ["r", "p"] and again == []  # s: the store has no such job
+    order = await conn.fetch("SELECT job_id FROM placement_pending ORDER BY seq")
+    assert [r["job_id"] for r in order] == ["r", "p"]
