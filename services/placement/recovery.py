@@ -140,7 +140,8 @@ async def _reconcile_drifted(conn: asyncpg.Connection, now: datetime, resend_s: 
         log.warning("node %s drifted from the store (runs %s unexpected, lacks %s): reconciling", row["node_id"],
                     list(verdict.unexpected)[:5], list(verdict.missing)[:5])
         expected = sorted(row["expected"])
-        attempts = {job_id: (await load_job(conn, job_id)).runs for job_id in expected}
+        states = await load_jobs(conn, expected)  # one query (the cycle lock is held)
+        attempts = {job_id: states[job_id].runs for job_id in expected}
         await store.send_command(conn, ev.ReconcileJobs(node_id=row["node_id"], job_ids=expected,
                                                         lease_epoch=row["lease_epoch"], attempts=attempts),
                                  row["node_id"], now)
