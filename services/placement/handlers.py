@@ -111,9 +111,24 @@ def cycle_after(batch: Batch, clock: Callable[[], datetime], policy: engine.Plac
     either way the batch's reservations are queued first."""
     async def at_end(conn: asyncpg.Connection) -> None:
         await flush_reservations(conn, batch)
-        await pacer.run_or_defer(CYCLE_KEY, batch, lambda: run_cycle(conn, clock(), policy, cache))
+        await pacer.run_or_defer(CYCLE_KEY, batch, lambda: cycle_or_due(
+            conn, batch, pacer, lambda: run_cycle(conn, clock(), policy, cache)))
 
     batch.after("placement-cycle", at_end)
+
+
+async def cycle_or_due(conn: asyncpg.Connection, batch: Batch, pacer: CyclePacer,
+                       cycle: Callable[[], Awaitable[None]]) -> None:
+    """The batch's cycle in a savepoint: one that fails (a plan the store refuses, a bug) is rolled back and due
+    again shortly, and the batch's messages commit without it. A cycle weighs the whole cluster, so its failure
+    is no message's fault: failing the batch would split it down to single messages, each failing the same way,
+    and dead-letter its reservations. (A connection that broke fails the batch's commit all the same.)"""
+    try:
+        async with conn.transaction():
+            await cycle()
+    except Exception as exc:  # noqa: BLE001 - any failure of the cycle: rolled back, retried by the due loop
+        log.warning("placement: a batch's cycle failed (%s); it is due again shortly", exc)
+        batch.after_commit("placement-cycle-retry", lambda: pacer.retry(CYCLE_KEY))
 
 
 async def on_enrolment(conn: asyncpg.Connection, message: Incoming, request: ev.NodeEnrolmentRequested,
