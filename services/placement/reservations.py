@@ -51,5 +51,5 @@ async def on_reserved(conn: asyncpg.Connection, reserved: ev.QuotaReserved, now:
     """A reservation on its own (a batch defers its reservations: ``defer_reservation``)."""
     if (await load_job(conn, reserved.job_id)).status is not lifecycle.JobStatus.QUEUED:
         return False  # placed already (the store's pass queued it before this message came), or gone
-    # the batch may have read the job before the cycle lock: the store's rows decide (``queue_if_waiting``)
+    # ``apply`` took the cycle lock, but the job's stream may come from a batch's earlier read: the store decides
     return await store.queue_if_waiting(conn, reserved.job_id, bound_to_charge(reserved.spec, reserved.gpu_model))

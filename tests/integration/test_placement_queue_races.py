@@ -12,19 +12,18 @@ dead-lettered, until the pass forgot the row 10-20 s later."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
 from gpusched_common import store as event_store
-from gpusched_common.batching import Batch
-from gpusched_common.db import connect
-from gpusched_common.messaging import Incoming
-from gpusched_common.topics import JOBS_EVENTS
+from gpusched_common.batching import Batch, apply_batch
+from gpusched_common.db import connect, create_pool
 from gpusched_common.ids import job_stream
 from gpusched_common.jobs import load_job
+from gpusched_common.messaging import Incoming
 from gpusched_common.pacing import CyclePacer
-from gpusched_common.store import BATCH_READS, read_for_batch, write_claims
+from gpusched_common.store import BATCH_READS, read_for_batch
+from gpusched_common.topics import JOBS_EVENTS
 from gpusched_common.stores.cluster import ClusterCache
 from gpusched_core.lifecycle import JobStatus
 from services.placement import handlers, store
@@ -163,7 +162,8 @@ async def test_jobs_queued_together_keep_their_order_and_only_waiting_ones_go_in
     assert [r["job_id"] for r in order] == ["r", "p"]
 
 
-async def test_a_cycle_that_fails_at_a_batch_s_end_costs_the_batch_none_of_its_messages(two, monkeypatch):
+async def test_a_cycle_that_fails_at_a_batch_s_end_costs_the_batch_none_of_its_messages(two, database_url,
+                                                                                         monkeypatch):
     """The batch's reservation is queued and its claim written though its cycle failed (rolled back to its
     savepoint); the cycle is left due, and the due cycle places the job."""
     conn, _ = two
@@ -179,7 +179,11 @@ async def test_a_cycle_that_fails_at_a_batch_s_end_costs_the_batch_none_of_its_m
         raise RuntimeError("a bug in the plan")
 
     monkeypatch.setattr(handlers, "run_cycle", failing)
-    await apply_batch(conn, handler, [as_message(stored, 0)])
+    pool = await create_pool(database_url)
+    try:
+        await apply_batch(pool, store.SERVICE, [as_message(stored, 0)], handler)  # the consumers' own path
+    finally:
+        await pool.close()
     assert await pending(conn) == ["a"]
     assert await conn.fetchval("SELECT count(*) FROM inbox WHERE consumer = 'placement' AND event_id = $1",
                                stored.envelope.event_id) == 1
@@ -190,19 +194,3 @@ async def test_a_cycle_that_fails_at_a_batch_s_end_costs_the_batch_none_of_its_m
         await handlers.run_cycle(conn, T0, POLICY, ClusterCache())
     assert [node for kind, node in await history(conn, "a") if kind == "JobPlaced"] == ["n1"]
 
-
-async def apply_batch(conn, handler, messages) -> None:
-    """Messages through placement's handler as one consumer batch (its claims and streams read at its start)."""
-    batch = Batch(tuple(messages))
-    async with conn.transaction():
-        ids = [json.loads(m.value)["event_id"] for m in messages]
-        token = BATCH_READS.set(await read_for_batch(conn, store.SERVICE, ids, [job_stream(m.key) for m in messages]))
-        try:
-            for message in messages:
-                await handler(conn, message, batch)
-            await batch.finish(conn)
-            await write_claims(conn, BATCH_READS.get())
-        finally:
-            BATCH_READS.reset(token)
-    for done in batch.committed.values():
-        done()

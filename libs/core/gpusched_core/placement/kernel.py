@@ -118,7 +118,8 @@ def stats(tables: GrowthTables, measures: tuple[str, ...], snapshot: ClusterSnap
 
 
 def step_inputs(tables: GrowthTables, old: ClusterSnapshot, new: ClusterSnapshot, memory: bool,
-                among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray, usable: np.ndarray, before: dict[str, np.ndarray], cpu_class: np.ndarray, out: np.ndarray | None,
+                among: np.ndarray | None, version: np.ndarray, clock: int, count: np.ndarray, usable: np.ndarray,
+                before: dict[str, np.ndarray], cpu_class: np.ndarray, out: np.ndarray | None,
                 class_free: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[object, ...]:  # fmt: skip
     """What ``step`` (and ``choose``, which steps first when given them) takes: the two snapshots, the nodes to
     compare (all when ``among`` is None), ``RowState``'s arrays to update, and ``class_free`` (node classes, free
