@@ -46,13 +46,49 @@ def publish_lease(work_dir: Path, lease: Lease, fence_grace_s: float, monotonic_
         until = float("inf")
     else:
         until = time.time() - (monotonic_now - lease.renewed_at) + lease.ttl_s + fence_grace_s / 2
-    write_private(work_dir / LEASE_FILE, f"{until!r}\n")
+    write_in_place(work_dir / LEASE_FILE, repr(until))
 
 
-def lease_until(work_dir: Path) -> float | None:
+LEASE_RECORD = 32  # the lease file's bytes before its newline: a float's repr, padded with spaces
+
+
+def write_in_place(path: Path, value: str) -> None:
+    """Overwrite ``path`` with ``value`` padded to one fixed-size record, in a single write at offset 0 (mode
+    0600 from its first byte). Each renewal is one small write in place, not a new file renamed over the old
+    one: on ext4 a rename over a file flushes the new file's data first (``auto_da_alloc``), about 50 times
+    the cost, and a fleet simulating 1,000 nodes renews 100 leases a second. A reader sees the old record or
+    the new one, unless it reads in the instant of the write: ``lease_until`` reads until two reads agree.
+    The content stays a float, so a watchdog of the version before reads it as ever."""
+    record = value.ljust(LEASE_RECORD).encode() + b"\n"
+    if len(record) != LEASE_RECORD + 1:
+        raise ValueError(f"a lease record longer than {LEASE_RECORD} bytes: {value!r}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        return float((work_dir / LEASE_FILE).read_text().strip())
-    except (OSError, ValueError):
+        os.fchmod(fd, 0o600)  # a file of another mode, or the umask, cannot widen it
+        if os.fstat(fd).st_size != len(record):  # first written here (or by a version that renamed files in)
+            os.ftruncate(fd, len(record))
+        os.pwrite(fd, record, 0)
+    finally:
+        os.close(fd)
+
+
+def lease_until(work_dir: Path, *, confirm: bool = False, attempts: int = 5) -> float | None:
+    """The lease file's time; None when there is none or it cannot be read. ``confirm``: read until two reads
+    agree, so that a read in the instant of a write (``write_in_place``) is never taken for a time (what a
+    watchdog does before it kills on a lapsed lease)."""
+    path = work_dir / LEASE_FILE
+    try:
+        last = path.read_bytes()
+        for _ in range(attempts if confirm else 0):
+            again = path.read_bytes()
+            if again == last:
+                break
+            last = again
+        else:
+            if confirm:
+                return None  # it changed under every read: the next check reads it again
+        return float(last.decode().strip())
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
 
 
@@ -78,6 +114,9 @@ def fence_lapsed(work_dir: Path, runner: JobRunner, now: float) -> tuple[list[st
     until = lease_until(work_dir)
     if until is not None and now <= until:
         return [], True  # the lease runs: its jobs are not read at all (a fleet's watchdog reads hundreds of nodes)
+    until = lease_until(work_dir, confirm=True)  # lapsed, or unreadable, as read once: read until sure
+    if until is not None and now <= until:
+        return [], True
     live = [r for r in runner.records() if runner.is_alive(r)]
     if until is None:
         return [], bool(live)

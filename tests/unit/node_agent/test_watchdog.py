@@ -62,3 +62,58 @@ async def test_the_watchdog_process_kills_the_jobs_of_a_paused_agent_and_a_secon
         first.kill()
         first.wait()
     assert os.path.exists(tmp_path / watchdog.PID_FILE)
+
+
+def test_a_lease_is_rewritten_in_place_as_one_fixed_record_a_plain_float_reader_still_reads(tmp_path):
+    path = tmp_path / watchdog.LEASE_FILE
+    path.write_text("1733500000.123456789\n" * 3)  # longer than a record (as an older version never wrote)
+    path.chmod(0o644)
+    watchdog.write_in_place(path, repr(1733531234.5))
+    assert path.stat().st_size == watchdog.LEASE_RECORD + 1
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert float(path.read_text().strip()) == 1733531234.5  # what the watchdog of the version before does
+    inode = path.stat().st_ino
+    watchdog.write_in_place(path, repr(float("inf")))
+    assert path.stat().st_ino == inode  # the same file, written over: no new file renamed in
+    assert watchdog.lease_until(tmp_path) == float("inf")
+
+
+def test_a_record_too_long_for_the_lease_file_is_refused(tmp_path):
+    try:
+        watchdog.write_in_place(tmp_path / watchdog.LEASE_FILE, "1" * (watchdog.LEASE_RECORD + 1))
+    except ValueError:
+        return
+    raise AssertionError("a record that would not fit was written")
+
+
+def reads_giving(monkeypatch, tmp_path, values: list[bytes]) -> list[int]:
+    """The lease file's reads give ``values`` in turn (the last one from then on); returns the count of reads."""
+    calls = [0]
+    real = type(tmp_path).read_bytes
+
+    def read_bytes(self):
+        if self.name != watchdog.LEASE_FILE:
+            return real(self)
+        calls[0] += 1
+        return values[min(calls[0], len(values)) - 1]
+    monkeypatch.setattr(type(tmp_path), "read_bytes", read_bytes)
+    return calls
+
+
+async def test_a_lease_read_in_the_instant_of_its_write_kills_nothing(tmp_path, monkeypatch):
+    runner = JobRunner(tmp_path)
+    record = await start_sleeper(runner, "j-1")
+    now = time.time()
+    # the first read catches the write half done: its digits mix the old time and the new, long past
+    torn, future = repr(now - 5000).encode(), repr(now + 30).encode()
+    calls = reads_giving(monkeypatch, tmp_path, [torn, future])
+    assert watchdog.fence_lapsed(tmp_path, runner, now) == ([], True)
+    assert runner.is_alive(record)
+    assert calls[0] >= 3  # read again until two reads agreed
+    os.killpg(record.pid, 9)
+
+
+def test_a_lease_file_that_changes_under_every_read_is_not_taken_for_a_time(tmp_path, monkeypatch):
+    reads_giving(monkeypatch, tmp_path, [repr(float(n)).encode() for n in range(20)])
+    assert watchdog.lease_until(tmp_path, confirm=True) is None
+    assert watchdog.lease_until(tmp_path) == 6.0  # a single read takes what it sees (a lease seen to run)
