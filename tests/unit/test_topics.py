@@ -56,3 +56,45 @@ def test_the_job_events_each_reader_claims_are_the_types_the_table_names():
     assert topics.inbox_readers_of(topics.JOBS_EVENTS.name, "QuotaDeferred") == frozenset()  # nobody claims it
     assert topics.inbox_readers_of(topics.JOBS_EVENTS.name, None) == set(table)  # unknown type: every reader
     assert topics.inbox_readers_of(topics.NODES_REPORTS.name, "NodeHeartbeat") == {"placement"}
+
+
+def test_consumers_of_a_background_topic_fetch_with_the_longer_wait_and_the_job_path_keeps_its_own():
+    from gpusched_common.messaging import consumer_options
+    from gpusched_common.settings import Settings
+
+    tansu = Settings(kafka_fetch_max_wait_ms=50)  # what the local stack on Tansu sets
+    for topic in (topics.JOBS_CONTROL, topics.QUOTA_RECLAIMS, topics.TENANCY_UPDATES):
+        assert consumer_options(tansu, "g", topic.name)["fetch_max_wait_ms"] == 500, topic.name
+    for topic in (topics.JOBS_SUBMITTED, topics.JOBS_EVENTS, topics.NODES_REPORTS, topics.NODES_COMMANDS):
+        assert consumer_options(tansu, "g", topic.name)["fetch_max_wait_ms"] == 50, topic.name
+    assert consumer_options(tansu, "g")["fetch_max_wait_ms"] == 50
+    # never shorter than the general setting: a deployment that waits longer everywhere keeps it
+    slow = Settings(kafka_fetch_max_wait_ms=800, kafka_fetch_max_wait_background_ms=300)
+    assert consumer_options(slow, "g", topics.JOBS_CONTROL.name)["fetch_max_wait_ms"] == 800
+
+
+class _Recording:
+    """A broker that records what each subscription asks of its consumer."""
+
+    def __init__(self) -> None:
+        self.options: dict[str, dict] = {}
+
+    def subscriber(self, topic: str, **options):
+        self.options[topic] = options
+        return lambda handler: handler
+
+
+def test_both_subscription_paths_give_a_background_topic_consumer_its_wait():
+    from gpusched_common.batching import subscribe_transactional
+    from gpusched_common.messaging import subscribe
+    from gpusched_common.settings import Settings
+
+    tansu, broker = Settings(kafka_fetch_max_wait_ms=50), _Recording()
+    for topic in (topics.JOBS_CONTROL, topics.JOBS_EVENTS):
+        subscribe_transactional(broker, None, topic=topic.name, group_id="g", service="placement", settings=tansu,
+                                handler=None)
+    subscribe(broker, topic=topics.TENANCY_UPDATES.name, group_id="g", service="quota", settings=tansu,
+              handler=None)
+    assert broker.options[topics.JOBS_CONTROL.name]["fetch_max_wait_ms"] == 500
+    assert broker.options[topics.TENANCY_UPDATES.name]["fetch_max_wait_ms"] == 500
+    assert broker.options[topics.JOBS_EVENTS.name]["fetch_max_wait_ms"] == 50

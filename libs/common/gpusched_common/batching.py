@@ -123,7 +123,7 @@ def subscribe_transactional(broker: KafkaBroker, pool: asyncpg.Pool, *, topic: s
 
     subscriber = broker.subscriber(topic, batch=True, max_records=settings.consumer_batch_max,
                                    batch_timeout_ms=settings.consumer_batch_wait_ms,
-                                   **consumer_options(settings, group_id))
+                                   **consumer_options(settings, group_id, topic))
     track(broker, subscriber)
 
     @subscriber

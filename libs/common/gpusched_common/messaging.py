@@ -25,7 +25,7 @@ from gpusched_common.incarnation import Incarnation, cluster_id
 from gpusched_common.kafka_client import broker_security
 from gpusched_common.settings import Settings
 from gpusched_common.store import ConcurrencyError
-from gpusched_common.topics import DEADLETTER
+from gpusched_common.topics import BACKGROUND_TOPICS, DEADLETTER
 from gpusched_common.tracing import context_from_traceparent, tracer
 
 log = logging.getLogger(__name__)
@@ -121,11 +121,19 @@ def to_incoming(record) -> Incoming:  # noqa: ANN001 - an aiokafka ConsumerRecor
     )
 
 
-def consumer_options(settings: Settings, group_id: str) -> dict:
+def fetch_wait_ms(settings: Settings, topic: str | None) -> int:
+    """How long a consumer of ``topic`` lets the broker hold its fetch (``Settings.kafka_fetch_max_wait_ms``;
+    a background topic's consumers at least ``kafka_fetch_max_wait_background_ms``)."""
+    if topic in BACKGROUND_TOPICS:
+        return max(settings.kafka_fetch_max_wait_ms, settings.kafka_fetch_max_wait_background_ms)
+    return settings.kafka_fetch_max_wait_ms
+
+
+def consumer_options(settings: Settings, group_id: str, topic: str | None = None) -> dict:
     return dict(
         group_id=group_id, ack_policy=AckPolicy.MANUAL, auto_offset_reset="earliest",
         max_partition_fetch_bytes=settings.kafka_fetch_max_bytes, fetch_max_bytes=settings.kafka_fetch_max_bytes,
-        fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms, session_timeout_ms=settings.kafka_session_timeout_ms,
+        fetch_max_wait_ms=fetch_wait_ms(settings, topic), session_timeout_ms=settings.kafka_session_timeout_ms,
         heartbeat_interval_ms=max(100, settings.kafka_session_timeout_ms // 4),
         rebalance_timeout_ms=settings.kafka_session_timeout_ms, decoder=_message_itself,
     )
@@ -206,7 +214,7 @@ def subscribe(broker: KafkaBroker, *, topic: str, group_id: str, service: str, s
     `by_key`: messages are fetched in batches and those of different keys handled concurrently, each key's
     in order (a fleet of simulated nodes: one node's slow start does not hold up the others); the batch's
     offsets are committed once every message of it was handled (or dead-lettered), as for one message."""
-    options = consumer_options(settings, group_id)
+    options = consumer_options(settings, group_id, topic)
     if by_key:
         options = {**options, "batch": True, "max_records": settings.consumer_batch_max,
                    "batch_timeout_ms": settings.consumer_batch_wait_ms}

@@ -10,17 +10,20 @@ class Topic:
     name: str
     key: str  # what the partition key is, for readers of this module
     high_volume: bool = False
+    # carries little, and nothing on it is waited for by the millisecond (a cancel, a tenancy revision, a
+    # reclaim): its consumers fetch with the longer wait (Settings.kafka_fetch_max_wait_background_ms)
+    background: bool = False
 
 
 JOBS_SUBMITTED = Topic("gpusched.jobs.submitted", key="job id")
 JOBS_EVENTS = Topic("gpusched.jobs.events", key="job id")
-JOBS_CONTROL = Topic("gpusched.jobs.control", key="job id")  # cancel (and later hold, release): the gateway's
+JOBS_CONTROL = Topic("gpusched.jobs.control", key="job id", background=True)  # cancel (and later hold, release): the gateway's
 NODES_COMMANDS = Topic("gpusched.nodes.commands", key="node id")
 NODES_REPORTS = Topic("gpusched.nodes.reports", key="node id")
 NODES_TELEMETRY = Topic("gpusched.nodes.telemetry", key="node id", high_volume=True)
 CLUSTER_SCALING = Topic("gpusched.cluster.scaling", key="GPU model")
-QUOTA_RECLAIMS = Topic("gpusched.quota.reclaims", key="tenant")
-TENANCY_UPDATES = Topic("gpusched.admin.tenancy", key="the constant 'tenancy' (one ordered stream)")
+QUOTA_RECLAIMS = Topic("gpusched.quota.reclaims", key="tenant", background=True)
+TENANCY_UPDATES = Topic("gpusched.admin.tenancy", key="the constant 'tenancy' (one ordered stream)", background=True)
 DEADLETTER = Topic("gpusched.deadletter", key="original key")
 
 # The node commands' partitions when `create_topics` makes the topic (GPUSCHED_NODE_COMMAND_PARTITIONS): each
@@ -40,6 +43,8 @@ ALL_TOPICS: tuple[Topic, ...] = (
     TENANCY_UPDATES,
     DEADLETTER,
 )
+
+BACKGROUND_TOPICS = frozenset(t.name for t in ALL_TOPICS if t.background)
 
 # Consumer groups: one per service and topic it consumes, so each sees every event once (each
 # subscription is its own consumer; the broker's ACLs name the same groups, infra/kafka_security.py).
