@@ -79,13 +79,13 @@ def lease_until(work_dir: Path, *, confirm: bool = False, attempts: int = 5) -> 
     path = work_dir / LEASE_FILE
     try:
         last = path.read_bytes()
-        for _ in range(attempts if confirm else 0):
-            again = path.read_bytes()
-            if again == last:
-                break
-            last = again
-        else:
-            if confirm:
+        if confirm:
+            for _ in range(attempts):
+                again = path.read_bytes()
+                if again == last:
+                    break
+                last = again
+            else:
                 return None  # it changed under every read: the next check reads it again
         return float(last.decode().strip())
     except (OSError, ValueError, UnicodeDecodeError):
@@ -112,11 +112,10 @@ def fence_lapsed(work_dir: Path, runner: JobRunner, now: float) -> tuple[list[st
     """SIGKILL the process group of every live job of a node whose lease lapsed: (the jobs killed, whether
     anything is left to watch: a lease still running or a live job)."""
     until = lease_until(work_dir)
+    if until is None or now > until:  # lapsed, or unreadable, as read once: read until sure before killing
+        until = lease_until(work_dir, confirm=True)
     if until is not None and now <= until:
         return [], True  # the lease runs: its jobs are not read at all (a fleet's watchdog reads hundreds of nodes)
-    until = lease_until(work_dir, confirm=True)  # lapsed, or unreadable, as read once: read until sure
-    if until is not None and now <= until:
-        return [], True
     live = [r for r in runner.records() if runner.is_alive(r)]
     if until is None:
         return [], bool(live)

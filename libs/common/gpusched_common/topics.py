@@ -17,7 +17,8 @@ class Topic:
 
 JOBS_SUBMITTED = Topic("gpusched.jobs.submitted", key="job id")
 JOBS_EVENTS = Topic("gpusched.jobs.events", key="job id")
-JOBS_CONTROL = Topic("gpusched.jobs.control", key="job id", background=True)  # cancel (and later hold, release): the gateway's
+# cancel (and later hold, release): the gateway's
+JOBS_CONTROL = Topic("gpusched.jobs.control", key="job id", background=True)
 NODES_COMMANDS = Topic("gpusched.nodes.commands", key="node id")
 NODES_REPORTS = Topic("gpusched.nodes.reports", key="node id")
 NODES_TELEMETRY = Topic("gpusched.nodes.telemetry", key="node id", high_volume=True)
