@@ -96,6 +96,9 @@ def service_env(state: StackState, extra: dict[str, str] | None = None) -> dict[
     env.update({"GPUSCHED_DATABASE_URL": state.database_url, "GPUSCHED_KAFKA_BOOTSTRAP": state.kafka_bootstrap,
                 "GPUSCHED_KAFKA_IDEMPOTENCE": str(_idempotence(state)).lower(), "PYTHONUNBUFFERED": "1"})
     env.setdefault("GPUSCHED_KAFKA_SESSION_TIMEOUT_MS", "3000")
+    broker = state.running_broker
+    if broker is not None and broker.kind == "tansu":  # Tansu answers a waiting fetch only at its end (settings.py)
+        env.setdefault("GPUSCHED_KAFKA_FETCH_MAX_WAIT_MS", "50")
     env.update(extra or {})
     return env
 

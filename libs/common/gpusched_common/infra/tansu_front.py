@@ -17,9 +17,6 @@ client in*; until then a connection is closed as soon as it is accepted, which a
 broker that is down. Offsets, records and groups are still lost, as with a broker that lost its disk;
 consumers notice by its new cluster id (`gpusched_common.incarnation`).
 
-The front also holds fetches the way Apache Kafka does, answering a waiting fetch as soon as a record for it
-is produced (Tansu answers one only when its wait runs out): `infra/fetch_hold.py`.
-
 Run as ``python -m gpusched_common.infra.tansu_front --listen PORT --backend PORT``
 (`gpusched_common.infra.brokers` starts it).
 """
@@ -36,7 +33,6 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.admin import CreateTopicsRequest
 from aiokafka.protocol.metadata import MetadataRequest
 
-from gpusched_common.infra.fetch_hold import Link, Produced
 from gpusched_common.kafka_admin import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger("gpusched.tansu_front")
@@ -50,7 +46,6 @@ class Front:
         self.open = False
         self.layout: dict[str, int] = {}  # the topics the broker had, and their partition counts
         self._writers: set[asyncio.StreamWriter] = set()
-        self.produced = Produced()  # what lets a held fetch be answered when its record comes (fetch_hold.py)
 
     # --- clients -------------------------------------------------------------------------------------
 
@@ -65,12 +60,24 @@ class Front:
             return
         pair = (writer, back_writer)
         self._writers.update(pair)
-        link = Link(self.produced, reader, writer, back_reader, back_writer)
         try:
-            await link.run()
+            await asyncio.gather(self._pump(reader, back_writer, pair), self._pump(back_reader, writer, pair))
         finally:
             for w in pair:
                 self._writers.discard(w)
+                w.close()
+
+    @staticmethod
+    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter]) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            for w in pair:  # one side ended: so does the other direction
                 w.close()
 
     def _drop_clients(self) -> None:
@@ -137,8 +144,8 @@ class Front:
                 await asyncio.sleep(0.2)
 
 
-async def serve(listen_port: int, backend_port: int, front: Front | None = None) -> None:
-    front = front or Front(backend_port)
+async def serve(listen_port: int, backend_port: int) -> None:
+    front = Front(backend_port)
     watcher = asyncio.ensure_future(front.watch())
     while not front.open:  # the port opens once the broker first answered: a start waits for the port
         await asyncio.sleep(0.02)
