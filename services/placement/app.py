@@ -37,6 +37,39 @@ log = logging.getLogger(__name__)
 LEASE_CHECK_INTERVAL_S = 1.0
 
 
+class ReportsRead:
+    """Whether placement has read, by now, every node report that was in the broker at its previous pass: what
+    the passes that act on the nodes' own accounts wait for (the StartJobs re-sent to nodes that did not
+    acknowledge them, the ReconcileJobs to nodes that seem to run other jobs than the store says). Behind on
+    the reports, a start acknowledged long ago looks unanswered and a node's account is an old one: acting on
+    them would send the nodes commands they answer with more reports, and placement falls further behind (a
+    burst into 1,000 simulated nodes did: StartJobs re-sent by the thousand, the reports' backlog growing by
+    200 a second, jobs that ran never recorded as started)."""
+
+    def __init__(self, options: dict) -> None:
+        self._options = options
+        self._barrier: dict[int, int] = {}  # the reports topic's end offsets at the previous pass
+        self.current = False
+
+    async def check(self) -> bool:
+        try:
+            ends, committed = await kafka_admin.group_backlog(self._options, NODES_REPORTS.name,
+                                                              GROUP_PLACEMENT_NODES, timeout_s=3.0)
+        except Exception as exc:  # noqa: BLE001 - a broker that does not answer: nothing is known to be read
+            log.debug("placement: the backlog of node reports cannot be read (%s)", type(exc).__name__)
+            current = False
+        else:
+            current = bool(self._barrier) and caught_up(self._barrier, committed)
+            self._barrier = ends
+        if current != self.current:
+            (log.info if current else log.warning)(
+                "placement %s the node reports: StartJobs are re-sent and drifted nodes reconciled %s",
+                "has caught up with" if current else "is behind on",
+                "again" if current else "only once it has read them")
+        self.current = current
+        return current
+
+
 async def due_cycles(runtime: Runtime, clock: Callable[[], datetime], policy: engine.PlacementPolicy,
                      cache: ClusterCache, pacer: CyclePacer) -> None:
     """The cycles batches left due (``gpusched_common.pacing``), each in a transaction of its own, from the
@@ -120,6 +153,7 @@ async def setup(runtime: Runtime) -> None:
                 log.warning("placement: leases not refreshed yet (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(1.0)
         loop = asyncio.get_running_loop()
+        reports = ReportsRead(client_options(settings))
         stops_sent: dict = {}  # when each cancelled job was last told to stop again (recovery)
         last_cycle, checked_at = 0.0, loop.time()
         while True:
@@ -127,11 +161,13 @@ async def setup(runtime: Runtime) -> None:
             # how long placement was not checking beyond its own sleep (the last check's own work aside):
             # a pause, a stalled event loop, a database that did not answer
             away = loop.time() - checked_at - LEASE_CHECK_INTERVAL_S
+            pass_due = loop.time() - last_cycle >= settings.reconcile_interval_s
+            reports_read = pass_due and await reports.check()  # asked before the transaction: no lock held
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
                     await clock.sync(conn)
                     lost = await check_leases(conn, utcnow(), policy, cache, away_s=away, listening=listening)
-                    if asyncio.get_running_loop().time() - last_cycle >= settings.reconcile_interval_s:
+                    if pass_due:
                         # the bus wakes placement up, the store is its memory: a periodic cycle from the
                         # store alone places whatever a lost or delayed message left waiting
                         last_cycle = asyncio.get_running_loop().time()
@@ -142,7 +178,7 @@ async def setup(runtime: Runtime) -> None:
                         try:
                             async with yielding_to_live_work(conn):
                                 recovered = await recovery.recover(conn, utcnow(), resend_s=settings.start_resend_s,
-                                                                   stops_sent=stops_sent)
+                                                                   stops_sent=stops_sent, drift=reports_read)
                         except asyncpg.LockNotAvailableError:
                             log.info("placement recovery yielded to a batch holding the same jobs; it runs again "
                                      "at the next pass")
@@ -152,7 +188,8 @@ async def setup(runtime: Runtime) -> None:
                             if summary := recovered.summary():
                                 log.warning("placement recovered from the store: %s", summary)
                         await run_cycle(conn, utcnow(), policy, cache)
-                        await starts.resend_unacknowledged(conn, utcnow(), settings.start_resend_s)
+                        if reports_read:
+                            await starts.resend_unacknowledged(conn, utcnow(), settings.start_resend_s)
                 checked_at = loop.time()
             except Exception:  # noqa: BLE001 - a database outage must not end the lease checks
                 log.exception("lease check failed; retrying")

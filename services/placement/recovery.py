@@ -58,10 +58,11 @@ class Recovered:
 
 
 async def recover(conn: asyncpg.Connection, now: datetime, *, resend_s: float, settle_s: float = SETTLE_S,
-                  limit: int = 500, stops_sent: dict[str, datetime] | None = None) -> Recovered:
+                  limit: int = 500, stops_sent: dict[str, datetime] | None = None, drift: bool = True) -> Recovered:
     """One pass, inside the caller's transaction (which holds the cycle lock). ``stops_sent``: when each
     cancelled job was last told to stop again (kept by the caller across passes; lost on restart, which
-    costs one more StopJob)."""
+    costs one more StopJob). ``drift``: whether nodes' accounts are judged (not while placement is behind on
+    their reports: an old account would look drifted)."""
     settled = now - timedelta(seconds=settle_s)
     done = Recovered()
     lost = await conn.fetch(  # in the order quota reserved them, as their messages would have queued them
@@ -87,7 +88,8 @@ async def recover(conn: asyncpg.Connection, now: datetime, *, resend_s: float, s
                             attempt=state.runs or None)
         done.released.append(state.job_id)
     await _stop_cancelled(conn, now, resend_s, limit, done, {} if stops_sent is None else stops_sent)
-    await _reconcile_drifted(conn, now, resend_s, done)
+    if drift:
+        await _reconcile_drifted(conn, now, resend_s, done)
     return done
 
 

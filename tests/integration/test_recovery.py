@@ -127,6 +127,8 @@ async def test_a_node_that_lost_an_exit_report_or_runs_an_unexpected_job_is_reco
         assert (await recover(conn, LATER)).reconciled == []  # drift first seen
         assert (await recover(conn, LATER + timedelta(seconds=DRIFT_WINDOW_S / 2))).reconciled == []
         at = LATER + timedelta(seconds=DRIFT_WINDOW_S)
+        # placement behind on the node reports: the account it has may be an old one; nothing is sent
+        assert (await recover(conn, at, drift=False)).reconciled == []
         assert (await recover(conn, at)).reconciled == ["n1"]
         *_at_registration, reconcile = await commands(conn, "n1", "ReconcileJobs")
         assert (reconcile["job_ids"], reconcile["lease_epoch"]) == (["j1"], 1)
@@ -245,3 +247,37 @@ async def test_the_backlog_of_node_reports_is_read_before_anyone_is_declared_los
         await consumer.stop()
     _, committed = await group_backlog(options, NODES_REPORTS.name, "placement-like")
     assert caught_up(barrier, committed)
+
+
+async def test_resends_and_reconciliations_wait_until_placement_has_read_the_node_reports(topics):
+    """`ReportsRead`: placement acts on the nodes' accounts (StartJobs re-sent, drifted nodes reconciled)
+    only once it has read every node report that was in the broker at its previous pass."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from gpusched_common.topics import GROUP_PLACEMENT_NODES, NODES_REPORTS
+    from services.placement.app import ReportsRead
+
+    reports = ReportsRead({"bootstrap_servers": topics})
+    assert not await reports.check()  # no earlier pass: nothing is known to be read
+    producer = AIOKafkaProducer(bootstrap_servers=topics)
+    await producer.start()
+    try:
+        for node in ("n1", "n2", "n3"):
+            await producer.send_and_wait(NODES_REPORTS.name, b"beat", key=node.encode())
+    finally:
+        await producer.stop()
+    assert await reports.check()  # what was there at the first pass (nothing) is read
+    assert not await reports.check()  # the three reports there at the second pass are not
+    consumer = AIOKafkaConsumer(NODES_REPORTS.name, bootstrap_servers=topics, group_id=GROUP_PLACEMENT_NODES,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        read = 0
+        while read < 3:
+            read += sum(len(b) for b in (await consumer.getmany(timeout_ms=1000)).values())
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    assert await reports.check() and reports.current
+    gone = ReportsRead({"bootstrap_servers": "127.0.0.1:1", "request_timeout_ms": 1000})
+    assert not await gone.check()  # a broker that does not answer: nothing is known to be read
