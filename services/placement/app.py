@@ -158,11 +158,11 @@ async def setup(runtime: Runtime) -> None:
         last_cycle, checked_at = 0.0, loop.time()
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL_S)
-            # how long placement was not checking beyond its own sleep (the last check's own work aside):
-            # a pause, a stalled event loop, a database that did not answer
-            away = loop.time() - checked_at - LEASE_CHECK_INTERVAL_S
             pass_due = loop.time() - last_cycle >= settings.reconcile_interval_s
             reports_read = pass_due and await reports.check()  # asked before the transaction: no lock held
+            # how long placement was not checking beyond its own sleep (the last check's own work aside):
+            # a pause, a stalled event loop, a database that did not answer, a broker slow to say the backlog
+            away = loop.time() - checked_at - LEASE_CHECK_INTERVAL_S
             try:
                 async with runtime.pool.acquire() as conn, conn.transaction():
                     await clock.sync(conn)
