@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -18,5 +19,9 @@ def _fmt(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value and math.isfinite(value) and abs(value) < 0.01:
+            # a small ratio keeps two significant digits (0.0018, not 0.00)
+            digits = 1 - math.floor(math.log10(abs(value)))
+            return f"{value:.{digits}f}" if digits <= 12 else f"{value:.2g}"
         return f"{value:.2f}"
     return str(value)
