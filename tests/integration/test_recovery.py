@@ -217,34 +217,50 @@ async def test_a_node_back_with_fewer_gpus_gets_nothing_placed_on_the_ones_it_lo
         await conn.close()
 
 
-async def test_the_backlog_of_node_reports_is_read_before_anyone_is_declared_lost(topics):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+async def _send_beats(bootstrap: str, nodes: tuple[str, ...]) -> None:
+    """A heartbeat's worth of bytes on the node reports topic from each of ``nodes``."""
+    from aiokafka import AIOKafkaProducer
 
-    from gpusched_common.kafka_admin import group_backlog
     from gpusched_common.topics import NODES_REPORTS
-    from gpusched_core.placement.leases import caught_up
 
-    producer = AIOKafkaProducer(bootstrap_servers=topics)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
-        for node in ("n1", "n2", "n3"):
+        for node in nodes:
             await producer.send_and_wait(NODES_REPORTS.name, b"beat", key=node.encode())
     finally:
         await producer.stop()
-    options = {"bootstrap_servers": topics}
-    barrier, committed = await group_backlog(options, NODES_REPORTS.name, "placement-like")
-    assert sum(barrier.values()) == 3 and committed == {}
-    assert not caught_up(barrier, committed)  # three heartbeats wait: placement is behind
-    consumer = AIOKafkaConsumer(NODES_REPORTS.name, bootstrap_servers=topics, group_id="placement-like",
+
+
+async def _read_and_commit(bootstrap: str, group: str, count: int) -> None:
+    """Read ``count`` node reports as consumer group ``group`` and commit where it got to."""
+    from aiokafka import AIOKafkaConsumer
+
+    from gpusched_common.topics import NODES_REPORTS
+
+    consumer = AIOKafkaConsumer(NODES_REPORTS.name, bootstrap_servers=bootstrap, group_id=group,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     try:
         read = 0
-        while read < 3:
+        while read < count:
             read += sum(len(b) for b in (await consumer.getmany(timeout_ms=1000)).values())
         await consumer.commit()
     finally:
         await consumer.stop()
+
+
+async def test_the_backlog_of_node_reports_is_read_before_anyone_is_declared_lost(topics):
+    from gpusched_common.kafka_admin import group_backlog
+    from gpusched_common.topics import NODES_REPORTS
+    from gpusched_core.placement.leases import caught_up
+
+    await _send_beats(topics, ("n1", "n2", "n3"))
+    options = {"bootstrap_servers": topics}
+    barrier, committed = await group_backlog(options, NODES_REPORTS.name, "placement-like")
+    assert sum(barrier.values()) == 3 and committed == {}
+    assert not caught_up(barrier, committed)  # three heartbeats wait: placement is behind
+    await _read_and_commit(topics, "placement-like", 3)
     _, committed = await group_backlog(options, NODES_REPORTS.name, "placement-like")
     assert caught_up(barrier, committed)
 
@@ -252,32 +268,15 @@ async def test_the_backlog_of_node_reports_is_read_before_anyone_is_declared_los
 async def test_resends_and_reconciliations_wait_until_placement_has_read_the_node_reports(topics):
     """`ReportsRead`: placement acts on the nodes' accounts (StartJobs re-sent, drifted nodes reconciled)
     only once it has read every node report that was in the broker at its previous pass."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-    from gpusched_common.topics import GROUP_PLACEMENT_NODES, NODES_REPORTS
+    from gpusched_common.topics import GROUP_PLACEMENT_NODES
     from services.placement.app import ReportsRead
 
     reports = ReportsRead({"bootstrap_servers": topics})
     assert not await reports.check()  # no earlier pass: nothing is known to be read
-    producer = AIOKafkaProducer(bootstrap_servers=topics)
-    await producer.start()
-    try:
-        for node in ("n1", "n2", "n3"):
-            await producer.send_and_wait(NODES_REPORTS.name, b"beat", key=node.encode())
-    finally:
-        await producer.stop()
+    await _send_beats(topics, ("n1", "n2", "n3"))
     assert await reports.check()  # what was there at the first pass (nothing) is read
     assert not await reports.check()  # the three reports there at the second pass are not
-    consumer = AIOKafkaConsumer(NODES_REPORTS.name, bootstrap_servers=topics, group_id=GROUP_PLACEMENT_NODES,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    try:
-        read = 0
-        while read < 3:
-            read += sum(len(b) for b in (await consumer.getmany(timeout_ms=1000)).values())
-        await consumer.commit()
-    finally:
-        await consumer.stop()
+    await _read_and_commit(topics, GROUP_PLACEMENT_NODES, 3)
     assert await reports.check() and reports.current
     gone = ReportsRead({"bootstrap_servers": "127.0.0.1:1", "request_timeout_ms": 1000})
     assert not await gone.check()  # a broker that does not answer: nothing is known to be read
