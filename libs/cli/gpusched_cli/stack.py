@@ -99,6 +99,7 @@ def service_env(state: StackState, extra: dict[str, str] | None = None) -> dict[
     broker = state.running_broker
     if broker is not None and broker.kind == "tansu":  # Tansu answers a waiting fetch only at its end (settings.py)
         env.setdefault("GPUSCHED_KAFKA_FETCH_MAX_WAIT_MS", "50")
+        env.setdefault("GPUSCHED_KAFKA_UNTAKEN_HOLD_MS", "100")  # aiokafka's own: fetch ahead (settings.py)
     env.update(extra or {})
     return env
 

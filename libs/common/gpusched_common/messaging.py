@@ -91,35 +91,38 @@ def poisoned(message: Incoming) -> PoisonMessage | None:
         return exc
 
 
-# How long aiokafka's fetcher leaves a partition's untaken records before it fetches the node's other
-# partitions without it (aiokafka's `prefetch_backoff`, 0.1 s by default): see PromptConsumer.
-UNTAKEN_HOLD_S = 60.0
-
-
 class PromptConsumer(AIOKafkaConsumer):
     """An aiokafka consumer whose next fetch waits until the records of the last one are taken (issue 16).
 
     aiokafka leaves a partition whose records the consumer has not taken yet out of its next fetch, and
-    sends that fetch once those records are 100 ms old; only one fetch per broker is in flight. With a
-    handler busier than 100 ms, the fetch left the partition out, and when the consumer then took the
-    records and a new one came for that partition, Apache Kafka answered nothing until the fetch's wait
-    ran out (it answers a held fetch early only for the partitions in it): up to `fetch_max_wait_ms`
-    (500 ms) added to a hop on a quiet topic, measured as the half-load latency of `bench-scale` on
-    Kafka. Holding the next fetch until the records are taken (at most `UNTAKEN_HOLD_S`) costs one
-    fetch's round trip after each batch, where the records of the other partitions would have been
-    fetched ahead while the handler ran (`tests/integration/test_consumer_prefetch.py`)."""
+    sends that fetch once those records are 100 ms old (its `prefetch_backoff`); only one fetch per broker
+    is in flight. With a handler busier than 100 ms, the fetch left the partition out, and when the
+    consumer then took the records and a new one came for that partition, Apache Kafka answered nothing
+    until the fetch's wait ran out (it answers a held fetch early only for the partitions in it): up to
+    `fetch_max_wait_ms` (500 ms) added to a hop on a quiet topic. Holding the next fetch until the records
+    are taken (at most `Settings.kafka_untaken_hold_ms`) costs one fetch's round trip after each batch,
+    where the other partitions' records would have been fetched while the handler ran
+    (`tests/integration/test_consumer_prefetch.py`)."""
+
+    def __init__(self, *topics: str, untaken_hold_s: float = 0.1, **options: object) -> None:
+        super().__init__(*topics, **options)
+        self._untaken_hold_s = untaken_hold_s
 
     async def start(self) -> None:
         await super().start()
-        self._fetcher._prefetch_backoff = UNTAKEN_HOLD_S  # no option of the consumer: the fetcher's own
+        self._fetcher._prefetch_backoff = self._untaken_hold_s  # no option of the consumer: its fetcher's own
 
 
 class _Broker(KafkaBroker):
     """faststream's KafkaBroker building its subscribers' consumers as PromptConsumers."""
 
+    def __init__(self, *args: object, untaken_hold_s: float, **options: object) -> None:
+        super().__init__(*args, **options)
+        self._untaken_hold_s = untaken_hold_s
+
     async def _connect(self):  # noqa: ANN202 - faststream's consumer builder
         builder = await super()._connect()
-        prompt = partial(PromptConsumer, *builder.args, **builder.keywords)
+        prompt = partial(PromptConsumer, *builder.args, untaken_hold_s=self._untaken_hold_s, **builder.keywords)
         self.config.broker_config.builder = prompt  # what each subscriber builds its consumer with
         return prompt
 
@@ -127,6 +130,7 @@ class _Broker(KafkaBroker):
 def build_broker(settings: Settings, client_id: str) -> KafkaBroker:
     return _Broker(
         settings.kafka_bootstrap,
+        untaken_hold_s=settings.kafka_untaken_hold_ms / 1000,
         client_id=client_id,
         acks="all",
         enable_idempotence=settings.kafka_idempotence,
