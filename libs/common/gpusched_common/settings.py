@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     # how long a consumer leaves the records its handler has not taken yet before it fetches the broker's
     # other partitions without theirs (messaging.PromptConsumer; aiokafka's own is 100 ms). Apache Kafka holds
     # a fetch that left a partition out for its whole wait when a record comes for that partition, so the
-    # next fetch waits for the handler. Tansu holds every fetch to its end anyway (the local stack's 50 ms):
+    # next fetch waits for the handler. Tansu answers a waiting fetch late whatever comes (the local stack: 50 ms):
     # there `gpusched up` keeps aiokafka's 100 ms, which fetches ahead while a handler runs
     kafka_untaken_hold_ms: int = 60_000
     # Brokers hold a group join open for a while waiting for more members (Tansu: about half the session
