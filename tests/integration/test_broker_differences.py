@@ -98,7 +98,7 @@ async def test_apache_kafka_answers_a_waiting_fetch_when_a_record_comes_and_tans
     """Why the local Tansu stack's consumers wait 50 ms and production's 500 (settings.kafka_fetch_max_wait_ms),
     and why the untaken-records hold is set per broker (messaging.PromptConsumer). The fetch waits 6 s and the
     record comes 1 s after it is sent: Kafka answers at once, Tansu on its own schedule (measured: 2 s after the
-    record here, at half the wait when nothing comes, 1.5-4 s after a record with other timings)."""
+    record here, 1.5-4 s after it with other timings; a fetch nothing came for, at the wait's end)."""
     wait_s = 6.0
     partition = TopicPartition(JOBS_EVENTS.name, 0)
     consumer = AIOKafkaConsumer(bootstrap_servers=topics, fetch_max_wait_ms=int(wait_s * 1000),

@@ -18,6 +18,7 @@ from functools import partial
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer
+from aiokafka import __version__ as aiokafka_version
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaMessage, TopicPartition
 from opentelemetry import trace
@@ -110,7 +111,12 @@ class PromptConsumer(AIOKafkaConsumer):
 
     async def start(self) -> None:
         await super().start()
-        self._fetcher._prefetch_backoff = self._untaken_hold_s  # no option of the consumer: its fetcher's own
+        fetcher = getattr(self, "_fetcher", None)
+        if not hasattr(fetcher, "_prefetch_backoff"):  # an aiokafka whose fetcher changed: say so, run as it is
+            log.warning("aiokafka %s has no prefetch backoff to set: a consumer's records may wait for a fetch "
+                        "that left their partition out", aiokafka_version)
+            return
+        fetcher._prefetch_backoff = self._untaken_hold_s  # no option of the consumer: its fetcher's own
 
 
 class _Broker(KafkaBroker):
