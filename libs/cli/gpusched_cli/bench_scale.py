@@ -36,6 +36,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.table import render
 
 from gpusched_cli import stack
+from gpusched_cli.hops import job_hops, relay_delays
 from gpusched_cli.bench import floor_topic
 from gpusched_cli.proc_usage import postmaster_pid, usage as proc_usage
 from gpusched_cli.workload import submit_through_gateway
@@ -300,11 +301,13 @@ async def half_load(args: argparse.Namespace, state: stack.StackState, rate: flo
             progress(f"  placed {placed}, started {started_n} of {len(ids)}")
             await asyncio.sleep(1.0)
         lat = await latencies(conn, ids)
+        hops, relays = await job_hops(conn, ids), await relay_delays(conn, ids)
     finally:
         await conn.close()
     return {"half_load_rate_per_s": round(offered, 1), "half_load_jobs": len(ids),
             "half_load_p50_ms": lat["placed_p50"], "half_load_p99_ms": lat["placed_p99"],
-            "half_load_started_p50_ms": lat["started_p50"], "half_load_started_p99_ms": lat["started_p99"]}
+            "half_load_started_p50_ms": lat["started_p50"], "half_load_started_p99_ms": lat["started_p99"],
+            "half_load_hops_ms": hops, "half_load_relay_ms": relays}
 
 
 async def run_scale(args: argparse.Namespace, progress: Callable[[str], None] = print) -> dict:
@@ -352,5 +355,11 @@ def cmd_scale(args: argparse.Namespace) -> int:
                  result["rss_mib"].get(s), result["rss_kib_per_waiting_job"].get(s)) for s in services]
         print("\n" + render(["SERVICE", "CPU MS/JOB (NET OF IDLE)", "IDLE CORES", "BURST CORES", "RSS MIB",
                              "KIB/WAITING JOB"], rows))
+        if result.get("half_load_hops_ms"):
+            hops = [(name, *(q[k] if q else None for k in ("p50", "p90", "p99")))
+                    for name, q in result["half_load_hops_ms"].items()]
+            hops += [(f"{service}'s outbox row -> published", q["p50"], q["p90"], q["p99"])
+                     for service, q in result["half_load_relay_ms"].items()]
+            print("\n" + render(["HALF LOAD: HOP", "P50 MS", "P90 MS", "P99 MS"], hops))
     print(f"\nwritten to {out}")
     return 0

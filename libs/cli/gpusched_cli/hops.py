@@ -1,0 +1,87 @@
+"""Where a job's time goes between submission and start, hop by hop, read from the event store (issue 16).
+
+Each hop is the time between two marks every job leaves in PostgreSQL: its submission (``jobs.submitted_at``),
+the ``recorded_at`` of the events admission, quota and placement wrote for it, the moment its first StartJob
+was marked published by placement's relay (the outbox row), the start its agent reported (``started_at`` in
+the JobStarted payload, the agent's clock) and the JobStarted placement recorded. Clocks: the agent's is the
+only one outside PostgreSQL, so the two hops around it also carry the agent's clock skew (none on one
+machine). Used by ``bench-scale`` for its half-load phase.
+"""
+
+from __future__ import annotations
+
+import math
+
+import asyncpg
+
+# (name, from, to) over the marks the query reads per job
+HOPS = (
+    ("submitted -> admitted", "submitted", "admitted"),
+    ("admitted -> reserved", "admitted", "reserved"),
+    ("reserved -> placed", "reserved", "placed"),
+    ("placed -> StartJob published", "placed", "command_published"),
+    ("StartJob published -> agent starts it", "command_published", "start_began"),
+    ("agent starts it -> started recorded", "start_began", "started"),
+)
+
+_MARKS = """
+SELECT j.submitted_at AS submitted,
+  min(e.recorded_at) FILTER (WHERE e.type = 'JobAdmitted') AS admitted,
+  min(e.recorded_at) FILTER (WHERE e.type = 'QuotaReserved') AS reserved,
+  min(e.recorded_at) FILTER (WHERE e.type = 'JobPlaced') AS placed,
+  min((e.payload ->> 'started_at')::timestamptz) FILTER (WHERE e.type = 'JobStarted') AS start_began,
+  min(e.recorded_at) FILTER (WHERE e.type = 'JobStarted') AS started,
+  (SELECT min(o.published_at) FROM outbox o WHERE o.topic = 'gpusched.nodes.commands'
+     AND o.headers ->> 'event-type' = 'StartJob'
+     AND convert_from(o.value, 'UTF8')::jsonb -> 'payload' ->> 'job_id' = j.job_id) AS command_published
+FROM jobs j JOIN events e ON e.stream_id = 'job-' || j.job_id
+WHERE j.job_id = ANY($1::text[])
+GROUP BY j.job_id, j.submitted_at
+"""
+
+_RELAYS = """
+SELECT producer, percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY ms) AS q, count(*) AS n FROM (
+  SELECT producer, extract(epoch FROM published_at - created_at) * 1000 AS ms FROM outbox
+  WHERE published_at IS NOT NULL AND created_at BETWEEN $1 AND $2) t
+GROUP BY producer ORDER BY producer
+"""
+
+
+def quantiles(values: list[float]) -> dict[str, float] | None:
+    """p50, p90 and p99 (nearest rank, ms rounded to 0.1) and the count; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 1)
+
+    return {"p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "n": len(ordered)}
+
+
+def hops_of(marks: list[dict]) -> dict[str, dict[str, float] | None]:
+    """Each hop's quantiles (ms) over the jobs that have both of its marks."""
+    out: dict[str, dict[str, float] | None] = {}
+    for name, start, end in HOPS:
+        values = [(m[end] - m[start]).total_seconds() * 1000 for m in marks
+                  if m.get(start) is not None and m.get(end) is not None]
+        out[name] = quantiles(values)
+    return out
+
+
+async def job_hops(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, dict[str, float] | None]:
+    """The hops of ``job_ids`` (see the module doc)."""
+    rows = await conn.fetch(_MARKS, job_ids)
+    return hops_of([dict(row) for row in rows])
+
+
+async def relay_delays(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, dict[str, float]]:
+    """Per service, how long its outbox rows waited from written to marked published (ms), over the rows written
+    while ``job_ids`` went through (from the first's submission to the last's start)."""
+    span = await conn.fetchrow("SELECT min(submitted_at) AS a, max(started_at) AS b FROM jobs"
+                               " WHERE job_id = ANY($1::text[])", job_ids)
+    if span is None or span["a"] is None or span["b"] is None:
+        return {}
+    rows = await conn.fetch(_RELAYS, span["a"], span["b"])
+    return {r["producer"]: {"p50": round(r["q"][0], 1), "p90": round(r["q"][1], 1), "p99": round(r["q"][2], 1),
+                            "n": r["n"]} for r in rows}

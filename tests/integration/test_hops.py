@@ -1,0 +1,68 @@
+"""bench-scale's hop-by-hop breakdown (`gpusched_cli.hops`) read from a real event store: each hop between the marks
+a job leaves in PostgreSQL, the first StartJob's publication among its re-sends, and the relays' delays."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from gpusched_cli.hops import HOPS, hops_of, job_hops, quantiles, relay_delays
+from gpusched_common.db import connect
+
+T0 = datetime(2026, 12, 7, 6, 0, tzinfo=timezone.utc)
+
+
+def at(ms: float) -> datetime:
+    return T0 + timedelta(milliseconds=ms)
+
+
+async def _job(conn, job_id: str, marks_ms: dict[str, float]) -> None:  # noqa: ANN001 - an asyncpg connection
+    await conn.execute("INSERT INTO jobs (job_id, status, version, submitted_at, started_at, updated_at)"
+                       " VALUES ($1, 'Running', 4, $2, $3, $3)", job_id, at(0), at(marks_ms["started"]))
+    for version, (kind, mark) in enumerate((("JobAdmitted", "admitted"), ("QuotaReserved", "reserved"),
+                                            ("JobPlaced", "placed"), ("JobStarted", "started")), start=1):
+        payload = {"started_at": at(marks_ms["start_began"]).isoformat()} if kind == "JobStarted" else {}
+        await conn.execute(
+            "INSERT INTO events (stream_id, version, event_id, type, schema_version, occurred_at, recorded_at, producer,"
+            " payload) VALUES ($1, $2, $3, $4, 1, $5, $5, 'test', $6::jsonb)",
+            f"job-{job_id}", version, uuid.uuid4(), kind, at(marks_ms[mark]), payload)  # the pool's json codec
+    for published in (marks_ms["command_published"], marks_ms["command_published"] + 5000):  # a re-send, later
+        value = json.dumps({"type": "StartJob", "payload": {"job_id": job_id}}).encode()
+        await conn.execute(
+            "INSERT INTO outbox (producer, topic, key, headers, value, created_at, published_at) VALUES"
+            " ('placement', 'gpusched.nodes.commands', 'node-1', $1::jsonb, $2, $3, $4)",
+            {"event-type": "StartJob"}, value, at(published - 20), at(published))
+
+
+async def test_each_hop_is_read_between_the_marks_a_job_left_in_the_store(database_url):
+    conn = await connect(database_url)
+    try:
+        await _job(conn, "j1", {"admitted": 10, "reserved": 60, "placed": 110, "command_published": 130,
+                                "start_began": 170, "started": 215})
+        await _job(conn, "j2", {"admitted": 20, "reserved": 40, "placed": 100, "command_published": 125,
+                                "start_began": 160, "started": 200})
+        await _job(conn, "other", {"admitted": 1, "reserved": 2, "placed": 3, "command_published": 4,
+                                   "start_began": 5, "started": 6})
+        hops = await job_hops(conn, ["j1", "j2"])
+        assert list(hops) == [name for name, _, _ in HOPS]
+        assert hops["submitted -> admitted"] == {"p50": 10.0, "p90": 20.0, "p99": 20.0, "n": 2}
+        assert hops["admitted -> reserved"]["p50"] == 20.0 and hops["admitted -> reserved"]["p99"] == 50.0
+        assert hops["placed -> StartJob published"] == {"p50": 20.0, "p90": 25.0, "p99": 25.0, "n": 2}  # the first
+        assert hops["StartJob published -> agent starts it"]["p50"] == 35.0
+        assert hops["agent starts it -> started recorded"] == {"p50": 40.0, "p90": 45.0, "p99": 45.0, "n": 2}
+        relays = await relay_delays(conn, ["j1", "j2"])
+        # the rows written from the first submission to the last start: j1's and j2's first StartJobs (20 ms
+        # each); the other job's, written before, and the re-sends, written after, are left out
+        assert relays == {"placement": {"p50": 20.0, "p90": 20.0, "p99": 20.0, "n": 2}}
+    finally:
+        await conn.close()
+
+
+def test_quantiles_are_nearest_rank_and_a_hop_without_both_marks_is_left_out():
+    assert quantiles([]) is None
+    assert quantiles([5.0, 1.0, 3.0, 2.0, 4.0]) == {"p50": 3.0, "p90": 5.0, "p99": 5.0, "n": 5}
+    marks = [{"submitted": at(0), "admitted": at(12.34)}, {"submitted": at(0), "admitted": None}]
+    hops = hops_of(marks)
+    assert hops["submitted -> admitted"] == {"p50": 12.3, "p90": 12.3, "p99": 12.3, "n": 1}
+    assert hops["admitted -> reserved"] is None
