@@ -17,7 +17,7 @@ their turn first), and each is idempotent with the message it stands in for:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -26,7 +26,7 @@ from gpusched_common import events as ev
 from gpusched_common.jobs import load_job, load_jobs
 from gpusched_core.lifecycle import HOLDS_GPUS, JobStatus
 from gpusched_core.placement.cycle import bound_to_charge
-from gpusched_core.placement.drift import NodeAccount, judge_drift
+from gpusched_core.placement.drift import NodeAccount, judge_drift, suspects
 
 from services.placement import store
 from services.placement.handlers import on_cancel_requested
@@ -118,7 +118,7 @@ async def _stop_cancelled(conn: asyncpg.Connection, now: datetime, resend_s: flo
 
 async def _reconcile_drifted(conn: asyncpg.Connection, now: datetime, resend_s: float, done: Recovered) -> None:
     rows = await conn.fetch(
-        "SELECT n.node_id, n.lease_epoch, n.reported_jobs, d.drift_since, d.reconciled_at,"
+        "SELECT n.node_id, n.lease_epoch, n.reported_jobs, n.reported_at, d.drift_since, d.reconciled_at,"
         " coalesce(array_agg(DISTINCT a.job_id) FILTER (WHERE a.job_id IS NOT NULL), '{}') AS expected,"
         " coalesce(array_agg(DISTINCT a.job_id) FILTER (WHERE a.job_id IS NOT NULL AND j.status <> 'Placed'"
         "   AND NOT EXISTS (SELECT 1 FROM placement_starts s WHERE s.job_id = a.job_id AND s.node_id = n.node_id)),"
@@ -127,10 +127,15 @@ async def _reconcile_drifted(conn: asyncpg.Connection, now: datetime, resend_s: 
         " LEFT JOIN gpu_allocations a ON a.node_id = n.node_id LEFT JOIN jobs j ON j.job_id = a.job_id"
         " WHERE n.status = 'Ready' AND n.reported_jobs IS NOT NULL"
         " GROUP BY n.node_id, d.drift_since, d.reconciled_at")
-    for row in rows:
-        verdict = judge_drift(NodeAccount(row["node_id"], frozenset(row["reported_jobs"]), frozenset(row["expected"]),
-                                          frozenset(row["started"]), row["drift_since"], row["reconciled_at"]),
-                              now, resend_s)
+    accounts = [NodeAccount(row["node_id"], frozenset(row["reported_jobs"]), frozenset(row["expected"]),
+                            frozenset(row["started"]), row["drift_since"], row["reconciled_at"], row["reported_at"])
+                for row in rows]
+    suspected = sorted({job_id for account in accounts for job_id in suspects(account)})
+    changed = dict(await conn.fetch("SELECT job_id, updated_at FROM jobs WHERE job_id = ANY($1::text[])",
+                                    suspected)) if suspected else {}
+    for row, account in zip(rows, accounts, strict=True):
+        account = replace(account, changed_at={j: changed[j] for j in suspects(account) if j in changed})
+        verdict = judge_drift(account, now, resend_s)
         if not verdict.drifting:
             if row["drift_since"] is not None:
                 await _drift(conn, row["node_id"], None, row["reconciled_at"])

@@ -185,7 +185,7 @@ async def upsert_node(conn: asyncpg.Connection, node: ev.NodeRegistered, now: da
         " memory_mib = EXCLUDED.memory_mib, nvml_backend = EXCLUDED.nvml_backend,"
         " last_seen_at = EXCLUDED.last_seen_at, lease_epoch = EXCLUDED.lease_epoch, status = 'Ready',"
         " log_url = EXCLUDED.log_url, quarantine_reasons = NULL, isolation = EXCLUDED.isolation,"
-        " reported_jobs = NULL",
+        " reported_jobs = NULL, reported_at = NULL",
         node.node_id, node.hostname, node.labels, node.cpu_milli, node.memory_mib, node.nvml_backend, now,
         node.lease_epoch, node.log_url, {k[:32]: v[:200] for k, v in node.isolation.items()})
     # its registration was answered with a ReconcileJobs: no drift, and none needed again before long
@@ -225,7 +225,7 @@ async def record_heartbeats(conn: asyncpg.Connection, beats: list[ev.NodeHeartbe
              "jobs": b.running_jobs} for b in beats]
     await conn.execute(
         "UPDATE nodes n SET last_seen_at = $1, lease_epoch = b.epoch, lease_ttl_s = b.ttl_s,"
-        " fence_grace_s = b.grace_s, reported_jobs = b.jobs"
+        " fence_grace_s = b.grace_s, reported_jobs = b.jobs, reported_at = $1"
         " FROM jsonb_to_recordset($2::text::jsonb)"
         "  AS b(node_id text, epoch bigint, ttl_s double precision, grace_s double precision, jobs text[])"
         " WHERE n.node_id = b.node_id AND n.lease_epoch <= b.epoch AND (n.lost_epoch IS NULL OR n.lost_epoch < b.epoch)",

@@ -109,6 +109,40 @@ async def test_a_cancel_whose_stop_was_lost_is_sent_again_once_per_interval(data
         await conn.close()
 
 
+async def test_a_node_s_account_older_than_a_start_or_an_end_the_store_recorded_is_not_drift(database_url):
+    """A heartbeat taken before a job started cannot list it, nor one taken before a job ended leave it out
+    (issue 16): each job is judged against an account the store recorded after the job's own last change."""
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            await apply(conn, registered("n1"), T0)
+            await apply(conn, await queue_job(conn, "j1", 1), T0)
+        beat = heartbeat("n1")
+        async with conn.transaction():  # the node's account: nothing running yet
+            await apply(conn, beat.model_copy(update={"running_jobs": []}), LATER)
+        async with conn.transaction():  # the start, recorded after that heartbeat
+            await apply(conn, ev.JobStartReported(job_id="j1", node_id="n1", pid=7, started_at=LATER, lease_epoch=1,
+                                                  attempt=1), LATER + timedelta(seconds=1))
+        for seconds in (2, 2 + DRIFT_WINDOW_S, 3 + 2 * DRIFT_WINDOW_S):  # the next heartbeat is late: no drift
+            assert (await recover(conn, LATER + timedelta(seconds=seconds))).reconciled == []
+        # a heartbeat after the start that lacks the job: drift, reconciled once the window has passed
+        at = LATER + timedelta(seconds=40)
+        async with conn.transaction():
+            await apply(conn, beat.model_copy(update={"running_jobs": []}), at)
+        assert (await recover(conn, at)).reconciled == []
+        assert (await recover(conn, at + timedelta(seconds=DRIFT_WINDOW_S))).reconciled == ["n1"]
+        # the job ends after a heartbeat that lists it: not run unexpectedly while that account is the latest
+        end = at + timedelta(seconds=60)
+        async with conn.transaction():
+            await apply(conn, beat.model_copy(update={"running_jobs": ["j1"]}), end)
+            await apply(conn, ev.JobExitReported(job_id="j1", node_id="n1", exit_code=0, runtime_s=1.0,
+                                                 lease_epoch=1, attempt=1), end + timedelta(seconds=1))
+        for seconds in (2, 2 + DRIFT_WINDOW_S, 3 + 2 * DRIFT_WINDOW_S):
+            assert (await recover(conn, end + timedelta(seconds=seconds))).reconciled == []
+    finally:
+        await conn.close()
+
+
 async def test_a_node_that_lost_an_exit_report_or_runs_an_unexpected_job_is_reconciled(database_url):
     conn = await connect(database_url)
     try:  # (its registration was answered with a ReconcileJobs: none again within 30 s of it)

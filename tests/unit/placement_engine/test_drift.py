@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched_core.placement.drift import DRIFT_WINDOW_S, NodeAccount, judge_drift
+from gpusched_core.placement.drift import DRIFT_WINDOW_S, NodeAccount, judge_drift, suspects
 
 NOW = datetime(2026, 12, 2, tzinfo=timezone.utc)
 LONG_AGO = NOW - timedelta(seconds=DRIFT_WINDOW_S + 1)
 RECENTLY = NOW - timedelta(seconds=1)
 
 
-def account(reported=(), expected=(), started=None, since=None, reconciled=None) -> NodeAccount:
+def account(reported=(), expected=(), started=None, since=None, reconciled=None, reported_at=None,
+            changed=None) -> NodeAccount:  # fmt: skip
     return NodeAccount("n1", frozenset(reported), frozenset(expected),
-                       frozenset(expected if started is None else started), since, reconciled)
+                       frozenset(expected if started is None else started), since, reconciled, reported_at,
+                       changed or {})
 
 
 @pytest.mark.parametrize("given_account, drifting, reconcile, unexpected, missing", [
@@ -35,6 +38,16 @@ def account(reported=(), expected=(), started=None, since=None, reconciled=None)
                  id="reconciled recently: not again before the resend interval"),
     pytest.param(account([], ["a"], since=LONG_AGO, reconciled=NOW - timedelta(seconds=31)), True, True, (), ("a",),
                  id="reconciled long ago: again"),
+    pytest.param(account([], ["a"], since=LONG_AGO, reported_at=LONG_AGO, changed={"a": RECENTLY}), False, False, (),
+                 (), id="a start the store recorded after the node's account: not missing from it"),
+    pytest.param(account(["a"], [], since=LONG_AGO, reported_at=LONG_AGO, changed={"a": RECENTLY}), False, False, (),
+                 (), id="an end the store recorded after the node's account: not run unexpectedly"),
+    pytest.param(account([], ["a"], since=LONG_AGO, reported_at=RECENTLY, changed={"a": LONG_AGO}), True, True, (),
+                 ("a",), id="an account newer than the job's start that lacks it: missing"),
+    pytest.param(account([], ["a"], since=LONG_AGO, reported_at=LONG_AGO, changed={"a": LONG_AGO}), False, False, (),
+                 (), id="recorded in the same instant (one batch): the account cannot tell yet"),
+    pytest.param(account(["stray"], [], since=LONG_AGO, reported_at=LONG_AGO), True, True, ("stray",), (),
+                 id="a job the store does not know: judged whatever the account's age"),
 ])
 def test_drift_table(given_account, drifting, reconcile, unexpected, missing):
     verdict = judge_drift(given_account, NOW, resend_s=30)
@@ -53,6 +66,24 @@ def test_reconcile_only_on_lasting_drift_and_never_twice_within_the_interval(rep
     assert verdict.drifting == bool(reported - expected or (started & expected) - reported)
     if verdict.reconcile:
         assert verdict.drifting and since is not None and since >= DRIFT_WINDOW_S and (last is None or last >= 30)
+
+
+times = st.none() | st.integers(0, 60)
+
+
+@given(ids, ids, ids, times, st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 60)))
+def test_an_account_judges_only_the_jobs_the_store_recorded_before_it(reported, expected, started, account_age,
+                                                                      changes):  # fmt: skip
+    plain = NodeAccount("n", reported, expected, started & expected, LONG_AGO, None)
+    timed = replace(plain, reported_at=None if account_age is None else NOW - timedelta(seconds=account_age),
+                    changed_at={j: NOW - timedelta(seconds=age) for j, age in changes.items()})
+    before, after = judge_drift(plain, NOW, 30), judge_drift(timed, NOW, 30)
+    named = set(after.unexpected) | set(after.missing)
+    assert set(after.unexpected) <= set(before.unexpected) and set(after.missing) <= set(before.missing)
+    assert named <= suspects(plain)
+    for job in suspects(plain):  # named exactly when the account is newer than the job's change, or either unknown
+        judged = account_age is None or job not in changes or changes[job] > account_age
+        assert (job in named) == judged
 
 
 @pytest.mark.parametrize("barrier, committed, expected", [

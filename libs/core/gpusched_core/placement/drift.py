@@ -8,15 +8,20 @@ the node's current epoch, at most once per ``resend_s``: the agent stops the une
 the missing one's exit again (``gpusched_core.agent.reconcile``).
 
 A job whose start on the node is not yet acknowledged is not missing: its StartJob is re-sent instead
-(services/placement/starts.py).
+(services/placement/starts.py). And a job is judged against the node's account only when the store's record
+of it is older than the account (``NodeAccount.reported_at``, ``changed_at``; issue 16): a heartbeat taken
+before a job started cannot list it, nor one taken before a job ended leave it out, however long the next
+heartbeat takes (every 10 s, the window's length: at 1,000 simulated nodes placement reconciled nodes that
+had drifted from nothing).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-__all__ = ["DRIFT_WINDOW_S", "NodeAccount", "Verdict", "judge_drift"]
+__all__ = ["DRIFT_WINDOW_S", "NodeAccount", "Verdict", "judge_drift", "suspects"]
 
 DRIFT_WINDOW_S = 10.0
 
@@ -29,6 +34,10 @@ class NodeAccount:
     started: frozenset[str]  # of those, the ones whose start on this node the store acknowledged
     drift_since: datetime | None
     reconciled_at: datetime | None
+    reported_at: datetime | None = None  # when the store recorded that heartbeat (None: every job judged)
+    # when the store last changed each of the jobs ``suspects`` names (its start or end recorded, ...); a job
+    # absent is unknown to the store and judged
+    changed_at: Mapping[str, datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -40,9 +49,20 @@ class Verdict:
     missing: tuple[str, ...] = ()
 
 
+def suspects(account: NodeAccount) -> frozenset[str]:
+    """The jobs a verdict on ``account`` may name: run and not expected, or expected, started and not run."""
+    return (account.reported - account.expected) | ((account.expected & account.started) - account.reported)
+
+
+def _judged(account: NodeAccount, job_id: str) -> bool:
+    """Whether the node's account is newer than the store's record of the job (else it cannot tell yet)."""
+    changed = account.changed_at.get(job_id)
+    return account.reported_at is None or changed is None or changed < account.reported_at
+
+
 def judge_drift(account: NodeAccount, now: datetime, resend_s: float) -> Verdict:
-    unexpected = tuple(sorted(account.reported - account.expected))
-    missing = tuple(sorted((account.expected & account.started) - account.reported))
+    unexpected = tuple(sorted(j for j in account.reported - account.expected if _judged(account, j)))
+    missing = tuple(sorted(j for j in (account.expected & account.started) - account.reported if _judged(account, j)))
     if not unexpected and not missing:
         return Verdict(account.node_id, drifting=False, reconcile=False)
     since = account.drift_since or now
