@@ -130,6 +130,8 @@ async def test_a_node_s_account_older_than_a_start_or_an_end_the_store_recorded_
         async with conn.transaction():
             await apply(conn, beat.model_copy(update={"running_jobs": []}), at)
         assert (await recover(conn, at)).reconciled == []
+        async with conn.transaction():  # and the one after it
+            await apply(conn, beat.model_copy(update={"running_jobs": []}), at + timedelta(seconds=5))
         assert (await recover(conn, at + timedelta(seconds=DRIFT_WINDOW_S))).reconciled == ["n1"]
         # the job ends after a heartbeat that lists it: not run unexpectedly while that account is the latest
         end = at + timedelta(seconds=60)
@@ -161,12 +163,17 @@ async def test_a_node_that_lost_an_exit_report_or_runs_an_unexpected_job_is_reco
         assert (await recover(conn, LATER)).reconciled == []  # drift first seen
         assert (await recover(conn, LATER + timedelta(seconds=DRIFT_WINDOW_S / 2))).reconciled == []
         at = LATER + timedelta(seconds=DRIFT_WINDOW_S)
+        assert (await recover(conn, at)).reconciled == []  # no account since it was first seen (one may race)
+        async with conn.transaction():  # the next heartbeat says the same
+            await apply(conn, beat.model_copy(update={"running_jobs": ["stray"]}), at)
         # placement behind on the node reports: the account it has may be an old one; nothing is sent
         assert (await recover(conn, at, drift=False)).reconciled == []
         assert (await recover(conn, at)).reconciled == ["n1"]
         *_at_registration, reconcile = await commands(conn, "n1", "ReconcileJobs")
         assert (reconcile["job_ids"], reconcile["lease_epoch"]) == (["j1"], 1)
         assert (await recover(conn, at + timedelta(seconds=DRIFT_WINDOW_S + 1))).reconciled == []  # once per 30 s
+        async with conn.transaction():  # heartbeats go on saying the same
+            await apply(conn, beat.model_copy(update={"running_jobs": ["stray"]}), at + timedelta(seconds=20))
         assert (await recover(conn, at + timedelta(seconds=31))).reconciled == ["n1"]
         async with conn.transaction():  # the report, sent again, arrives: no drift any more
             await apply(conn, ev.JobExitReported(job_id="j1", node_id="n1", exit_code=0, runtime_s=1.0,

@@ -42,12 +42,16 @@ def account(reported=(), expected=(), started=None, since=None, reconciled=None,
                  (), id="a start the store recorded after the node's account: not missing from it"),
     pytest.param(account(["a"], [], since=LONG_AGO, reported_at=LONG_AGO, changed={"a": RECENTLY}), False, False, (),
                  (), id="an end the store recorded after the node's account: not run unexpectedly"),
-    pytest.param(account([], ["a"], since=LONG_AGO, reported_at=RECENTLY, changed={"a": LONG_AGO}), True, True, (),
-                 ("a",), id="an account newer than the job's start that lacks it: missing"),
+    pytest.param(account([], ["a"], since=LONG_AGO, reported_at=RECENTLY, changed={"a": LONG_AGO - timedelta(1)}),
+                 True, True, (), ("a",), id="an account newer than the job's start that lacks it: missing"),
     pytest.param(account([], ["a"], since=LONG_AGO, reported_at=LONG_AGO, changed={"a": LONG_AGO}), False, False, (),
                  (), id="recorded in the same instant (one batch): the account cannot tell yet"),
-    pytest.param(account(["stray"], [], since=LONG_AGO, reported_at=LONG_AGO), True, True, ("stray",), (),
+    pytest.param(account(["stray"], [], since=LONG_AGO, reported_at=RECENTLY), True, True, ("stray",), (),
                  id="a job the store does not know: judged whatever the account's age"),
+    pytest.param(account(["stray"], [], since=LONG_AGO, reported_at=LONG_AGO), True, False, ("stray",), (),
+                 id="no account since the drift was first seen: not settled yet (the one seen may have raced)"),
+    pytest.param(account(["stray"], [], since=None, reported_at=RECENTLY), True, False, ("stray",), (),
+                 id="first seen now: never settled at once"),
 ])
 def test_drift_table(given_account, drifting, reconcile, unexpected, missing):
     verdict = judge_drift(given_account, NOW, resend_s=30)
@@ -81,6 +85,8 @@ def test_an_account_judges_only_the_jobs_the_store_recorded_before_it(reported, 
     named = set(after.unexpected) | set(after.missing)
     assert set(after.unexpected) <= set(before.unexpected) and set(after.missing) <= set(before.missing)
     assert named <= suspects(plain)
+    if after.reconcile:  # settled only on an account recorded after the drift was first seen
+        assert timed.reported_at is None or timed.reported_at > LONG_AGO
     for job in suspects(plain):  # named exactly when the account is newer than the job's change, or either unknown
         judged = account_age is None or job not in changes or changes[job] > account_age
         assert (job in named) == judged

@@ -12,7 +12,8 @@ A job whose start on the node is not yet acknowledged is not missing: its StartJ
 of it is older than the account (``NodeAccount.reported_at``, ``changed_at``; issue 16): a heartbeat taken
 before a job started cannot list it, nor one taken before a job ended leave it out, however long the next
 heartbeat takes (every 10 s, the window's length: at 1,000 simulated nodes placement reconciled nodes that
-had drifted from nothing).
+had drifted from nothing). A drift is settled only once an account recorded after it was first seen shows
+it still: a heartbeat built just before a job started can reach placement after the job's start report.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def judge_drift(account: NodeAccount, now: datetime, resend_s: float) -> Verdict
     if not unexpected and not missing:
         return Verdict(account.node_id, drifting=False, reconcile=False)
     since = account.drift_since or now
-    due = now - since >= timedelta(seconds=DRIFT_WINDOW_S) and (
+    # seen again in an account recorded after the drift was first seen: one heartbeat that raced a start (built
+    # before the job ran, sent after its start report) is followed by one that lists it
+    renewed = account.reported_at is None or (account.drift_since is not None and account.reported_at > since)
+    due = now - since >= timedelta(seconds=DRIFT_WINDOW_S) and renewed and (
         account.reconciled_at is None or now - account.reconciled_at >= timedelta(seconds=resend_s))
     return Verdict(account.node_id, drifting=True, reconcile=due, unexpected=unexpected, missing=missing)
