@@ -94,3 +94,27 @@ async def test_a_new_cache_or_a_cycle_that_rolled_back_weighs_the_whole_queue(db
     await cycle(conn, ClusterCache())  # another process (or a restart): the whole queue
     assert [full for full, _ in reads] == [False, True, False, False]
     assert await placed_on(conn, "next") == []  # its queueing rolled back with the batch
+
+
+async def test_a_cycle_over_a_few_jobs_plans_on_the_event_loop_and_over_many_in_a_thread(db, monkeypatch):
+    """A few jobs are planned at once on the event loop (a thread's wait for the GIL beside a busy loop cost more
+    than their plan); more than ``INLINE_PLAN_JOBS`` in a worker thread, the loop free meanwhile."""
+    conn, _reads = db
+    threaded: list[int] = []
+    to_thread = handlers.asyncio.to_thread
+
+    async def counted(func, snapshot, pending, *args):  # noqa: ANN001, ANN202 - asyncio.to_thread's
+        threaded.append(len(pending))
+        return await to_thread(func, snapshot, pending, *args)
+
+    monkeypatch.setattr(handlers.asyncio, "to_thread", counted)
+    cache = ClusterCache()
+    async with conn.transaction():
+        await waiting(conn, "few", 1)
+    await cycle(conn, cache)
+    assert threaded == [] and await placed_on(conn, "few") == ["n1"]
+    async with conn.transaction():
+        for i in range(handlers.INLINE_PLAN_JOBS + 1):
+            await waiting(conn, f"many-{i}", 4)  # none fits beside "few": all deferred
+    await cycle(conn, cache)
+    assert threaded == [handlers.INLINE_PLAN_JOBS + 1]
