@@ -25,16 +25,17 @@ HOPS = (
 )
 
 _MARKS = """
+WITH commands AS (  -- each job's first StartJob marked published, every StartJob row parsed once
+  SELECT convert_from(value, 'UTF8')::jsonb -> 'payload' ->> 'job_id' AS job_id, min(published_at) AS published
+  FROM outbox WHERE topic = 'gpusched.nodes.commands' AND headers ->> 'event-type' = 'StartJob' GROUP BY 1)
 SELECT j.submitted_at AS submitted,
   min(e.recorded_at) FILTER (WHERE e.type = 'JobAdmitted') AS admitted,
   min(e.recorded_at) FILTER (WHERE e.type = 'QuotaReserved') AS reserved,
   min(e.recorded_at) FILTER (WHERE e.type = 'JobPlaced') AS placed,
   min((e.payload ->> 'started_at')::timestamptz) FILTER (WHERE e.type = 'JobStarted') AS start_began,
   min(e.recorded_at) FILTER (WHERE e.type = 'JobStarted') AS started,
-  (SELECT min(o.published_at) FROM outbox o WHERE o.topic = 'gpusched.nodes.commands'
-     AND o.headers ->> 'event-type' = 'StartJob'
-     AND convert_from(o.value, 'UTF8')::jsonb -> 'payload' ->> 'job_id' = j.job_id) AS command_published
-FROM jobs j JOIN events e ON e.stream_id = 'job-' || j.job_id
+  min(c.published) AS command_published
+FROM jobs j JOIN events e ON e.stream_id = 'job-' || j.job_id LEFT JOIN commands c ON c.job_id = j.job_id
 WHERE j.job_id = ANY($1::text[])
 GROUP BY j.job_id, j.submitted_at
 """
