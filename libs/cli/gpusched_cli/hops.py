@@ -25,9 +25,6 @@ HOPS = (
 )
 
 _MARKS = """
-WITH commands AS (  -- each job's first StartJob marked published, every StartJob row parsed once
-  SELECT convert_from(value, 'UTF8')::jsonb -> 'payload' ->> 'job_id' AS job_id, min(published_at) AS published
-  FROM outbox WHERE topic = 'gpusched.nodes.commands' AND headers ->> 'event-type' = 'StartJob' GROUP BY 1)
 SELECT j.submitted_at AS submitted,
   min(e.recorded_at) FILTER (WHERE e.type = 'JobAdmitted') AS admitted,
   min(e.recorded_at) FILTER (WHERE e.type = 'QuotaReserved') AS reserved,
@@ -35,7 +32,11 @@ SELECT j.submitted_at AS submitted,
   min((e.payload ->> 'started_at')::timestamptz) FILTER (WHERE e.type = 'JobStarted') AS start_began,
   min(e.recorded_at) FILTER (WHERE e.type = 'JobStarted') AS started,
   min(c.published) AS command_published
-FROM jobs j JOIN events e ON e.stream_id = 'job-' || j.job_id LEFT JOIN commands c ON c.job_id = j.job_id
+FROM jobs j JOIN events e ON e.stream_id = 'job-' || j.job_id
+LEFT JOIN (  -- each job's first StartJob marked published, every StartJob row parsed once
+  SELECT convert_from(value, 'UTF8')::jsonb -> 'payload' ->> 'job_id' AS job_id, min(published_at) AS published
+  FROM outbox WHERE topic = 'gpusched.nodes.commands' AND headers ->> 'event-type' = 'StartJob' GROUP BY 1
+) c ON c.job_id = j.job_id
 WHERE j.job_id = ANY($1::text[])
 GROUP BY j.job_id, j.submitted_at
 """
