@@ -134,8 +134,7 @@ async def _reconcile_drifted(conn: asyncpg.Connection, now: datetime, resend_s: 
     changed = dict(await conn.fetch("SELECT job_id, updated_at FROM jobs WHERE job_id = ANY($1::text[])",
                                     suspected)) if suspected else {}
     for row, account in zip(rows, accounts, strict=True):
-        account = replace(account, changed_at={j: changed[j] for j in suspects(account) if j in changed})
-        verdict = judge_drift(account, now, resend_s)
+        verdict = judge_drift(replace(account, changed_at=changed), now, resend_s)  # it looks up its suspects
         if not verdict.drifting:
             if row["drift_since"] is not None:
                 await _drift(conn, row["node_id"], None, row["reconciled_at"])

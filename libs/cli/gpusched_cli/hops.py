@@ -10,9 +10,9 @@ machine). Used by ``bench-scale`` for its half-load phase.
 
 from __future__ import annotations
 
-import math
-
 import asyncpg
+
+from gpusched_core.whatif.report import percentile
 
 # (name, from, to) over the marks the query reads per job
 HOPS = (
@@ -54,11 +54,7 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
     ordered = sorted(values)
-
-    def rank(q: float) -> float:
-        return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 1)
-
-    return {"p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "n": len(ordered)}
+    return {**{f"p{pct}": round(percentile(ordered, pct), 1) for pct in (50, 90, 99)}, "n": len(ordered)}
 
 
 def hops_of(marks: list[dict]) -> dict[str, dict[str, float] | None]:

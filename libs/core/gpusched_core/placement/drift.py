@@ -36,8 +36,8 @@ class NodeAccount:
     drift_since: datetime | None
     reconciled_at: datetime | None
     reported_at: datetime | None = None  # when the store recorded that heartbeat (None: every job judged)
-    # when the store last changed each of the jobs ``suspects`` names (its start or end recorded, ...); a job
-    # absent is unknown to the store and judged
+    # when the store last changed jobs (at least those ``suspects`` names: its start or end recorded, ...); a
+    # job absent is unknown to the store and judged
     changed_at: Mapping[str, datetime] = field(default_factory=dict)
 
 
