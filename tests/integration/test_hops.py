@@ -7,7 +7,7 @@ import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from gpusched_cli.hops import HOPS, hops_of, job_hops, quantiles, relay_delays
+from gpusched_cli.hops import HOPS, hops_of, job_hops, quantiles, relay_delays, stage_progress
 from gpusched_common.db import connect
 
 T0 = datetime(2026, 12, 7, 6, 0, tzinfo=timezone.utc)
@@ -66,3 +66,16 @@ def test_quantiles_are_nearest_rank_and_a_hop_without_both_marks_is_left_out():
     hops = hops_of(marks)
     assert hops["submitted -> admitted"] == {"p50": 12.3, "p90": 12.3, "p99": 12.3, "n": 1}
     assert hops["admitted -> reserved"] is None
+
+
+def test_a_burst_s_stages_say_when_each_share_of_jobs_got_there_and_the_slowest_stage_s_pace():
+    # ten jobs submitted at 0 ms; admitted one every 10 ms, placed one every 100 ms; one never placed
+    marks = [{"submitted": at(0), "admitted": at(10.0 * (i + 1)), "placed": at(100.0 * (i + 1)) if i < 9 else None}
+             for i in range(10)]
+    stages = stage_progress(marks)
+    assert stages["admitted"] == {"t10_s": 0.01, "t50_s": 0.05, "t90_s": 0.09, "t100_s": 0.1, "n": 10,
+                                  "per_s": 100.0}
+    # nearest rank over the nine placed: 10% is the 1st, 50% the 5th, 90% the 9th
+    assert stages["placed"] == {"t10_s": 0.1, "t50_s": 0.5, "t90_s": 0.9, "t100_s": 0.9, "n": 9, "per_s": 9.0}
+    assert stages["reserved"] is None and stages["started"] is None
+    assert stage_progress([]) == {}

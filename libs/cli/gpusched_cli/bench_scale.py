@@ -7,7 +7,9 @@ lease, heartbeats and telemetry) and every service as its own process. Two phase
    run an hour, submitted at once through the gateway's batch route. A job counts as placed when its node
    agent reported it started (admission, quota, placement and the agent, each durable). ``placed_per_s``
    is the placed jobs over the time from the first submission to the last start; the cluster fills before
-   every job has room, the rest wait (and show what a waiting job costs each service in memory).
+   every job has room, the rest wait (and show what a waiting job costs each service in memory). Per stage
+   (admitted, reserved, placed, StartJob published, started): when 10, 50, 90 and 100% of the jobs had got
+   there, and the stage's pace between 10 and 90%: the slowest stage holds the burst (``burst_stages``).
 2. **Half load**: jobs submitted at a steady half of the burst's rate for ``--half-load-s`` seconds (at most
    a third of the cluster's GPUs in all), and their submit -> placed latencies.
 
@@ -36,7 +38,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.table import render
 
 from gpusched_cli import stack
-from gpusched_cli.hops import job_hops, relay_delays
+from gpusched_cli.hops import burst_stages, job_hops, relay_delays
 from gpusched_cli.bench import floor_topic
 from gpusched_cli.proc_usage import postmaster_pid, usage as proc_usage
 from gpusched_cli.workload import submit_through_gateway
@@ -243,6 +245,7 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
                 break
         after = usage(pids)
         lat = await latencies(conn, tenants=list(TENANTS))
+        stages = await burst_stages(conn, submitting.result()) if submitting.done() else {}
         waiting = len(specs) - last_started
     finally:
         await conn.close()
@@ -263,6 +266,7 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
         "idle_cores_total": round(sum(idle.values()), 2),
         "burst_cores": {k: round(v / busy, 2) + round(idle[k], 2) for k, v in sorted(cpu.items())},
         "rss_mib": {k: round(v, 1) for k, v in sorted(rss.items())},
+        "burst_stages": stages,
         "rss_kib_per_waiting_job": {k: round(1024 * (rss[k] - rss_before.get(k, 0.0)) / waiting, 2)
                                     for k in sorted(rss)} if waiting > 0 else {},
     }
@@ -355,6 +359,11 @@ def cmd_scale(args: argparse.Namespace) -> int:
                  result["rss_mib"].get(s), result["rss_kib_per_waiting_job"].get(s)) for s in services]
         print("\n" + render(["SERVICE", "CPU MS/JOB (NET OF IDLE)", "IDLE CORES", "BURST CORES", "RSS MIB",
                              "KIB/WAITING JOB"], rows))
+        if result.get("burst_stages"):
+            stages = [(name, *(q.get(k) if q else None for k in ("t10_s", "t50_s", "t90_s", "t100_s", "per_s")))
+                      for name, q in result["burst_stages"].items()]
+            print("\n" + render(["BURST: STAGE", "10% BY S", "50% BY S", "90% BY S", "ALL BY S", "JOBS/S 10-90%"],
+                                 stages))
         if result.get("half_load_hops_ms"):
             hops = [(name, *(q[k] if q else None for k in ("p50", "p90", "p99")))
                     for name, q in result["half_load_hops_ms"].items()]

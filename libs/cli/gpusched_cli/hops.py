@@ -73,6 +73,34 @@ async def job_hops(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, di
     return hops_of([dict(row) for row in rows])
 
 
+STAGES = ("admitted", "reserved", "placed", "command_published", "started")
+
+
+def stage_progress(marks: list[dict]) -> dict[str, dict[str, float] | None]:
+    """For a burst: per stage, the seconds from the first submission until 10, 50, 90 and 100% of the jobs that
+    reached it had, and its pace between 10 and 90% (jobs/s): the stage whose pace is lowest holds the rest."""
+    firsts = [m["submitted"] for m in marks if m.get("submitted") is not None]
+    if not firsts:
+        return {}
+    t0 = min(firsts)
+    out: dict[str, dict[str, float] | None] = {}
+    for stage in STAGES:
+        at = sorted((m[stage] - t0).total_seconds() for m in marks if m.get(stage) is not None)
+        if not at:
+            out[stage] = None
+            continue
+        share = {pct: percentile(at, pct) for pct in (10, 50, 90, 100)}
+        spread = share[90] - share[10]
+        out[stage] = {**{f"t{pct}_s": round(v, 2) for pct, v in share.items()}, "n": len(at),
+                      "per_s": round(0.8 * len(at) / spread, 1) if spread > 0 else None}
+    return out
+
+
+async def burst_stages(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, dict[str, float] | None]:
+    """``stage_progress`` of ``job_ids`` (their marks as ``job_hops`` reads them)."""
+    return stage_progress([dict(row) for row in await conn.fetch(_MARKS, job_ids)])
+
+
 async def relay_delays(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, dict[str, float]]:
     """Per service, how long its outbox rows waited from written to marked published (ms), over the rows written
     while ``job_ids`` went through (from the first's submission to the last's start)."""
