@@ -8,7 +8,7 @@ import sys
 import time
 
 from gpusched_cli.bench_scale import gpu_demand, per_service, scale_workload
-from gpusched_cli.proc_usage import usage
+from gpusched_cli.proc_usage import busy_cores, machine_cpu_s, usage
 
 
 def test_the_burst_is_the_documented_mix_of_shapes_and_tenants():
@@ -48,3 +48,16 @@ def test_cpu_is_read_for_a_process_and_its_whole_tree_only_when_asked():
     finally:
         parent.wait(timeout=10)
     assert usage({"gone": parent.pid})["gone"].cpu_s == 0.0
+
+
+def test_the_machine_s_busy_cores_leave_out_idle_and_iowait_only():
+    hz = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal (guest columns after them are left out)
+    before = machine_cpu_s(f"cpu  {100 * hz} 0 {50 * hz} {800 * hz} {50 * hz} 0 0 0 0 0\ncpu0 1 2 3\n")
+    assert before == (150.0, 1000.0)
+    after = machine_cpu_s(f"cpu  {250 * hz} 0 {100 * hz} {850 * hz} {50 * hz} 0 {50 * hz} 0 7 7\n")
+    assert after == (400.0, 1300.0)
+    assert busy_cores(before, after, cores=2) == 2 * 250 / 300
+    assert busy_cores(after, after, cores=2) == 0.0
+    busy, total = machine_cpu_s()  # this machine's own
+    assert 0 < busy <= total

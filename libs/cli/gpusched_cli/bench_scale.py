@@ -16,7 +16,10 @@ lease, heartbeats and telemetry) and every service as its own process. Two phase
 Beside them, the floors of the same run: PostgreSQL appending event rows in batched transactions, and the
 broker carrying messages produced and consumed in batches. Per service: CPU milliseconds per placed job, net
 of what the idle cluster costs (heartbeats, telemetry, measured for ``--idle-s`` before the burst), the
-cores it used idle and during the burst, resident memory, and memory per waiting job. A table, and ``bench-results/scale.json``.
+cores it used idle and during the burst, resident memory, and memory per waiting job. And the whole machine's
+busy cores idle and in the burst (every process, the jobs' own shells and the kernel too), its CPU per placed
+job net of idle, and the rate that cost would allow beside the idle load (``machine_bound_placed_per_s``): a
+burst that keeps every core busy is bound by CPU, not by a wait. A table, and ``bench-results/scale.json``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from gpusched_common.table import render
 from gpusched_cli import stack
 from gpusched_cli.hops import burst_stages, job_hops, relay_delays
 from gpusched_cli.bench import floor_topic
-from gpusched_cli.proc_usage import postmaster_pid, usage as proc_usage
+from gpusched_cli.proc_usage import busy_cores, machine_cpu_s, postmaster_pid, usage as proc_usage
 from gpusched_cli.workload import submit_through_gateway
 
 TENANTS = ("research", "inference", "platform", "ml-eval")
@@ -217,12 +220,12 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
     conn = await asyncpg.connect(state.database_url)
     try:
         progress(f"  {args.idle_s:g}s of the idle cluster first (heartbeats, telemetry: what the burst's CPU is net of)")
-        idle_from, idle_at = usage(pids), time.monotonic()
+        idle_from, idle_at, machine_idle_from = usage(pids), time.monotonic(), machine_cpu_s()
         await asyncio.sleep(args.idle_s)
-        before = usage(pids)
+        before, machine_before = usage(pids), machine_cpu_s()
         idle_rate = {name: (before[name].cpu_s - idle_from[name].cpu_s) / (time.monotonic() - idle_at) for name in pids}
         started_at = time.monotonic()
-        at_change = before
+        at_change, machine_at_change = before, machine_before
         submitting = asyncio.create_task(asyncio.to_thread(submit_through_gateway, state, specs))
         last_started, last_change = -1, time.monotonic()
         submitted_s = None
@@ -234,7 +237,7 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
                 submitting.result()  # a refusal raises here
                 submitted_s = now - started_at
             if started != last_started:
-                last_started, last_change, at_change = started, now, usage(pids)
+                last_started, last_change, at_change, machine_at_change = started, now, usage(pids), machine_cpu_s()
             progress(f"  [{now - started_at:6.1f}s] submitted {n}, placed {placed}, started {started}")
             # settled: all started, or none started for settle_s since the first start (a slow first start
             # is a slow pipeline, not a full cluster; ``timeout`` bounds it)
@@ -255,6 +258,10 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
     rss = per_service({name: after[name].rss_mib for name in pids}, max)
     rss_before = per_service({name: before[name].rss_mib for name in pids}, max)
     span = lat["span_s"] or (time.monotonic() - started_at)
+    cores = os.cpu_count() or 1
+    machine_idle = busy_cores(machine_idle_from, machine_before, cores)
+    machine_burst = busy_cores(machine_before, machine_at_change, cores)
+    machine_net_ms = 1000 * (machine_burst - machine_idle) * busy / max(last_started, 1)
     return {
         "placed": last_started, "waiting": waiting, "submit_s": round(submitted_s or 0.0, 1),
         "placed_per_s": round(last_started / span, 1) if span else 0.0,
@@ -262,6 +269,14 @@ async def burst(args: argparse.Namespace, state: stack.StackState, progress: Cal
         "submit_to_started_p50_ms": lat["started_p50"], "submit_to_started_p99_ms": lat["started_p99"],
         "cpu_ms_per_job": {k: round(1000 * v / max(last_started, 1), 2) for k, v in sorted(cpu.items())},
         "cpu_ms_per_job_total": round(1000 * sum(cpu.values()) / max(last_started, 1), 2),
+        # the whole machine (every process, the jobs' own and the kernel's work too): what bounds the rate
+        "machine_cores": cores,
+        "machine_busy_cores_idle": round(machine_idle, 2),
+        "machine_busy_cores_burst": round(machine_burst, 2),
+        "machine_cpu_ms_per_job": round(machine_net_ms, 2),
+        # the most jobs/s the machine could place at that cost beside the idle cluster's load
+        "machine_bound_placed_per_s": round(1000 * (cores - machine_idle) / machine_net_ms, 1)
+        if machine_net_ms > 0 else None,
         "idle_cores": {k: round(v, 3) for k, v in sorted(idle.items())},
         "idle_cores_total": round(sum(idle.values()), 2),
         "burst_cores": {k: round(v / busy, 2) + round(idle[k], 2) for k, v in sorted(cpu.items())},

@@ -81,3 +81,18 @@ def postmaster_pid(data_dir: str | Path) -> int | None:
         return int(Path(data_dir, "postmaster.pid").read_text().split()[0])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def machine_cpu_s(stat: str | None = None) -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores (``/proc/stat``'s first line:
+    idle and iowait are not busy): what every process and the kernel used, counted or not by ``usage``."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    fields = [int(v) for v in text.splitlines()[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    total = sum(fields)
+    return (total - fields[3] - fields[4]) / _HZ, total / _HZ
+
+
+def busy_cores(before: tuple[float, float], after: tuple[float, float], cores: int) -> float:
+    """The cores the machine had busy between two ``machine_cpu_s`` readings."""
+    total = after[1] - before[1]
+    return cores * (after[0] - before[0]) / total if total > 0 else 0.0
