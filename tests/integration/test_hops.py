@@ -7,7 +7,7 @@ import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from gpusched_cli.hops import HOPS, hops_of, job_hops, quantiles, relay_delays, stage_progress
+from gpusched_cli.hops import HOPS, hops_of, job_hops, quantiles, relay_delays, stage_progress, turnover_of
 from gpusched_common.db import connect
 
 T0 = datetime(2026, 12, 7, 6, 0, tzinfo=timezone.utc)
@@ -79,3 +79,19 @@ def test_a_burst_s_stages_say_when_each_share_of_jobs_got_there_and_the_slowest_
     assert stages["placed"] == {"t10_s": 0.1, "t50_s": 0.5, "t90_s": 0.9, "t100_s": 0.9, "n": 9, "per_s": 9.0}
     assert stages["reserved"] is None and stages["started"] is None
     assert stage_progress([]) == {}
+
+
+def test_a_gpu_s_turnover_is_split_at_the_exit_recorded_and_a_job_reserved_ahead_waits_for_the_gpu_not_quota():
+    marks = {
+        # reserved long before the previous run ended: its wait for quota is none of the gap
+        "ahead": {"reserved": at(-5000), "placed": at(130), "command_published": at(150), "start_began": at(170)},
+        # reserved only after the exit was recorded (quota had to release first)
+        "after": {"reserved": at(160), "placed": at(180), "command_published": at(200), "start_began": at(230)},
+    }
+    gaps = [(at(0), at(100), "ahead"), (at(0), at(120), "after"), (at(0), at(50), "not-in-the-store")]
+    hops = turnover_of(gaps, marks)
+    assert hops["exit -> exit recorded"]["n"] == 2  # the job the store does not know is left out
+    assert sorted([hops["exit -> exit recorded"]["p50"], hops["exit -> exit recorded"]["p99"]]) == [100.0, 120.0]
+    assert hops["exit recorded -> next reserved"] == {"p50": 0.0, "p90": 40.0, "p99": 40.0, "n": 2}
+    assert hops["next reserved -> placed"] == {"p50": 20.0, "p90": 30.0, "p99": 30.0, "n": 2}
+    assert hops["StartJob published -> agent starts it"] == {"p50": 20.0, "p90": 30.0, "p99": 30.0, "n": 2}

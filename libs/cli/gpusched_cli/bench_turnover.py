@@ -6,7 +6,9 @@ once, so a job always waits for each GPU that frees. A gap is measured per GPU f
 reported, on the node's one clock: the next run's start (``JobStarted.started_at``) minus the previous
 run's exit (its start plus ``JobSucceeded.runtime_s``). Beside it, the broker's produce -> consume round
 trip of the same run: the gap is a chain of hops (the exit report, placement, quota, placement, the
-StartJob, the start), each at least one round trip. Results: a table, and bench-results/turnover.json.
+StartJob, the start), each at least one round trip; and where the gaps went, hop by hop, from the store
+(``hops.TURNOVER_HOPS``: the exit recorded, the next job reserved, placed, its StartJob published, its start;
+``gap_hops_ms``). Results: tables, and bench-results/turnover.json.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 import asyncpg
@@ -27,6 +30,7 @@ from gpusched_common.table import render
 
 from gpusched_cli import stack
 from gpusched_cli.bench import floor_broker_rtt_ms
+from gpusched_cli.hops import turnover_hops
 from gpusched_cli.workload import progress_line, submit_all, wait_until_finished
 
 
@@ -47,18 +51,23 @@ def cmd_turnover(args: argparse.Namespace) -> int:
     return asyncio.run(run_turnover(args, state))
 
 
-def gaps_ms(runs: list[tuple[str, int, float, float]]) -> list[float]:
-    """Idle gaps per GPU: ``runs`` are (node, GPU index, start, exit) in seconds of the node's clock; each
-    GPU's runs in start order, the gap from one's exit to the next one's start (a negative gap, a start
-    reported before the previous exit by a few clock ticks, counts as 0)."""
-    by_gpu: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
-    for node, gpu, start, end in runs:
-        by_gpu[(node, gpu)].append((start, end))
-    out = []
+def consecutive(runs: list[tuple]) -> list[tuple[tuple, tuple]]:
+    """Each GPU's runs in start order, paired one with the next: ``runs`` are (node, GPU index, start, exit, ...)
+    with times in seconds of the node's clock."""
+    by_gpu: dict[tuple[str, int], list[tuple]] = defaultdict(list)
+    for run in runs:
+        by_gpu[(run[0], run[1])].append(run)
+    pairs = []
     for spans in by_gpu.values():
-        spans.sort()
-        out += [max(0.0, (nxt[0] - prev[1]) * 1000) for prev, nxt in zip(spans, spans[1:], strict=False)]
-    return out
+        spans.sort(key=lambda run: (run[2], run[3]))
+        pairs += list(zip(spans, spans[1:], strict=False))
+    return pairs
+
+
+def gaps_ms(runs: list[tuple]) -> list[float]:
+    """Idle gaps per GPU: from one run's exit to the next one's start (a negative gap, a start reported before
+    the previous exit by a few clock ticks, counts as 0)."""
+    return [max(0.0, (nxt[2] - prev[3]) * 1000) for prev, nxt in consecutive(runs)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -66,12 +75,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else float("nan")
 
 
-async def _runs(database_url: str, ids: list[str]) -> list[tuple[str, int, float, float]]:
+async def _runs(database_url: str, ids: list[str]) -> list[tuple[str, int, float, float, str, datetime]]:
+    """(node, GPU index, start, exit, job id, end recorded) of each run that ended."""
     streams = [f"job-{i}" for i in ids]
     conn = await asyncpg.connect(database_url)
     try:
         rows = await conn.fetch(
-            "SELECT stream_id, type, payload FROM events WHERE stream_id = ANY($1::text[])"
+            "SELECT stream_id, type, payload, recorded_at FROM events WHERE stream_id = ANY($1::text[])"
             " AND type IN ('JobPlaced', 'JobStarted', 'JobSucceeded') ORDER BY global_position", streams)
     finally:
         await conn.close()
@@ -86,8 +96,19 @@ async def _runs(database_url: str, ids: list[str]) -> list[tuple[str, int, float
             started[row["stream_id"]] = ev.JobStarted.model_validate(payload).started_at.timestamp()
         elif row["stream_id"] in placed and row["stream_id"] in started:
             start = started[row["stream_id"]]
-            runs.append((*placed[row["stream_id"]], start, start + float(payload["runtime_s"])))
+            runs.append((*placed[row["stream_id"]], start, start + float(payload["runtime_s"]),
+                         row["stream_id"].removeprefix("job-"), row["recorded_at"]))
     return runs
+
+
+async def _hops(database_url: str, runs: list[tuple]) -> dict:
+    """Where the gaps went, hop by hop (``hops.turnover_hops``)."""
+    gaps = [(datetime.fromtimestamp(prev[3], timezone.utc), prev[5], nxt[4]) for prev, nxt in consecutive(runs)]
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await turnover_hops(conn, gaps)
+    finally:
+        await conn.close()
 
 
 async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int:
@@ -111,7 +132,8 @@ async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int
     await wait_until_finished(state.database_url, ids, timeout_s=args.timeout, progress=progress_line(len(ids)),
                               interval_s=1.0)
     wall = time.monotonic() - started
-    gaps = gaps_ms(await _runs(state.database_url, ids))
+    runs = await _runs(state.database_url, ids)
+    gaps = gaps_ms(runs)
     result = {"gpus": gpus, "jobs": count, "run_s": args.run_s, "gaps": len(gaps),
               "exit_to_next_start_p50_ms": round(percentile(gaps, 0.5), 1),
               "exit_to_next_start_p99_ms": round(percentile(gaps, 0.99), 1),
@@ -119,9 +141,16 @@ async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int
               "jobs_per_s": round(count / wall, 1), "floor_broker_rtt_ms": round(rtt, 2)}
     result["ratio_p50_to_broker_rtt"] = round(result["exit_to_next_start_p50_ms"] / result["floor_broker_rtt_ms"], 1)
     result["gpu_busy_share"] = round(count * args.run_s / (gpus * wall), 3)  # the rest: idle between jobs
+    result["gap_hops_ms"] = await _hops(state.database_url, runs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2) if args.json else "\n" + render(["METRIC", "VALUE"], list(result.items())))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print("\n" + render(["METRIC", "VALUE"], [(k, v) for k, v in result.items() if not isinstance(v, dict)]))
+        print("\n" + render(["GAP: HOP", "P50 MS", "P90 MS", "P99 MS"],
+                            [(name, *(q[k] if q else None for k in ("p50", "p90", "p99")))
+                             for name, q in result["gap_hops_ms"].items()]))
     print(f"\nwritten to {out}")
     return 0

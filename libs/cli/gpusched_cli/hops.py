@@ -10,6 +10,8 @@ machine). Used by ``bench-scale`` for its half-load phase.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 
 from gpusched_core.whatif.report import percentile
@@ -25,7 +27,7 @@ HOPS = (
 )
 
 _MARKS = """
-SELECT j.submitted_at AS submitted,
+SELECT j.job_id, j.submitted_at AS submitted,
   min(e.recorded_at) FILTER (WHERE e.type = 'JobAdmitted') AS admitted,
   min(e.recorded_at) FILTER (WHERE e.type = 'QuotaReserved') AS reserved,
   min(e.recorded_at) FILTER (WHERE e.type = 'JobPlaced') AS placed,
@@ -57,10 +59,10 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
     return {**{f"p{pct}": round(percentile(ordered, pct), 1) for pct in (50, 90, 99)}, "n": len(ordered)}
 
 
-def hops_of(marks: list[dict]) -> dict[str, dict[str, float] | None]:
+def hops_of(marks: list[dict], hops: tuple[tuple[str, str, str], ...] = HOPS) -> dict[str, dict[str, float] | None]:
     """Each hop's quantiles (ms) over the jobs that have both of its marks."""
     out: dict[str, dict[str, float] | None] = {}
-    for name, start, end in HOPS:
+    for name, start, end in hops:
         values = [(m[end] - m[start]).total_seconds() * 1000 for m in marks
                   if m.get(start) is not None and m.get(end) is not None]
         out[name] = quantiles(values)
@@ -71,6 +73,40 @@ async def job_hops(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, di
     """The hops of ``job_ids`` (see the module doc)."""
     rows = await conn.fetch(_MARKS, job_ids)
     return hops_of([dict(row) for row in rows])
+
+
+# A GPU's turnover: from one run's exit (the agent's clock) to the next run's start on the same GPU (``gap``)
+TURNOVER_HOPS = (
+    ("exit -> exit recorded", "exited", "exit_recorded"),
+    ("exit recorded -> next reserved", "exit_recorded", "reserved"),
+    ("next reserved -> placed", "reserved", "placed"),
+    ("placed -> StartJob published", "placed", "command_published"),
+    ("StartJob published -> agent starts it", "command_published", "start_began"),
+)
+
+
+async def turnover_hops(conn: asyncpg.Connection,
+                        gaps: list[tuple[datetime, datetime, str]]) -> dict[str, dict[str, float] | None]:
+    """Where a GPU's idle time between two runs went (``turnover_of``), the next runs' marks read from the
+    store."""
+    rows = await conn.fetch(_MARKS, [job for _, _, job in gaps])
+    return turnover_of(gaps, {row["job_id"]: dict(row) for row in rows})
+
+
+def turnover_of(gaps: list[tuple[datetime, datetime, str]],
+                marks: dict[str, dict]) -> dict[str, dict[str, float] | None]:
+    """``TURNOVER_HOPS``' quantiles: ``gaps`` are (the previous run's exit by its agent's clock, its end
+    recorded, the next run's job id), ``marks`` the next runs' marks by job id. The next job's reservation
+    counts from the end recorded where it came before it (a job reserved ahead waits for the GPU, not quota)."""
+    out = []
+    for exited, recorded, job in gaps:
+        mark = marks.get(job)
+        if mark is None:
+            continue
+        reserved = mark.get("reserved")
+        out.append({**mark, "exited": exited, "exit_recorded": recorded,
+                    "reserved": max(reserved, recorded) if reserved is not None else None})
+    return hops_of(out, TURNOVER_HOPS)
 
 
 STAGES = ("admitted", "reserved", "placed", "command_published", "started")
