@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched_core.placement import (
+    Binding,
     GangRequest,
     Gpu,
     GpuShare,
@@ -27,6 +28,7 @@ from gpusched_core.placement import (
     RequestId,
     WholeGpus,
     apply,
+    apply_bindings,
     build_snapshot,
     make_policy,
     place,
@@ -329,3 +331,29 @@ def test_a_decision_call_that_fails_after_stepping_the_node_state_starts_over_th
         assert failed
     finally:
         kernel.use(False)
+
+
+def test_a_first_use_over_more_kinds_of_node_than_the_kept_table_starts_with_decides_as_numpy() -> None:
+    """The kernel's table of node kinds starts at 4,096 slots and doubles when half full: 3,000 nodes of 3,000
+    kinds (each node's GPUs hold their own mix of shares) make it grow, and the decisions, scores and reasons
+    of first uses still equal numpy's, node kind by node kind computed."""
+    count = 3_000
+    nodes = [Node(NodeId(f"n{i:05d}"), 64_000, 262_144, tuple(Gpu(g, "A100-SXM4-80GB", 80_000) for g in range(8)))
+             for i in range(count)]
+    bindings = [Binding(NodeId(f"n{i:05d}"), (g,), gpu_milli=100 * ((i >> (2 * g)) & 3))
+                for i in range(count) for g in range(8) if (i >> (2 * g)) & 3]
+    snapshot = apply_bindings(build_snapshot(nodes), RequestId("background"), bindings)
+    typical = workload_from_requests([PodRequest(RequestId("s"), GpuShare(250), 2_000),
+                                      PodRequest(RequestId("w"), WholeGpus(1), 4_000)])
+    probes = [PodRequest(RequestId("p"), GpuShare(300), 3_000), PodRequest(RequestId("q"), GpuShare(750), 1_000),
+              PodRequest(RequestId("r"), WholeGpus(2), 4_000)]
+    for probe in probes:
+        decided = []
+        for with_kernel in (True, False):
+            kernel.use(with_kernel)
+            try:
+                decision = place(snapshot, probe, make_policy("ours", workload=typical))  # a first use: all stale
+            finally:
+                kernel.use(False)
+            decided.append((decision.bindings, decision.reasons, decision.score))
+        assert decided[0] == decided[1], probe

@@ -579,41 +579,48 @@ static PyObject *memory_cost(PyObject *self, PyObject *args) {
 /* Nodes already computed in one pass, by their GPUs' models and free milli and their free CPU class before
  * and after the request: nodes alike in all of these have the same growth (``RowState.classes``), so a
  * shape's first use over thousands of nodes computes each such kind of node once (from ``dedupe_from`` stale
- * nodes on). Open addressing on a hash; a hit is compared in full. The table's memory is kept between calls (the
- * module's, one decision at a time under the GIL) and a slot is empty unless it holds this pass's stamp: a shape's
- * first use neither allocates nor clears a table the size of the cluster. */
+ * nodes on). Open addressing on a hash; a hit is compared in full. A slot is 16 bytes and the table is sized for
+ * the kinds of node met, not for the nodes (a cluster of 10,000 has a thousand kinds or so): it starts small
+ * enough to stay in the CPU's cache and doubles when half full. Its memory is kept between calls (the module's,
+ * one decision at a time under the GIL). */
 typedef struct {
-    int64_t *slots; /* capacity x (hash, class before, class after, row, stamp) */
-    size_t mask;
-    int64_t stamp;
+    uint32_t tag;   /* the hash's high half */
+    int32_t row;    /* the row kept + 1 (0: an empty slot) */
+    int32_t before, after; /* the free CPU class before and after the request */
+} SeenSlot;
+
+typedef struct {
+    SeenSlot *slots;
+    size_t mask, count;
     const int32_t *share_free;
     const int64_t *gpu_model;
     Py_ssize_t gpus;
 } Seen;
 
-enum { SLOT = 5 };
-static int64_t *seen_store = NULL;
+enum { SEEN_FIRST = 4096 }; /* slots to start with: 64 KiB */
+static SeenSlot *seen_store = NULL;
 static size_t seen_capacity = 0;
-static int64_t seen_stamp = 0;
 
-/* Ready for ``n`` nodes at most; -1 (no memory: nothing changed) or 0. */
+/* A store of ``capacity`` slots at least (the module's, kept); NULL: no memory. */
+static SeenSlot *seen_reserve(size_t capacity) {
+    if (capacity > seen_capacity) {
+        SeenSlot *grown = malloc(capacity * sizeof(SeenSlot));
+        if (grown == NULL) return NULL;
+        free(seen_store);
+        seen_store = grown; seen_capacity = capacity;
+    }
+    return seen_store;
+}
+
+/* Ready for a pass; -1 (no memory: nothing changed) or 0. */
 static int seen_init(Seen *s, Py_ssize_t n, const int32_t *share_free, const int64_t *gpu_model, Py_ssize_t gpus) {
     size_t capacity = 64;
-    while (capacity < (size_t)n * 2) capacity <<= 1;
-    if (capacity > seen_capacity) {
-        int64_t *grown = malloc(capacity * SLOT * sizeof(int64_t));
-        if (grown == NULL) return -1;
-        for (size_t i = 0; i < capacity; i++) grown[i * SLOT + 4] = 0;
-        free(seen_store);
-        seen_store = grown; seen_capacity = capacity; seen_stamp = 0;
-    }
-    if (++seen_stamp == INT64_MAX) { /* never in practice: start the stamps again */
-        for (size_t i = 0; i < seen_capacity; i++) seen_store[i * SLOT + 4] = 0;
-        seen_stamp = 1;
-    }
+    while (capacity < (size_t)n * 2 && capacity < SEEN_FIRST) capacity <<= 1;
+    if (seen_reserve(capacity) == NULL) return -1;
+    memset(seen_store, 0, capacity * sizeof(SeenSlot));
     s->slots = seen_store;
-    s->mask = capacity - 1; /* the first ``capacity`` slots of the store */
-    s->stamp = seen_stamp;
+    s->mask = capacity - 1;
+    s->count = 0;
     s->share_free = share_free; s->gpu_model = gpu_model; s->gpus = gpus;
     return 0;
 }
@@ -623,22 +630,58 @@ static inline uint64_t mix(uint64_t h, uint64_t v) {
     return h * 0xBF58476D1CE4E5B9ULL;
 }
 
-/* The row kept as alike to ``row``, or -1 after keeping ``row``. */
-static int64_t seen_find(Seen *s, int64_t row, int64_t before, int64_t after) {
+static inline uint64_t seen_hash(const Seen *s, int64_t row, int64_t before, int64_t after) {
     Py_ssize_t G = s->gpus;
     const int32_t *free_milli = s->share_free + row * G;
     const int64_t *model = s->gpu_model + row * G;
     uint64_t h = mix(mix(0x632BE59BD9B4E019ULL, (uint64_t)before), (uint64_t)after);
     for (Py_ssize_t g = 0; g < G; g++) h = mix(h, ((uint64_t)(uint32_t)free_milli[g] << 20) ^ (uint64_t)model[g]);
-    h ^= h >> 31;
+    return h ^ (h >> 31);
+}
+
+/* The table twice as large, its slots placed again; -1 (no memory: the table as it was) or 0. */
+static int seen_grow(Seen *s) {
+    size_t capacity = (s->mask + 1) * 2;
+    SeenSlot *grown = malloc(capacity * sizeof(SeenSlot));
+    if (grown == NULL) return -1;
+    memset(grown, 0, capacity * sizeof(SeenSlot));
+    for (size_t i = 0; i <= s->mask; i++) {
+        SeenSlot slot = s->slots[i];
+        if (slot.row == 0) continue;
+        uint64_t h = seen_hash(s, slot.row - 1, slot.before, slot.after);
+        size_t j = (size_t)h & (capacity - 1);
+        while (grown[j].row != 0) j = (j + 1) & (capacity - 1);
+        grown[j] = slot;
+    }
+    free(seen_store);
+    seen_store = grown; seen_capacity = capacity;
+    s->slots = grown;
+    s->mask = capacity - 1;
+    return 0;
+}
+
+/* The row kept as alike to ``row``, or -1 after keeping ``row`` (or when the table could not grow to keep it:
+ * the row is then computed, as any other). */
+static int64_t seen_find(Seen *s, int64_t row, int64_t before, int64_t after) {
+    Py_ssize_t G = s->gpus;
+    const int32_t *free_milli = s->share_free + row * G;
+    const int64_t *model = s->gpu_model + row * G;
+    uint64_t h = seen_hash(s, row, before, after);
+    uint32_t tag = (uint32_t)(h >> 32);
     for (size_t i = (size_t)h & s->mask;; i = (i + 1) & s->mask) {
-        int64_t *slot = s->slots + i * SLOT;
-        if (slot[4] != s->stamp) {
-            slot[0] = (int64_t)h; slot[1] = before; slot[2] = after; slot[3] = row; slot[4] = s->stamp;
+        SeenSlot *slot = s->slots + i;
+        if (slot->row == 0) {
+            if ((s->count + 1) * 2 > s->mask + 1 || before > INT32_MAX || after > INT32_MAX) {
+                if (before > INT32_MAX || after > INT32_MAX || seen_grow(s) < 0) return -1;
+                return seen_find(s, row, before, after); /* placed in the grown table */
+            }
+            slot->tag = tag; slot->row = (int32_t)(row + 1); slot->before = (int32_t)before;
+            slot->after = (int32_t)after;
+            s->count++;
             return -1;
         }
-        if ((uint64_t)slot[0] == h && slot[1] == before && slot[2] == after) {
-            int64_t other = slot[3];
+        if (slot->tag == tag && slot->before == before && slot->after == after) {
+            int64_t other = slot->row - 1;
             if (memcmp(free_milli, s->share_free + other * G, (size_t)G * sizeof(int32_t)) == 0 &&
                 memcmp(model, s->gpu_model + other * G, (size_t)G * sizeof(int64_t)) == 0)
                 return other;
@@ -875,7 +918,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         secondary_of = secondary ? cg : NULL;
         if (entry_version[row] != row_version[row]) {
             int64_t like = -1;
-            if (++stale > dedupe_from && !q.gpu_memory && seen.slots == NULL &&
+            if (++stale > dedupe_from && !q.gpu_memory && seen.slots == NULL && n < INT32_MAX &&
                 seen_init(&seen, m, q.share_free, q.gpu_model, t->gpus) < 0) {
                 release_all(&b);
                 free(cost_heap);
