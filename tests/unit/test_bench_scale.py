@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from gpusched_cli.bench_scale import gpu_demand, per_service, scale_workload
 from gpusched_cli.proc_usage import busy_cores, machine_cpu_s, usage
+from gpusched_cli.start_floor import floor_job_start_ms
 
 
 def test_the_burst_is_the_documented_mix_of_shapes_and_tenants():
@@ -61,3 +63,13 @@ def test_the_machine_s_busy_cores_leave_out_idle_and_iowait_only():
     assert busy_cores(after, after, cores=2) == 0.0
     busy, total = machine_cpu_s()  # this machine's own
     assert 0 < busy <= total
+
+
+def test_a_job_start_s_floor_costs_the_machine_cpu_and_leaves_none_of_its_processes(tmp_path):
+    pids = tmp_path / "pids"
+    cost = floor_job_start_ms(count=10, command=("sh", "-c", f"echo $$ >> {pids}; exec sleep 3600"), settle_s=3.0)
+    assert cost > 0
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 10  # every command ran past its gate
+    for pid in started:  # each shell's command, stopped with its session
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"

@@ -19,7 +19,9 @@ of what the idle cluster costs (heartbeats, telemetry, measured for ``--idle-s``
 cores it used idle and during the burst, resident memory, and memory per waiting job. And the whole machine's
 busy cores idle and in the burst (every process, the jobs' own shells and the kernel too), its CPU per placed
 job net of idle, and the rate that cost would allow beside the idle load (``machine_bound_placed_per_s``): a
-burst that keeps every core busy is bound by CPU, not by a wait. A table, and ``bench-results/scale.json``.
+burst that keeps every core busy is bound by CPU, not by a wait; and, measured first on the quiet machine,
+what starting one job's processes costs it (``start_floor``): the most jobs a second the machine could start
+with simulated nodes on it, whatever the scheduler costs. A table, and ``bench-results/scale.json``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from gpusched_cli import stack
 from gpusched_cli.hops import burst_stages, job_hops, relay_delays
 from gpusched_cli.bench import floor_topic
 from gpusched_cli.proc_usage import busy_cores, machine_cpu_s, postmaster_pid, usage as proc_usage
+from gpusched_cli.start_floor import floor_job_start_ms
 from gpusched_cli.workload import submit_through_gateway
 
 TENANTS = ("research", "inference", "platform", "ml-eval")
@@ -330,6 +333,8 @@ async def half_load(args: argparse.Namespace, state: stack.StackState, rate: flo
 
 
 async def run_scale(args: argparse.Namespace, progress: Callable[[str], None] = print) -> dict:
+    progress("the floor of a job's start: its processes started as an agent starts them, on the quiet machine ...")
+    start_ms = await asyncio.to_thread(floor_job_start_ms)
     progress(f"phase 1: a burst of {args.jobs} jobs into {args.nodes} nodes x 8 GPUs")
     state = await up_for(args, progress)
     try:
@@ -344,6 +349,8 @@ async def run_scale(args: argparse.Namespace, progress: Callable[[str], None] = 
     result["floor_pg_batch_events_per_s"] = round(pg, 1)
     result["floor_broker_msgs_per_s"] = round(broker, 1)
     result["ratio_placed_per_s_to_pg_batch_events_per_s"] = round(result["placed_per_s"] / pg, 4)
+    result["floor_job_start_ms"] = round(start_ms, 2)  # machine CPU per job's processes started (start_floor)
+    result["job_start_bound_per_s"] = round(1000 * result["machine_cores"] / start_ms, 1) if start_ms > 0 else None
     if args.half_load_s > 0 and result["placed_per_s"] > 0:
         rate = result["placed_per_s"] / 2
         progress(f"phase 2: half load, {rate:.0f} jobs/s for {args.half_load_s:g}s on a fresh stack")
