@@ -43,7 +43,7 @@ from gpusched_common.infra.brokers import BROKER_KINDS
 from gpusched_common.table import render
 
 from gpusched_cli import stack
-from gpusched_cli.hops import burst_stages, job_hops, relay_delays
+from gpusched_cli.hops import burst_stages, hop_rows, job_hops, relay_delays
 from gpusched_cli.bench import floor_topic
 from gpusched_cli.proc_usage import busy_cores, machine_cpu_s, postmaster_pid, usage as proc_usage
 from gpusched_cli.start_floor import floor_job_start_ms
@@ -387,8 +387,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
             print("\n" + render(["BURST: STAGE", "10% BY S", "50% BY S", "90% BY S", "ALL BY S", "JOBS/S 10-90%"],
                                  stages))
         if result.get("half_load_hops_ms"):
-            hops = [(name, *(q[k] if q else None for k in ("p50", "p90", "p99")))
-                    for name, q in result["half_load_hops_ms"].items()]
+            hops = hop_rows(result["half_load_hops_ms"])
             hops += [(f"{service}'s outbox row -> published", q["p50"], q["p90"], q["p99"])
                      for service, q in result["half_load_relay_ms"].items()]
             print("\n" + render(["HALF LOAD: HOP", "P50 MS", "P90 MS", "P99 MS"], hops))

@@ -30,7 +30,7 @@ from gpusched_common.table import render
 
 from gpusched_cli import stack
 from gpusched_cli.bench import floor_broker_rtt_ms
-from gpusched_cli.hops import turnover_hops
+from gpusched_cli.hops import hop_rows, turnover_hops
 from gpusched_cli.workload import progress_line, submit_all, wait_until_finished
 
 
@@ -75,16 +75,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] if ordered else float("nan")
 
 
-async def _runs(database_url: str, ids: list[str]) -> list[tuple[str, int, float, float, str, datetime]]:
+async def _runs(conn: asyncpg.Connection, ids: list[str]) -> list[tuple[str, int, float, float, str, datetime]]:
     """(node, GPU index, start, exit, job id, end recorded) of each run that ended."""
-    streams = [f"job-{i}" for i in ids]
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch(
-            "SELECT stream_id, type, payload, recorded_at FROM events WHERE stream_id = ANY($1::text[])"
-            " AND type IN ('JobPlaced', 'JobStarted', 'JobSucceeded') ORDER BY global_position", streams)
-    finally:
-        await conn.close()
+    rows = await conn.fetch(
+        "SELECT stream_id, type, payload, recorded_at FROM events WHERE stream_id = ANY($1::text[])"
+        " AND type IN ('JobPlaced', 'JobStarted', 'JobSucceeded') ORDER BY global_position", [f"job-{i}" for i in ids])
     placed: dict[str, tuple[str, int]] = {}
     started: dict[str, float] = {}
     runs = []
@@ -101,14 +96,10 @@ async def _runs(database_url: str, ids: list[str]) -> list[tuple[str, int, float
     return runs
 
 
-async def _hops(database_url: str, runs: list[tuple]) -> dict:
+async def _hops(conn: asyncpg.Connection, runs: list[tuple]) -> dict:
     """Where the gaps went, hop by hop (``hops.turnover_hops``)."""
     gaps = [(datetime.fromtimestamp(prev[3], timezone.utc), prev[5], nxt[4]) for prev, nxt in consecutive(runs)]
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await turnover_hops(conn, gaps)
-    finally:
-        await conn.close()
+    return await turnover_hops(conn, gaps)
 
 
 async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int:
@@ -132,7 +123,12 @@ async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int
     await wait_until_finished(state.database_url, ids, timeout_s=args.timeout, progress=progress_line(len(ids)),
                               interval_s=1.0)
     wall = time.monotonic() - started
-    runs = await _runs(state.database_url, ids)
+    conn = await asyncpg.connect(state.database_url)
+    try:
+        runs = await _runs(conn, ids)
+        gap_hops = await _hops(conn, runs)
+    finally:
+        await conn.close()
     gaps = gaps_ms(runs)
     result = {"gpus": gpus, "jobs": count, "run_s": args.run_s, "gaps": len(gaps),
               "exit_to_next_start_p50_ms": round(percentile(gaps, 0.5), 1),
@@ -141,7 +137,7 @@ async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int
               "jobs_per_s": round(count / wall, 1), "floor_broker_rtt_ms": round(rtt, 2)}
     result["ratio_p50_to_broker_rtt"] = round(result["exit_to_next_start_p50_ms"] / result["floor_broker_rtt_ms"], 1)
     result["gpu_busy_share"] = round(count * args.run_s / (gpus * wall), 3)  # the rest: idle between jobs
-    result["gap_hops_ms"] = await _hops(state.database_url, runs)
+    result["gap_hops_ms"] = gap_hops
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -149,8 +145,6 @@ async def run_turnover(args: argparse.Namespace, state: stack.StackState) -> int
         print(json.dumps(result, indent=2))
     else:
         print("\n" + render(["METRIC", "VALUE"], [(k, v) for k, v in result.items() if not isinstance(v, dict)]))
-        print("\n" + render(["GAP: HOP", "P50 MS", "P90 MS", "P99 MS"],
-                            [(name, *(q[k] if q else None for k in ("p50", "p90", "p99")))
-                             for name, q in result["gap_hops_ms"].items()]))
+        print("\n" + render(["GAP: HOP", "P50 MS", "P90 MS", "P99 MS"], hop_rows(result["gap_hops_ms"])))
     print(f"\nwritten to {out}")
     return 0

@@ -69,6 +69,11 @@ def hops_of(marks: list[dict], hops: tuple[tuple[str, str, str], ...] = HOPS) ->
     return out
 
 
+def hop_rows(hops: dict[str, dict[str, float] | None]) -> list[tuple]:
+    """Table rows (name, p50, p90, p99) of ``hops_of``'s result (None where a hop had no values)."""
+    return [(name, *(q[k] if q else None for k in ("p50", "p90", "p99"))) for name, q in hops.items()]
+
+
 async def job_hops(conn: asyncpg.Connection, job_ids: list[str]) -> dict[str, dict[str, float] | None]:
     """The hops of ``job_ids`` (see the module doc)."""
     rows = await conn.fetch(_MARKS, job_ids)

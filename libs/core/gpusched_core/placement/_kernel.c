@@ -666,13 +666,14 @@ static int64_t seen_find(Seen *s, int64_t row, int64_t before, int64_t after) {
     Py_ssize_t G = s->gpus;
     const int32_t *free_milli = s->share_free + row * G;
     const int64_t *model = s->gpu_model + row * G;
+    if (before > INT32_MAX || after > INT32_MAX) return -1; /* classes a slot cannot hold: computed */
     uint64_t h = seen_hash(s, row, before, after);
     uint32_t tag = (uint32_t)(h >> 32);
     for (size_t i = (size_t)h & s->mask;; i = (i + 1) & s->mask) {
         SeenSlot *slot = s->slots + i;
         if (slot->row == 0) {
-            if ((s->count + 1) * 2 > s->mask + 1 || before > INT32_MAX || after > INT32_MAX) {
-                if (before > INT32_MAX || after > INT32_MAX || seen_grow(s) < 0) return -1;
+            if ((s->count + 1) * 2 > s->mask + 1) {
+                if (seen_grow(s) < 0) return -1;
                 return seen_find(s, row, before, after); /* placed in the grown table */
             }
             slot->tag = tag; slot->row = (int32_t)(row + 1); slot->before = (int32_t)before;
